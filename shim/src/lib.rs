@@ -1,0 +1,1 @@
+//! libibjitter.so — the LD_PRELOAD latency injector.
