@@ -1,9 +1,55 @@
 //! Delay tables: 4096 integers in 512 lines of 8, the shape of tc netem's `.dist` files.
 //!
 //! - [`format`]: reading and writing tables (std only; the LD_PRELOAD shim uses just this).
+//! - [`duration`]: durations with units (`6.1us`) to and from nanoseconds.
+//! - [`dist`]: distributions and their quantile functions.
+//! - [`netem`]: iproute2's constructions of netem's normal/pareto/paretonormal tables.
+//! - [`generate`]: tables from distributions, with headers saying how they were made.
+//! - [`stats`]: mean, sd and percentiles of a table.
+//! - [`samples`]: reading measured latencies (plain numbers, perftest `-H` dumps).
+//! - [`fit`]: maximum-likelihood lognormal with location (what `scipy.stats.lognorm.fit` does).
+//! - [`family`]: the research's mean-preserving lognormal family.
 
+pub mod dist;
+pub mod duration;
+pub mod family;
+pub mod fit;
 pub mod format;
+pub mod generate;
+pub mod netem;
+pub mod samples;
+pub mod stats;
 
 pub use format::{
     parse, read, resolve_named_dist, Kind, ParseError, Table, ENTRIES, NETEM_SCALE, PER_LINE,
 };
+
+use std::fmt;
+
+/// An error from making or analysing tables: a one-line message saying what was expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableError {
+    pub message: String,
+}
+
+impl TableError {
+    pub fn new(message: impl Into<String>) -> Self {
+        TableError {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for TableError {}
+
+impl From<ParseError> for TableError {
+    fn from(e: ParseError) -> Self {
+        TableError::new(e.to_string())
+    }
+}

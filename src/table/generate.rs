@@ -1,0 +1,224 @@
+//! Making tables from distributions: absolute tables of stratified quantiles, and netem-format
+//! tables (iproute2's constructions for netem's own distributions, normalization otherwise).
+//! Every table records in its header how it was made.
+
+use super::dist::Dist;
+use super::duration::format_ns;
+use super::format::{Kind, Table, ENTRIES};
+use super::netem;
+use super::stats::Stats;
+use super::TableError;
+
+/// The tool-version line in table headers. Deliberately the crate version only, not the git
+/// commit, so shipped tables regenerate byte for byte at any commit.
+pub const MADE_BY: &str = concat!("made by ibjitter ", env!("CARGO_PKG_VERSION"));
+
+/// The stratum midpoint probabilities `(k + 0.5) / 4096`.
+pub fn stratum_probability(k: usize) -> f64 {
+    (k as f64 + 0.5) / ENTRIES as f64
+}
+
+/// The distribution's quantiles at the 4096 stratum midpoints, nanoseconds.
+pub fn stratified_quantiles(dist: &Dist) -> Vec<f64> {
+    (0..ENTRIES)
+        .map(|k| dist.quantile(stratum_probability(k)))
+        .collect()
+}
+
+/// First header line for each kind.
+pub fn kind_line(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Absolute => "ibjitter delay table, absolute: each entry is a delay in nanoseconds",
+        Kind::Netem => {
+            "ibjitter delay table, netem (tc) format: delay = mu + sigma * entry / 8192, mu and sigma given at use"
+        }
+    }
+}
+
+/// Summary line of an absolute table's entries.
+pub fn summary_line(entries: &[i64]) -> String {
+    let s = Stats::of_i64(entries);
+    format!(
+        "table: mean={} sd={} min={} max={}",
+        format_ns(round3(s.mean)),
+        format_ns(round3(s.sd)),
+        format_ns(s.min),
+        format_ns(s.max)
+    )
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// An absolute table from quantiles in nanoseconds: rounded to the nearest ns, negative values
+/// clamped to 0 (and counted in the header). `lines` describe the distribution.
+pub fn absolute_from_quantiles(quantiles: &[f64], lines: &[String]) -> Result<Table, TableError> {
+    if quantiles.len() != ENTRIES {
+        return Err(TableError::new(format!(
+            "expected {ENTRIES} quantiles, found {}",
+            quantiles.len()
+        )));
+    }
+    let mut negative = 0;
+    let mut entries = Vec::with_capacity(ENTRIES);
+    for (k, &q) in quantiles.iter().enumerate() {
+        // i64::MAX as f64 rounds up to 2^63, which is out of range.
+        if !q.is_finite() || q >= i64::MAX as f64 {
+            return Err(TableError::new(format!(
+                "entry {k}: quantile {q} ns does not fit a table entry"
+            )));
+        }
+        let v = q.round();
+        if v < 0.0 {
+            negative += 1;
+            entries.push(0);
+        } else {
+            entries.push(v as i64);
+        }
+    }
+    let mut comments = vec![kind_line(Kind::Absolute).to_string()];
+    comments.extend(lines.iter().cloned());
+    if negative > 0 {
+        comments.push(format!(
+            "{negative} negative quantiles clamped to 0ns (a delay cannot be negative)"
+        ));
+    }
+    comments.push(summary_line(&entries));
+    comments.push(MADE_BY.to_string());
+    Ok(Table {
+        kind: Kind::Absolute,
+        entries,
+        comments,
+    })
+}
+
+/// Makes a table of `dist` of the given kind.
+///
+/// Absolute: entry k is the quantile at `(k + 0.5) / 4096`. netem: `normal`, `pareto` and
+/// `paretonormal` follow iproute2's constructions (their `mu`/`sigma` are not part of a netem
+/// table); any other distribution is normalized by its table's own mean and sd, which the
+/// header records as the `mu`/`sigma` that give it back.
+pub fn make_table(dist: &Dist, kind: Kind) -> Result<Table, TableError> {
+    dist.validate()?;
+    match kind {
+        Kind::Absolute => {
+            let lines = vec![
+                format!("distribution: {}", dist.describe()),
+                "entries: quantiles at (k+0.5)/4096 for k = 0..4095, rounded to the nearest ns"
+                    .to_string(),
+            ];
+            absolute_from_quantiles(&stratified_quantiles(dist), &lines)
+        }
+        Kind::Netem => {
+            let (entries, lines) = match dist {
+                Dist::Normal { .. } => (
+                    netem::normal_entries(),
+                    vec!["distribution: normal, built as iproute2's netem/normal.c builds it".to_string()],
+                ),
+                Dist::Pareto { .. } => (
+                    netem::pareto_entries(),
+                    vec!["distribution: pareto, built as iproute2's netem/pareto.c builds it".to_string()],
+                ),
+                Dist::ParetoNormal { .. } => (
+                    netem::paretonormal_entries(),
+                    vec![
+                        "distribution: paretonormal, built as iproute2's netem/paretonormal.c builds it"
+                            .to_string(),
+                    ],
+                ),
+                _ => {
+                    let n = netem::normalize(&stratified_quantiles(dist));
+                    let mut lines = vec![
+                        format!("distribution: {}", dist.describe()),
+                        "entries: quantiles at (k+0.5)/4096, normalized to mean 0, sd 1 by the quantiles' own mean and sd, times 8192"
+                            .to_string(),
+                        format!(
+                            "mu={} sigma={} give the distribution back",
+                            format_ns(round3(n.mean)),
+                            format_ns(round3(n.sd))
+                        ),
+                    ];
+                    if n.clamped > 0 {
+                        lines.push(format!(
+                            "{} entries beyond +-4 sd clamped to the i16 range",
+                            n.clamped
+                        ));
+                    }
+                    (n.entries, lines)
+                }
+            };
+            let mut comments = vec![kind_line(Kind::Netem).to_string()];
+            comments.extend(lines);
+            comments.push(MADE_BY.to_string());
+            Ok(Table {
+                kind: Kind::Netem,
+                entries,
+                comments,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::dist::LogNormal;
+    use crate::table::format::parse;
+    use crate::table::stats::Stats;
+
+    #[test]
+    fn absolute_lognormal_round_trips_and_records_how() {
+        let d = Dist::LogNormal(LogNormal::new(0.5, 1400.0, 5000.0).unwrap());
+        let t = make_table(&d, Kind::Absolute).unwrap();
+        let text = t.to_text().unwrap();
+        assert_eq!(parse(&text, Kind::Absolute, "t").unwrap(), t);
+        assert!(t.comments.iter().any(|c| c.contains("lognormal shape=0.5")));
+        assert!(t.comments.iter().any(|c| c.contains(MADE_BY)));
+        assert!(t.entries.windows(2).all(|w| w[0] <= w[1]));
+        assert!(t.entries[0] > 5000);
+    }
+
+    #[test]
+    fn negative_quantiles_are_clamped_and_counted() {
+        let d = Dist::Normal {
+            mu_ns: 100.0,
+            sigma_ns: 100.0,
+        };
+        let t = make_table(&d, Kind::Absolute).unwrap();
+        let zeros = t.entries.iter().filter(|&&e| e == 0).count();
+        assert!(zeros > 0);
+        assert!(t.comments.iter().any(|c| c.contains("clamped to 0ns")));
+    }
+
+    #[test]
+    fn netem_normalized_from_any_distribution() {
+        // Evenly spread values: within +-1.8 sd, so nothing is clamped.
+        let d =
+            Dist::empirical((0..4096).map(|i| 1000.0 + 3.0 * i as f64).collect(), "ramp").unwrap();
+        let t = make_table(&d, Kind::Netem).unwrap();
+        assert_eq!(t.kind, Kind::Netem);
+        let s = Stats::of_i64(&t.entries);
+        assert!(s.mean.abs() < 1.0, "{s:?}");
+        assert!((s.sd - 8192.0).abs() < 1.0, "{s:?}");
+        assert!(t
+            .comments
+            .iter()
+            .any(|c| c.contains("give the distribution back")));
+        // A skewed lognormal reaches beyond 4 sd: clamped entries are counted in the header.
+        let d = Dist::LogNormal(LogNormal::new(0.3, 1000.0, 0.0).unwrap());
+        let t = make_table(&d, Kind::Netem).unwrap();
+        assert_eq!(*t.entries.last().unwrap(), 32767);
+        assert!(t
+            .comments
+            .iter()
+            .any(|c| c.contains("clamped to the i16 range")));
+    }
+
+    #[test]
+    fn uniform_is_constant_at_the_mean() {
+        let t = make_table(&Dist::Uniform { mean_ns: 6600.0 }, Kind::Absolute).unwrap();
+        assert!(t.entries.iter().all(|&e| e == 6600));
+        assert!(make_table(&Dist::Uniform { mean_ns: -1.0 }, Kind::Absolute).is_err());
+    }
+}

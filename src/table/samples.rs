@@ -1,0 +1,318 @@
+//! Reading measured latencies for `fit` and `empirical`.
+//!
+//! Two layouts are recognized:
+//! - **plain**: numbers separated by any whitespace (one per line or several per line);
+//!   lines starting with `#` are comments, and a comment `# unit: us` (or `units:`) names the
+//!   unit. Otherwise the caller's unit (`--unit`) is required.
+//! - **perftest**: the dump `ib_*_lat -H` (or `-U`) prints: a line `#, usec` (the unit)
+//!   followed by lines `<index>, <value>`. Everything else in perftest's output (banner,
+//!   summary) is skipped; only the first such block is read (with both `-U` and `-H` the
+//!   second block repeats the same samples sorted).
+//!
+//! Values are returned in nanoseconds. Errors carry `file:line:col` and what was expected.
+//! (ibjitter's own latency output does not exist yet; when it does, it gets a layout here.)
+
+use super::duration::Unit;
+use super::format::ParseError;
+use std::path::Path;
+
+/// Which layout a samples file had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Plain,
+    Perftest,
+}
+
+/// Latencies read from a file, in nanoseconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Samples {
+    pub values_ns: Vec<f64>,
+    pub layout: Layout,
+    /// The unit the file's numbers were in.
+    pub unit: Unit,
+}
+
+fn perr(origin: &str, line: usize, col: usize, message: String) -> ParseError {
+    ParseError {
+        origin: origin.to_string(),
+        line,
+        col,
+        message,
+    }
+}
+
+/// Column (1-based, in characters) of byte offset `at` in `line`.
+fn col_of(line: &str, at: usize) -> usize {
+    line[..at].chars().count() + 1
+}
+
+/// A `#, <unit>` perftest header, if this line is one.
+fn perftest_header(line: &str) -> Option<&str> {
+    let rest = line.trim().strip_prefix("#,")?;
+    let unit = rest.trim();
+    if !unit.is_empty() && unit.chars().all(|c| c.is_ascii_alphabetic()) {
+        Some(unit)
+    } else {
+        None
+    }
+}
+
+/// A `# unit: X` declaration in a plain file's comment.
+fn unit_declaration(comment: &str) -> Option<&str> {
+    let c = comment.trim();
+    let rest = c
+        .strip_prefix("unit:")
+        .or_else(|| c.strip_prefix("units:"))?;
+    Some(rest.trim())
+}
+
+fn number(token: &str) -> Option<f64> {
+    // Rust's parser accepts "inf"/"nan"; latencies must be finite.
+    token.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+/// Parses sample text. `unit` (from `--unit`) overrides the file's own.
+pub fn parse_samples(text: &str, origin: &str, unit: Option<Unit>) -> Result<Samples, ParseError> {
+    let lines: Vec<&str> = text
+        .split('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .collect();
+    if let Some(h) = lines.iter().position(|l| perftest_header(l).is_some()) {
+        return parse_perftest(&lines, h, origin, unit);
+    }
+    let mut declared: Option<Unit> = None;
+    let mut raw = Vec::new();
+    for (idx, line) in lines.iter().enumerate() {
+        let line_no = idx + 1;
+        let trimmed = line.trim_start();
+        if let Some(comment) = trimmed.strip_prefix('#') {
+            if let Some(u) = unit_declaration(comment) {
+                let col = col_of(line, line.len() - trimmed.len());
+                declared = Some(Unit::parse(u).ok_or_else(|| {
+                    perr(
+                        origin,
+                        line_no,
+                        col,
+                        format!(
+                            "expected a unit (ns, us, ms, s) in the unit declaration, found {u:?}"
+                        ),
+                    )
+                })?);
+            }
+            continue;
+        }
+        let mut rest = *line;
+        let mut offset = 0;
+        while let Some(start) = rest.find(|c: char| !c.is_whitespace()) {
+            let end = rest[start..]
+                .find(char::is_whitespace)
+                .map_or(rest.len(), |e| start + e);
+            let token = &rest[start..end];
+            let col = col_of(line, offset + start);
+            let v = number(token).ok_or_else(|| {
+                perr(
+                    origin,
+                    line_no,
+                    col,
+                    format!("expected a latency (a number), found {token:?}"),
+                )
+            })?;
+            if v < 0.0 {
+                return Err(perr(
+                    origin,
+                    line_no,
+                    col,
+                    format!("expected a non-negative latency, found {token}"),
+                ));
+            }
+            raw.push(v);
+            offset += end;
+            rest = &rest[end..];
+        }
+    }
+    let unit = unit.or(declared).ok_or_else(|| {
+        perr(
+            origin,
+            1,
+            1,
+            "expected a unit for these samples: pass --unit ns|us|ms or start the file with '# unit: us'".to_string(),
+        )
+    })?;
+    finish(raw, Layout::Plain, unit, origin)
+}
+
+fn parse_perftest(
+    lines: &[&str],
+    header: usize,
+    origin: &str,
+    unit: Option<Unit>,
+) -> Result<Samples, ParseError> {
+    let header_line = lines[header];
+    let word = perftest_header(header_line).unwrap_or_default();
+    let col = col_of(header_line, header_line.find(word).unwrap_or(0));
+    let file_unit = match Unit::parse(word) {
+        Some(u) => Some(u),
+        None if word.eq_ignore_ascii_case("cycles") => None,
+        None => {
+            return Err(perr(
+                origin,
+                header + 1,
+                col,
+                format!("expected perftest's unit (usec) after '#,', found {word:?}"),
+            ))
+        }
+    };
+    let unit = match (unit, file_unit) {
+        (Some(u), _) => u,
+        (None, Some(u)) => u,
+        (None, None) => {
+            return Err(perr(
+                origin,
+                header + 1,
+                col,
+                "expected latencies in time units, found 'cycles' (re-run perftest without --report_cycles)"
+                    .to_string(),
+            ))
+        }
+    };
+    let mut raw = Vec::new();
+    for (idx, line) in lines.iter().enumerate().skip(header + 1) {
+        let Some((index, value)) = line.split_once(',') else {
+            break;
+        };
+        if index.trim().parse::<u64>().is_err() {
+            break;
+        }
+        let token = value.trim();
+        let col = col_of(
+            line,
+            index.len() + 1 + (value.len() - value.trim_start().len()),
+        );
+        let v = number(token).ok_or_else(|| {
+            perr(
+                origin,
+                idx + 1,
+                col,
+                format!("expected a latency (a number) after the index, found {token:?}"),
+            )
+        })?;
+        if v < 0.0 {
+            return Err(perr(
+                origin,
+                idx + 1,
+                col,
+                format!("expected a non-negative latency, found {token}"),
+            ));
+        }
+        raw.push(v);
+    }
+    if raw.is_empty() {
+        return Err(perr(
+            origin,
+            header + 2,
+            1,
+            "expected '<index>, <latency>' lines after perftest's '#, usec' header, found none"
+                .to_string(),
+        ));
+    }
+    finish(raw, Layout::Perftest, unit, origin)
+}
+
+fn finish(raw: Vec<f64>, layout: Layout, unit: Unit, origin: &str) -> Result<Samples, ParseError> {
+    if raw.is_empty() {
+        return Err(perr(
+            origin,
+            1,
+            1,
+            "expected latency samples, found none".to_string(),
+        ));
+    }
+    let k = unit.ns();
+    Ok(Samples {
+        values_ns: raw.into_iter().map(|v| v * k).collect(),
+        layout,
+        unit,
+    })
+}
+
+/// Reads a samples file (see the module docs for layouts).
+pub fn read_samples(path: &Path, unit: Option<Unit>) -> Result<Samples, ParseError> {
+    let origin = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| ParseError {
+        origin: origin.clone(),
+        line: 0,
+        col: 0,
+        message: format!("cannot read samples: {e}"),
+    })?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        let good = std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default();
+        ParseError {
+            origin: origin.clone(),
+            line: good.matches('\n').count() + 1,
+            col: good.rsplit('\n').next().unwrap_or("").chars().count() + 1,
+            message: "expected text (UTF-8), found an invalid byte".to_string(),
+        }
+    })?;
+    parse_samples(text, &origin, unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_with_unit_argument_or_declaration() {
+        let s = parse_samples("1.5\n2 3\n\n# note\n4\n", "f", Some(Unit::Us)).unwrap();
+        assert_eq!(s.values_ns, vec![1500.0, 2000.0, 3000.0, 4000.0]);
+        assert_eq!(s.layout, Layout::Plain);
+        let s = parse_samples("# unit: ms\n1 2\n", "f", None).unwrap();
+        assert_eq!(s.values_ns, vec![1e6, 2e6]);
+        let s = parse_samples("# unit: ms\n1 2\n", "f", Some(Unit::Ns)).unwrap();
+        assert_eq!(s.values_ns, vec![1.0, 2.0], "--unit overrides");
+        let e = parse_samples("1 2\n", "f", None).unwrap_err();
+        assert!(e.message.contains("--unit"), "{e}");
+    }
+
+    #[test]
+    fn plain_errors_have_positions() {
+        let e = parse_samples("1\n 2  x3\n", "s.txt", Some(Unit::Ns)).unwrap_err();
+        assert_eq!((e.line, e.col), (2, 5), "{e}");
+        assert!(e.to_string().starts_with("s.txt:2:5: expected a latency"));
+        let e = parse_samples("1 -2", "f", Some(Unit::Ns)).unwrap_err();
+        assert_eq!((e.line, e.col), (1, 3));
+        assert!(e.message.contains("non-negative"));
+        let e = parse_samples("1 nan", "f", Some(Unit::Ns)).unwrap_err();
+        assert_eq!(e.col, 3);
+        let e = parse_samples("# only\n", "f", Some(Unit::Ns)).unwrap_err();
+        assert!(e.message.contains("found none"));
+        let e = parse_samples("# unit: parsecs\n1", "f", None).unwrap_err();
+        assert_eq!(e.line, 1);
+    }
+
+    #[test]
+    fn perftest_dump() {
+        let text = "\
+************************************
+* Waiting for client to connect... *
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]
+#, usec
+1, 1.12
+2, 1.25
+3, 2.5e+01
+ 2       1000          1.12           25.0         1.25
+#, usec
+1, 1.12
+";
+        let s = parse_samples(text, "lat.txt", None).unwrap();
+        assert_eq!(s.layout, Layout::Perftest);
+        assert_eq!(s.unit, Unit::Us);
+        assert_eq!(s.values_ns.len(), 3);
+        assert!((s.values_ns[2] - 25_000.0).abs() < 1e-9);
+        let e = parse_samples("#, cycles\n1, 100\n", "f", None).unwrap_err();
+        assert!(e.message.contains("cycles"));
+        let e = parse_samples("#, usec\n1, abc\n", "f", None).unwrap_err();
+        assert_eq!((e.line, e.col), (2, 4), "{e}");
+        let e = parse_samples("#, usec\nsummary\n", "f", None).unwrap_err();
+        assert!(e.message.contains("found none"));
+    }
+}
