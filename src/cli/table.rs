@@ -1,0 +1,556 @@
+//! `ibjitter table …`: make, fit and inspect delay tables. Argument parsing only; the work is
+//! in `ibjitter::table`.
+
+use clap::{Args, Subcommand, ValueEnum};
+use ibjitter::table::dist::{Dist, LogNormal};
+use ibjitter::table::duration::{Duration, Unit};
+use ibjitter::table::family::{family, member_name, uniform_name};
+use ibjitter::table::fit::{fit_lognormal, ks_distance};
+use ibjitter::table::generate::make_table;
+use ibjitter::table::samples::{read_samples, Layout, Samples};
+use ibjitter::table::stats::Stats;
+use ibjitter::table::{read, resolve_named_dist, Kind, Table, TableError};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct TableArgs {
+    #[command(subcommand)]
+    command: TableCommand,
+}
+
+#[derive(Subcommand)]
+enum TableCommand {
+    /// Lognormal (scipy's parametrization): --shape/--scale[/--loc] or --mean/--sd[/--loc]
+    Lognormal(LognormalArgs),
+    /// Every entry the mean: the research's "uniform" (same mean, zero variance)
+    Uniform(UniformArgs),
+    /// Every entry the same value
+    Constant(ConstantArgs),
+    /// netem's normal: mu + sigma * Z (with --format netem: iproute2's normal.dist)
+    Normal(NetemDistArgs),
+    /// Exponential with this mean, shifted by --loc
+    Exponential(ExponentialArgs),
+    /// netem's pareto (with --format netem: iproute2's pareto.dist)
+    Pareto(NetemDistArgs),
+    /// netem's paretonormal (with --format netem: iproute2's paretonormal.dist)
+    Paretonormal(NetemDistArgs),
+    /// Quantiles of measured latencies
+    Empirical(EmpiricalArgs),
+    /// Maximum-likelihood lognormal with location (as scipy.stats.lognorm.fit)
+    Fit(FitArgs),
+    /// The mean-preserving lognormal family: scale fractions, shape by bisection, plus uniform
+    Family(FamilyArgs),
+    /// Mean, sd, min, p50, p90, p99, max of a table
+    Stats(StatsArgs),
+    /// Write a seed file (one integer)
+    Seed(SeedArgs),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FormatArg {
+    /// Delays in nanoseconds (the injector's tables)
+    Absolute,
+    /// tc netem's normalized form (mean 0, sd 8192), mu and sigma given at use
+    Netem,
+}
+
+impl FormatArg {
+    fn kind(self) -> Kind {
+        match self {
+            FormatArg::Absolute => Kind::Absolute,
+            FormatArg::Netem => Kind::Netem,
+        }
+    }
+}
+
+#[derive(Args)]
+struct OutputArgs {
+    /// Write the table here (default: standard output)
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Kind of table to write
+    #[arg(long, value_enum, default_value = "absolute")]
+    format: FormatArg,
+}
+
+#[derive(Args)]
+struct LognormalArgs {
+    /// Shape: sd of log(x - loc)
+    #[arg(long, conflicts_with_all = ["mean", "sd"])]
+    shape: Option<f64>,
+    /// Scale: exp(mean of log(x - loc)), e.g. 2us
+    #[arg(long, conflicts_with_all = ["mean", "sd"])]
+    scale: Option<Duration>,
+    /// Mean, e.g. 12us (with --sd)
+    #[arg(long)]
+    mean: Option<Duration>,
+    /// Standard deviation (with --mean)
+    #[arg(long)]
+    sd: Option<Duration>,
+    /// Location shift
+    #[arg(long, default_value = "0ns")]
+    loc: Duration,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Args)]
+struct UniformArgs {
+    #[arg(long)]
+    mean: Duration,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Args)]
+struct ConstantArgs {
+    #[arg(long)]
+    value: Duration,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Args)]
+struct NetemDistArgs {
+    /// netem's mu (absolute tables only; netem tables take it at use)
+    #[arg(long)]
+    mu: Option<Duration>,
+    /// netem's sigma (absolute tables only)
+    #[arg(long)]
+    sigma: Option<Duration>,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Args)]
+struct ExponentialArgs {
+    #[arg(long)]
+    mean: Duration,
+    #[arg(long, default_value = "0ns")]
+    loc: Duration,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Args)]
+struct SamplesArgs {
+    /// Latency samples: numbers (one per line or whitespace separated) or a perftest -H dump
+    #[arg(long, value_name = "FILE")]
+    samples: PathBuf,
+    /// Unit of the numbers (perftest dumps and '# unit: us' headers name their own)
+    #[arg(long)]
+    unit: Option<Unit>,
+}
+
+#[derive(Args)]
+struct EmpiricalArgs {
+    #[command(flatten)]
+    samples: SamplesArgs,
+    #[command(flatten)]
+    out: OutputArgs,
+}
+
+#[derive(Args)]
+struct FitArgs {
+    #[command(flatten)]
+    samples: SamplesArgs,
+    /// Also write the fitted lognormal's table here
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "absolute")]
+    format: FormatArg,
+    /// Print the fit as JSON
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct FamilyArgs {
+    /// Fit the base lognormal to these samples
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["shape", "scale"])]
+    from: Option<PathBuf>,
+    #[arg(long)]
+    unit: Option<Unit>,
+    /// Base lognormal shape (instead of --from)
+    #[arg(long, requires = "scale")]
+    shape: Option<f64>,
+    /// Base lognormal scale
+    #[arg(long, requires = "shape")]
+    scale: Option<Duration>,
+    /// Base lognormal location
+    #[arg(long, default_value = "0ns", conflicts_with = "from")]
+    loc: Duration,
+    /// Fractions of the base scale
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75")]
+    fractions: Vec<f64>,
+    /// Directory to write the tables to
+    #[arg(short, long, value_name = "DIR")]
+    output: PathBuf,
+    /// File name prefix: PREFIX.dist, PREFIX-scale75.dist, …, PREFIX-uniform.dist
+    #[arg(long, default_value = "lognormal")]
+    prefix: String,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    /// A table file, or a name found by resolve_named_dist (normal, pareto, …)
+    table: String,
+    /// The table is netem-format; with --mu/--sigma, report the delays it stands for
+    #[arg(long)]
+    netem: bool,
+    #[arg(long, requires = "netem", requires = "sigma")]
+    mu: Option<Duration>,
+    #[arg(long, requires = "netem", requires = "mu")]
+    sigma: Option<Duration>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct SeedArgs {
+    /// The seed (default: random, below 2^32)
+    #[arg(long)]
+    value: Option<u64>,
+    /// Write here (default: standard output)
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+/// Runs `ibjitter table …`; returns the exit code. Errors print one line to stderr.
+pub fn run(args: TableArgs) -> i32 {
+    match dispatch(args.command) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ibjitter table: {e}");
+            1
+        }
+    }
+}
+
+fn dispatch(cmd: TableCommand) -> Result<(), TableError> {
+    match cmd {
+        TableCommand::Lognormal(a) => {
+            let l = match (a.shape, a.scale, a.mean, a.sd) {
+                (Some(shape), Some(scale), None, None) => LogNormal::new(shape, scale.ns, a.loc.ns)?,
+                (None, None, Some(mean), Some(sd)) => {
+                    LogNormal::from_mean_sd(mean.ns, sd.ns, a.loc.ns)?
+                }
+                _ => {
+                    return Err(TableError::new(
+                        "lognormal: expected --shape S --scale D or --mean D --sd D (each with optional --loc D)",
+                    ))
+                }
+            };
+            emit(
+                &make_table(&Dist::LogNormal(l), a.out.format.kind())?,
+                &a.out.output,
+            )
+        }
+        TableCommand::Uniform(a) => emit_dist(&Dist::Uniform { mean_ns: a.mean.ns }, &a.out),
+        TableCommand::Constant(a) => emit_dist(
+            &Dist::Constant {
+                value_ns: a.value.ns,
+            },
+            &a.out,
+        ),
+        TableCommand::Exponential(a) => emit_dist(
+            &Dist::Exponential {
+                mean_ns: a.mean.ns,
+                loc_ns: a.loc.ns,
+            },
+            &a.out,
+        ),
+        TableCommand::Normal(a) => netem_dist("normal", a, |mu_ns, sigma_ns| Dist::Normal {
+            mu_ns,
+            sigma_ns,
+        }),
+        TableCommand::Pareto(a) => netem_dist("pareto", a, |mu_ns, sigma_ns| Dist::Pareto {
+            mu_ns,
+            sigma_ns,
+        }),
+        TableCommand::Paretonormal(a) => netem_dist("paretonormal", a, |mu_ns, sigma_ns| {
+            Dist::ParetoNormal { mu_ns, sigma_ns }
+        }),
+        TableCommand::Empirical(a) => {
+            let s = load_samples(&a.samples)?;
+            let d = Dist::empirical(s.values_ns, &a.samples.samples.display().to_string())?;
+            emit_dist(&d, &a.out)
+        }
+        TableCommand::Fit(a) => fit(a),
+        TableCommand::Family(a) => run_family(a),
+        TableCommand::Stats(a) => stats(a),
+        TableCommand::Seed(a) => seed(a),
+    }
+}
+
+fn netem_dist(
+    name: &str,
+    a: NetemDistArgs,
+    make: impl Fn(f64, f64) -> Dist,
+) -> Result<(), TableError> {
+    let dist = match (a.out.format, a.mu, a.sigma) {
+        (FormatArg::Netem, None, None) => make(0.0, 1.0),
+        (FormatArg::Netem, _, _) => {
+            return Err(TableError::new(format!(
+                "{name} --format netem: a netem table is normalized; mu and sigma are given when it is used (tc … delay MU SIGMA distribution {name}), not here"
+            )))
+        }
+        (FormatArg::Absolute, Some(mu), Some(sigma)) => make(mu.ns, sigma.ns),
+        (FormatArg::Absolute, _, _) => {
+            return Err(TableError::new(format!(
+                "{name}: an absolute table needs --mu D and --sigma D (or use --format netem)"
+            )))
+        }
+    };
+    emit_dist(&dist, &a.out)
+}
+
+fn emit_dist(dist: &Dist, out: &OutputArgs) -> Result<(), TableError> {
+    emit(&make_table(dist, out.format.kind())?, &out.output)
+}
+
+/// Writes a table to the file, or to standard output.
+fn emit(table: &Table, output: &Option<PathBuf>) -> Result<(), TableError> {
+    match output {
+        Some(path) => write_table(table, path),
+        None => stdout_result(table.write(std::io::stdout().lock())),
+    }
+}
+
+fn write_table(table: &Table, path: &Path) -> Result<(), TableError> {
+    let file = std::fs::File::create(path)
+        .map_err(|e| TableError::new(format!("{}: cannot create: {e}", path.display())))?;
+    table
+        .write(file)
+        .map_err(|e| TableError::new(format!("{}: cannot write: {e}", path.display())))
+}
+
+fn load_samples(a: &SamplesArgs) -> Result<Samples, TableError> {
+    Ok(read_samples(&a.samples, a.unit)?)
+}
+
+fn describe_source(s: &Samples, path: &Path) -> String {
+    let layout = match s.layout {
+        Layout::Plain => "numbers",
+        Layout::Perftest => "perftest dump",
+    };
+    format!(
+        "{} samples from {} ({layout}, {})",
+        s.values_ns.len(),
+        path.display(),
+        s.unit
+    )
+}
+
+fn print_out(text: &str) -> Result<(), TableError> {
+    stdout_result(std::io::stdout().lock().write_all(text.as_bytes()))
+}
+
+/// A reader that went away (`| head`) is not an error worth a message.
+fn stdout_result(r: std::io::Result<()>) -> Result<(), TableError> {
+    match r {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(TableError::new(format!(
+            "cannot write to standard output: {e}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn fit(a: FitArgs) -> Result<(), TableError> {
+    let s = load_samples(&a.samples)?;
+    let source = describe_source(&s, &a.samples.samples);
+    let f = fit_lognormal(&s.values_ns)?;
+    let ks = ks_distance(&s.values_ns, &f.lognormal);
+    let sample = Stats::of_f64(&s.values_ns);
+    let l = f.lognormal;
+    let text = if a.json {
+        let v = serde_json::json!({
+            "samples": f.n,
+            "source": source,
+            "shape": l.shape,
+            "loc_ns": l.loc_ns,
+            "scale_ns": l.scale_ns,
+            "mean_ns": l.mean(),
+            "sd_ns": l.sd(),
+            "mode_ns": l.mode(),
+            "sample_mean_ns": sample.mean,
+            "sample_sd_ns": sample.sd,
+            "ks_distance": ks,
+            "log_likelihood": f.log_likelihood,
+            "interior_maximum": f.interior,
+        });
+        format!("{v}\n")
+    } else {
+        let mut t = format!(
+            "fit: lognormal, maximum likelihood with location, to {source}\n\
+             shape  {:.6}\nloc    {:.3} ns\nscale  {:.3} ns\n\
+             mean   {:.3} ns   (samples: {:.3} ns)\nsd     {:.3} ns   (samples: {:.3} ns)\n\
+             mode   {:.3} ns\nKS distance  {:.5}\nlog-likelihood  {:.3}\n",
+            l.shape,
+            l.loc_ns,
+            l.scale_ns,
+            l.mean(),
+            sample.mean,
+            l.sd(),
+            sample.sd,
+            l.mode(),
+            ks,
+            f.log_likelihood
+        );
+        if !f.interior {
+            t.push_str("note: the likelihood has no interior maximum (the samples look closer to normal than to a shifted lognormal); this is the far end of the searched range\n");
+        }
+        t
+    };
+    if let Some(path) = &a.output {
+        let mut table = make_table(&Dist::LogNormal(l), a.format.kind())?;
+        table.comments.insert(
+            2,
+            format!("fitted by maximum likelihood to {source}; KS distance {ks:.5}"),
+        );
+        write_table(&table, path)?;
+    }
+    print_out(&text)
+}
+
+/// A file of the family: name, (fraction, lognormal) unless uniform, table.
+type FamilyFile<'a> = (String, Option<(f64, LogNormal)>, &'a Table);
+
+fn run_family(a: FamilyArgs) -> Result<(), TableError> {
+    let (base, source) = match (&a.from, a.shape, a.scale) {
+        (Some(path), None, None) => {
+            let s = read_samples(path, a.unit)?;
+            let f = fit_lognormal(&s.values_ns)?;
+            let src = format!("the lognormal fitted to {}", describe_source(&s, path));
+            (f.lognormal, src)
+        }
+        (None, Some(shape), Some(scale)) => (
+            LogNormal::new(shape, scale.ns, a.loc.ns)?,
+            "the lognormal given on the command line".to_string(),
+        ),
+        _ => {
+            return Err(TableError::new(
+                "family: expected --from FILE or --shape S --scale D [--loc D]",
+            ))
+        }
+    };
+    let fam = family(&base, &a.fractions, &source)?;
+    std::fs::create_dir_all(&a.output)
+        .map_err(|e| TableError::new(format!("{}: cannot create: {e}", a.output.display())))?;
+    let mut report = format!(
+        "family of {} ; table mean {:.3} ns\n{:<32} {:>9} {:>10} {:>14} {:>14} {:>14}\n",
+        base.describe(),
+        fam.target_mean_ns,
+        "file",
+        "fraction",
+        "shape",
+        "scale ns",
+        "table mean ns",
+        "table sd ns"
+    );
+    let mut files: Vec<FamilyFile> = fam
+        .members
+        .iter()
+        .map(|m| {
+            (
+                member_name(&a.prefix, m.fraction),
+                Some((m.fraction, m.lognormal)),
+                &m.table,
+            )
+        })
+        .collect();
+    files.push((uniform_name(&a.prefix), None, &fam.uniform));
+    for (name, member, table) in files {
+        let path = a.output.join(format!("{name}.dist"));
+        write_table(table, &path)?;
+        let st = Stats::of_i64(&table.entries);
+        let (frac, shape, scale) = match member {
+            Some((f, l)) => (
+                format!("{f}"),
+                format!("{:.6}", l.shape),
+                format!("{:.3}", l.scale_ns),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        report.push_str(&format!(
+            "{:<32} {:>9} {:>10} {:>14} {:>14.3} {:>14.3}\n",
+            path.display(),
+            frac,
+            shape,
+            scale,
+            st.mean,
+            st.sd
+        ));
+    }
+    print_out(&report)
+}
+
+fn stats(a: StatsArgs) -> Result<(), TableError> {
+    let path = if Path::new(&a.table).exists() {
+        PathBuf::from(&a.table)
+    } else {
+        resolve_named_dist(&a.table).ok_or_else(|| {
+            TableError::new(format!(
+                "{}: no such file, nor a named table in $IBJITTER_DISTRIBUTIONS, distributions/ or iproute2's tc directories",
+                a.table
+            ))
+        })?
+    };
+    let kind = if a.netem { Kind::Netem } else { Kind::Absolute };
+    let table = read(&path, kind).map_err(|e| {
+        if !a.netem && e.message.contains("non-negative") {
+            TableError::new(format!("{e} (a netem table? pass --netem)"))
+        } else {
+            e.into()
+        }
+    })?;
+    let (st, unit) = match (a.mu, a.sigma) {
+        (Some(mu), Some(sigma)) => (Stats::of_u64(&table.netem_delays_ns(mu.ns, sigma.ns)), "ns"),
+        _ if a.netem => (Stats::of_i64(&table.entries), "netem units (8192 = 1 sd)"),
+        _ => (Stats::of_i64(&table.entries), "ns"),
+    };
+    let text = if a.json {
+        let v = serde_json::json!({
+            "table": path.display().to_string(),
+            "unit": unit,
+            "stats": st,
+        });
+        format!("{v}\n")
+    } else {
+        format!(
+            "{}  ({} entries, {unit})\nmean  {:.3}\nsd    {:.3}\nmin   {}\np50   {}\np90   {}\np99   {}\nmax   {}\n",
+            path.display(),
+            st.n,
+            st.mean,
+            st.sd,
+            st.min,
+            st.p50,
+            st.p90,
+            st.p99,
+            st.max
+        )
+    };
+    print_out(&text)
+}
+
+fn seed(a: SeedArgs) -> Result<(), TableError> {
+    let value = a.value.unwrap_or_else(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // RandomState is seeded from the OS's randomness; no extra dependency needed.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        h.finish() >> 32
+    });
+    let text = format!("{value}\n");
+    match &a.output {
+        Some(path) => std::fs::write(path, text)
+            .map_err(|e| TableError::new(format!("{}: cannot write: {e}", path.display()))),
+        None => print_out(&text),
+    }
+}
