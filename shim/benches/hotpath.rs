@@ -1,0 +1,229 @@
+//! The injector's cost and accuracy, in-process over a stub provider: run with
+//! `cargo bench -p ibjitter-shim --bench hotpath`.
+//!
+//! Each configuration runs in a child process that dlopens the release libibjitter.so (so
+//! the figures include the cdylib's real TLS access), with the `IBJITTER_*` environment of
+//! that configuration. Inside the child, calls through a patched context and through an
+//! unpatched one (the provider directly) alternate round by round.
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use support::*;
+
+const ROUNDS: usize = 31;
+const CALLS: u64 = 200_000;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn load() -> Shim {
+    Shim::load(
+        Path::new(&std::env::var("IBJITTER_BENCH_SO").unwrap()),
+        Path::new(&std::env::var("IBJITTER_BENCH_STUB").unwrap()),
+    )
+}
+
+/// The least any interposer can add: one more indirect hop, through a pointer loaded from
+/// memory (as the shim loads the provider's original).
+static TRAMPOLINE_TARGET: std::sync::atomic::AtomicPtr<()> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+unsafe extern "C" fn trampoline(
+    qp: *mut verbs_abi::ibv_qp,
+    wr: *mut verbs_abi::ibv_send_wr,
+    bad: *mut *mut verbs_abi::ibv_send_wr,
+) -> std::ffi::c_int {
+    let f = TRAMPOLINE_TARGET.load(std::sync::atomic::Ordering::Acquire);
+    std::mem::transmute::<*mut (), verbs_abi::PostSendFn>(f)(qp, wr, bad)
+}
+
+/// ns per call of `ibv_post_send` on the provider directly and through the shim (or, for
+/// role "trampoline", through the minimal interposer above).
+fn child_cost(trampoline_only: bool) {
+    let shim = load();
+    let mut direct = FakeContext::new(bare_post_send);
+    let mut patched = FakeContext::new(bare_post_send);
+    let pctx = if trampoline_only {
+        TRAMPOLINE_TARGET.store(
+            bare_post_send as *mut (),
+            std::sync::atomic::Ordering::Release,
+        );
+        patched = FakeContext::new(trampoline);
+        patched.ctx()
+    } else {
+        // SAFETY: the stub returns the fake context passed as the device.
+        unsafe { (shim.open_device)(patched.ctx() as *mut _) }
+    };
+    let mut qd = fake_qp(direct.ctx());
+    let mut qp = fake_qp(pctx);
+    let time = |q: &mut verbs_abi::ibv_qp_ex| {
+        let t0 = now_ns();
+        for _ in 0..CALLS {
+            // SAFETY: fake QP of a live fake context.
+            unsafe { ibv_post_send(&mut q.qp_base) };
+        }
+        (now_ns() - t0) as f64 / CALLS as f64
+    };
+    time(&mut qd);
+    time(&mut qp);
+    let (mut d, mut p, mut diff) = (vec![], vec![], vec![]);
+    for _ in 0..ROUNDS {
+        let a = time(&mut qd);
+        let b = time(&mut qp);
+        d.push(a);
+        p.push(b);
+        diff.push(b - a);
+    }
+    let min_diff = diff.iter().copied().fold(f64::MAX, f64::min);
+    println!(
+        "RESULT {:.2} {:.2} {:.2} {:.2}",
+        median(&mut d),
+        median(&mut p),
+        median(&mut diff),
+        min_diff
+    );
+}
+
+/// Errors of the actual wait for the configured constant delay.
+fn child_accuracy(delay_ns: f64, samples: usize) {
+    let shim = load();
+    let mut patched = FakeContext::new(bare_post_send);
+    let mut direct = FakeContext::new(bare_post_send);
+    // SAFETY: as above.
+    let pctx = unsafe { (shim.open_device)(patched.ctx() as *mut _) };
+    let mut qp = fake_qp(pctx);
+    let mut qd = fake_qp(direct.ctx());
+    // The cost of timing one direct call: how much of the error is the measurement itself.
+    let mut overhead: Vec<f64> = (0..1000)
+        .map(|_| {
+            let t0 = now_ns();
+            // SAFETY: as above.
+            unsafe { ibv_post_send(&mut qd.qp_base) };
+            (now_ns() - t0) as f64
+        })
+        .collect();
+    let overhead = median(&mut overhead);
+    let mut err: Vec<f64> = (0..samples + samples / 10)
+        .map(|_| {
+            let t0 = now_ns();
+            // SAFETY: as above.
+            unsafe { ibv_post_send(&mut qp.qp_base) };
+            (now_ns() - t0) as f64 - delay_ns
+        })
+        .skip(samples / 10)
+        .collect();
+    let mut abs: Vec<f64> = err.iter().map(|e| e.abs()).collect();
+    println!(
+        "RESULT {:.1} {:.1} {:.1} {:.1} {:.1}",
+        median(&mut err),
+        quantile(&mut abs, 0.5),
+        quantile(&mut abs, 0.99),
+        quantile(&mut err, 0.999),
+        overhead
+    );
+}
+
+fn run_child(so: &Path, stub: &Path, role: &str, env: &[(&str, &str)]) -> Vec<f64> {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--child", role])
+        .env("IBJITTER_BENCH_SO", so)
+        .env("IBJITTER_BENCH_STUB", stub)
+        .env("IBJITTER_QUIET", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("spawn bench child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench child {role} {env:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .expect("child printed no RESULT")
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        match args[i + 1].as_str() {
+            "cost" => child_cost(false),
+            "trampoline" => child_cost(true),
+            role => {
+                let (d, n) = role.split_once(':').unwrap();
+                child_accuracy(d.parse().unwrap(), n.parse().unwrap());
+            }
+        }
+        return;
+    }
+    let so = build_shim();
+    let stub = build_stub();
+    let stats = std::env::temp_dir().join(format!("ibjitter-bench-{}.json", std::process::id()));
+    let stats = stats.to_str().unwrap();
+    println!("libibjitter.so hot path ({CALLS} calls × {ROUNDS} rounds, medians; ns per call)");
+    println!(
+        "{:<34} {:>8} {:>8} {:>8} {:>8}",
+        "configuration", "direct", "shim", "added", "min add"
+    );
+    for (name, role, env) in [
+        ("floor: one extra indirect hop", "trampoline", vec![]),
+        ("no configuration (not patched)", "cost", vec![]),
+        (
+            "counting only (IBJITTER_STATS)",
+            "cost",
+            vec![("IBJITTER_STATS", stats)],
+        ),
+        ("zero-delay table", "cost", vec![("IBJITTER_DELAY", "0ns")]),
+        (
+            "zero-delay table + IBJITTER_STATS",
+            "cost",
+            vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_STATS", stats)],
+        ),
+    ] {
+        let r = run_child(&so, &stub, role, &env);
+        println!(
+            "{name:<34} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+            r[0], r[1], r[2], r[3]
+        );
+    }
+    let _ = std::fs::remove_file(stats);
+    println!();
+    println!(
+        "delay accuracy (error = measured call time - delay, ns; measured with CLOCK_MONOTONIC)"
+    );
+    println!(
+        "{:<10} {:>8} {:>10} {:>10} {:>10} {:>12}",
+        "delay", "samples", "median err", "|err| p50", "|err| p99", "timing cost"
+    );
+    for (d, n) in [(1_000u64, 20_000usize), (10_000, 10_000), (100_000, 2_000)] {
+        let delay = format!("{d}ns");
+        let r = run_child(
+            &so,
+            &stub,
+            &format!("{d}:{n}"),
+            &[("IBJITTER_DELAY", delay.as_str())],
+        );
+        println!(
+            "{:<10} {n:>8} {:>10.1} {:>10.1} {:>10.1} {:>12.1}",
+            format!("{} us", d / 1000),
+            r[0],
+            r[1],
+            r[2],
+            r[4]
+        );
+    }
+}

@@ -1,0 +1,177 @@
+//! Busy-waiting: on a calibrated TSC when the kernel or the CPU says it is constant, else on
+//! the vDSO's CLOCK_MONOTONIC, or (`IBJITTER_UNIT=loops`) as raw loop iterations.
+//! Never sleeps: a kernel trap makes microsecond sleeps unpredictable.
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+
+/// How [`wait`] interprets its argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum WaitKind {
+    /// TSC ticks.
+    Tsc = 0,
+    /// Nanoseconds of CLOCK_MONOTONIC.
+    Monotonic = 1,
+    /// Iterations of an uncalibrated spin loop (the research's unit).
+    Loops = 2,
+}
+
+static KIND: AtomicU8 = AtomicU8::new(WaitKind::Monotonic as u8);
+/// TSC ticks per ns, as f64 bits (0 when not calibrated).
+static TSC_PER_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Selects how [`wait`] waits.
+pub fn set_kind(kind: WaitKind) {
+    KIND.store(kind as u8, Relaxed);
+}
+
+/// The current wait kind.
+pub fn kind() -> WaitKind {
+    match KIND.load(Relaxed) {
+        0 => WaitKind::Tsc,
+        1 => WaitKind::Monotonic,
+        _ => WaitKind::Loops,
+    }
+}
+
+/// TSC frequency in ticks per ns found by [`calibrate`], if any.
+pub fn tsc_per_ns() -> Option<f64> {
+    let v = f64::from_bits(TSC_PER_NS.load(Relaxed));
+    (v > 0.0).then_some(v)
+}
+
+/// Waits `q` units of the current kind (ticks, ns or loops).
+#[inline(always)]
+pub fn wait(q: u64) {
+    match KIND.load(Relaxed) {
+        0 => spin_tsc(q),
+        1 => spin_monotonic(q),
+        _ => spin_loops(q),
+    }
+}
+
+/// Reads the TSC (0 on other architectures, where the TSC is never selected).
+#[inline(always)]
+pub fn rdtsc() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: rdtsc has no preconditions on x86_64.
+    unsafe {
+        core::arch::x86_64::_rdtsc()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    0
+}
+
+/// CLOCK_MONOTONIC in ns (through the vDSO: no syscall on the usual clocksources).
+#[inline(always)]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Below this many ticks to go, spin without `pause`: one pause lasts up to ~150 cycles on
+/// recent cores, which would overshoot short delays.
+const PAUSE_GUARD_TICKS: u64 = 512;
+
+#[inline(always)]
+fn spin_tsc(ticks: u64) {
+    let start = rdtsc();
+    loop {
+        let elapsed = rdtsc().wrapping_sub(start);
+        if elapsed >= ticks {
+            break;
+        }
+        if ticks - elapsed > PAUSE_GUARD_TICKS {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+#[inline(always)]
+fn spin_monotonic(ns: u64) {
+    let start = monotonic_ns();
+    while monotonic_ns().wrapping_sub(start) < ns {
+        core::hint::spin_loop();
+    }
+}
+
+#[inline(never)]
+fn spin_loops(n: u64) {
+    let mut i = 0u64;
+    while i < n {
+        // black_box keeps the compiler from folding the loop away; no pause, as in a plain
+        // C `for` loop.
+        i = std::hint::black_box(i) + 1;
+    }
+}
+
+/// Whether the TSC can stand in for CLOCK_MONOTONIC: the kernel uses it as its clocksource,
+/// or the CPU declares it constant and non-stop.
+pub fn tsc_trusted() -> bool {
+    if !cfg!(target_arch = "x86_64") {
+        return false;
+    }
+    let cs =
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .unwrap_or_default();
+    if cs.trim() == "tsc" {
+        return true;
+    }
+    use std::io::BufRead;
+    let Ok(f) = std::fs::File::open("/proc/cpuinfo") else {
+        return false;
+    };
+    for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
+        if line.starts_with("flags") {
+            let has = |flag: &str| line.split_whitespace().any(|w| w == flag);
+            return has("constant_tsc") && has("nonstop_tsc");
+        }
+    }
+    false
+}
+
+/// One (tsc, ns) pair, bracketed by two TSC reads; the tightest of a few tries.
+fn pair() -> (f64, u64) {
+    let mut best = (u64::MAX, 0.0, 0);
+    for _ in 0..7 {
+        let a = rdtsc();
+        let ns = monotonic_ns();
+        let b = rdtsc();
+        let width = b.wrapping_sub(a);
+        if width < best.0 {
+            best = (width, a as f64 + width as f64 / 2.0, ns);
+        }
+    }
+    (best.1, best.2)
+}
+
+/// Measures TSC ticks per ns against CLOCK_MONOTONIC over `span_ns` of busy time, stores
+/// and returns it; None if the result is implausible (then the caller keeps Monotonic).
+pub fn calibrate(span_ns: u64) -> Option<f64> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    let (t0, n0) = pair();
+    while monotonic_ns() - n0 < span_ns {
+        core::hint::spin_loop();
+    }
+    let (t1, n1) = pair();
+    let f = (t1 - t0) / (n1 - n0) as f64;
+    if !(0.05..=20.0).contains(&f) {
+        return None;
+    }
+    TSC_PER_NS.store(f.to_bits(), Relaxed);
+    Some(f)
+}
+
+/// Converts ns to wait units of `kind` (ns → TSC ticks, rounded; otherwise unchanged).
+pub fn ns_to_units(ns: u64, kind: WaitKind) -> u64 {
+    match (kind, tsc_per_ns()) {
+        (WaitKind::Tsc, Some(f)) => (ns as f64 * f).round() as u64,
+        _ => ns,
+    }
+}

@@ -1,0 +1,363 @@
+//! Configuration from the environment, read once at load. Any problem becomes one warning
+//! line and pass-through: the host program must never be harmed by a typo.
+use ibjitter_lib::table::{self, Kind, ENTRIES};
+use std::path::{Path, PathBuf};
+
+/// Seed used when `IBJITTER_SEED` is unset ("ibjitter" in ASCII).
+pub const DEFAULT_SEED: u64 = 0x6962_6a69_7474_6572;
+
+/// What a table entry counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Ns,
+    /// Raw busy-loop iterations, as the research's injector used.
+    Loops,
+}
+
+impl Unit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Ns => "ns",
+            Unit::Loops => "loops",
+        }
+    }
+}
+
+/// A loaded delay table, in `Unit`s.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delays {
+    /// How it was specified, for the startup line and the stats file.
+    pub source: String,
+    pub values: Vec<u64>,
+}
+
+impl Delays {
+    pub fn mean(&self) -> f64 {
+        self.values.iter().map(|&v| v as f64).sum::<f64>() / self.values.len() as f64
+    }
+    pub fn max(&self) -> u64 {
+        self.values.iter().copied().max().unwrap_or(0)
+    }
+}
+
+/// Everything the environment asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// None: no injection (not configured, or configuration refused).
+    pub delays: Option<Delays>,
+    pub unit: Unit,
+    pub seed: u64,
+    /// Where the seed came from ("default", "IBJITTER_SEED", a file).
+    pub seed_source: String,
+    /// Stats file pattern (`%p` is replaced by the pid at exit).
+    pub stats: Option<String>,
+    pub quiet: bool,
+    /// At most one line: why injection is off, when it is not simply unconfigured.
+    pub warning: Option<String>,
+}
+
+impl Settings {
+    /// Pass-through, default seed, no stats.
+    pub fn passthrough() -> Settings {
+        Settings {
+            delays: None,
+            unit: Unit::Ns,
+            seed: DEFAULT_SEED,
+            seed_source: "default".into(),
+            stats: None,
+            quiet: false,
+            warning: None,
+        }
+    }
+
+    /// Reads the `IBJITTER_*` variables through `var` (the process environment in the shim).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Settings {
+        let mut s = Settings::passthrough();
+        let nonempty = |k: &str| var(k).filter(|v| !v.trim().is_empty());
+        s.quiet = nonempty("IBJITTER_QUIET").is_some_and(|v| v.trim() != "0");
+        s.stats = nonempty("IBJITTER_STATS");
+        let mut problems: Vec<String> = Vec::new();
+        match nonempty("IBJITTER_UNIT").as_deref().map(str::trim) {
+            None | Some("ns") => {}
+            Some("loops") => s.unit = Unit::Loops,
+            Some(other) => problems.push(format!(
+                "IBJITTER_UNIT={other}: expected \"ns\" or \"loops\""
+            )),
+        }
+        match nonempty("IBJITTER_SEED") {
+            None => {}
+            Some(v) => match parse_seed(&v) {
+                Ok((seed, source)) => {
+                    s.seed = seed;
+                    s.seed_source = source;
+                }
+                Err(e) => problems.push(e),
+            },
+        }
+        let delays = match load_delays(&nonempty, s.unit) {
+            Ok(d) => d,
+            Err(e) => {
+                problems.push(e);
+                None
+            }
+        };
+        if problems.is_empty() {
+            s.delays = delays;
+        } else {
+            s.warning = Some(format!(
+                "{}; injection disabled (pass-through)",
+                problems.join("; ")
+            ));
+        }
+        s
+    }
+}
+
+/// `IBJITTER_SEED=N` (decimal or 0x hex) or `IBJITTER_SEED=FILE` holding one integer.
+fn parse_seed(v: &str) -> Result<(u64, String), String> {
+    let v = v.trim();
+    if let Some(n) = parse_u64(v) {
+        return Ok((n, "IBJITTER_SEED".into()));
+    }
+    let text = std::fs::read_to_string(v).map_err(|e| {
+        format!("IBJITTER_SEED={v}: not an integer, and cannot read it as a seed file: {e}")
+    })?;
+    let t = text.trim();
+    parse_u64(t)
+        .map(|n| (n, format!("file {v}")))
+        .ok_or_else(|| {
+            let shown: String = t.chars().take(40).collect();
+            format!("IBJITTER_SEED={v}: seed file must hold one integer, found {shown:?}")
+        })
+}
+
+fn parse_u64(t: &str) -> Option<u64> {
+    if let Some(hex) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        u64::from_str_radix(hex, 16).ok()
+    } else {
+        t.parse().ok()
+    }
+}
+
+/// Parses a duration: a number with a unit (ns, us/usec/µs, ms/msec, s/sec), or, in loops
+/// mode, a plain loop count. A plain number in ns mode is refused: tc reads it as µs, most
+/// readers as ns, so we ask instead of guessing.
+pub fn parse_duration(v: &str, unit: Unit) -> Result<f64, String> {
+    let t = v.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{t:?}: expected a duration such as 100us"))?;
+    if !n.is_finite() || n < 0.0 {
+        return Err(format!("{t:?}: expected a non-negative duration"));
+    }
+    let scale = match (unit, suffix.trim()) {
+        (Unit::Loops, "") => 1.0,
+        (Unit::Loops, _) => {
+            return Err(format!(
+                "{t:?}: with IBJITTER_UNIT=loops give a plain loop count"
+            ))
+        }
+        (Unit::Ns, "ns" | "nsec") => 1.0,
+        (Unit::Ns, "us" | "usec" | "µs") => 1e3,
+        (Unit::Ns, "ms" | "msec") => 1e6,
+        (Unit::Ns, "s" | "sec") => 1e9,
+        (Unit::Ns, "") if n == 0.0 => 1.0,
+        (Unit::Ns, "") => return Err(format!("{t:?}: missing unit (write e.g. {n}us or {n}ns)")),
+        (Unit::Ns, other) => return Err(format!("{t:?}: unknown unit {other:?} (ns, us, ms, s)")),
+    };
+    Ok(n * scale)
+}
+
+type Var<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// The table the environment selects, None if it selects none.
+fn load_delays(var: Var<'_>, unit: Unit) -> Result<Option<Delays>, String> {
+    let table = var("IBJITTER_TABLE");
+    let dist = var("IBJITTER_DIST");
+    let delay = var("IBJITTER_DELAY");
+    let jitter = var("IBJITTER_JITTER");
+    if let Some(path) = table {
+        if dist.is_some() || delay.is_some() || jitter.is_some() {
+            return Err(
+                "IBJITTER_TABLE is an absolute table: do not combine it with IBJITTER_DIST/DELAY/JITTER"
+                    .into(),
+            );
+        }
+        let path = path.trim();
+        if !Path::new(path).is_absolute() {
+            return Err(format!("IBJITTER_TABLE={path}: give an absolute path"));
+        }
+        let t = table::read(Path::new(path), Kind::Absolute)
+            .map_err(|e| format!("IBJITTER_TABLE: {e}"))?;
+        return Ok(Some(Delays {
+            source: path.to_string(),
+            values: t.entries.iter().map(|&e| e.max(0) as u64).collect(),
+        }));
+    }
+    let mu = delay
+        .as_deref()
+        .map(|d| parse_duration(d, unit).map_err(|e| format!("IBJITTER_DELAY={e}")))
+        .transpose()?;
+    let sigma = jitter
+        .as_deref()
+        .map(|d| parse_duration(d, unit).map_err(|e| format!("IBJITTER_JITTER={e}")))
+        .transpose()?;
+    let u = unit.name();
+    match (dist, mu, sigma) {
+        (None, None, None) => Ok(None),
+        (None, None, Some(_)) => Err("IBJITTER_JITTER needs IBJITTER_DELAY".into()),
+        (Some(d), None, _) => Err(format!(
+            "IBJITTER_DIST={d} needs IBJITTER_DELAY (and IBJITTER_JITTER)"
+        )),
+        (None, Some(mu), None) => Ok(Some(Delays {
+            source: format!("constant {mu} {u}"),
+            values: vec![mu.round() as u64; ENTRIES],
+        })),
+        (None, Some(mu), Some(sigma)) => {
+            // netem without a distribution: uniform over [mu - sigma, mu + sigma].
+            let values = (0..ENTRIES)
+                .map(|i| {
+                    let x = mu - sigma + 2.0 * sigma * (i as f64 + 0.5) / ENTRIES as f64;
+                    x.max(0.0).round() as u64
+                })
+                .collect();
+            Ok(Some(Delays {
+                source: format!("uniform {mu}±{sigma} {u}"),
+                values,
+            }))
+        }
+        (Some(d), Some(mu), sigma) => {
+            let sigma = sigma.unwrap_or(0.0);
+            let d = d.trim();
+            let path: PathBuf = if d.contains('/') {
+                PathBuf::from(d)
+            } else {
+                table::resolve_named_dist(d).ok_or_else(|| {
+                    format!("IBJITTER_DIST={d}: no such named distribution (looked for {d}.dist in the project's distributions/ and iproute2's directory)")
+                })?
+            };
+            let t = table::read(&path, Kind::Netem).map_err(|e| format!("IBJITTER_DIST: {e}"))?;
+            Ok(Some(Delays {
+                source: format!("{} mu={mu} sigma={sigma} {u}", path.display()),
+                values: t.netem_delays_ns(mu, sigma),
+            }))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(pairs: &[(&str, &str)]) -> Settings {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_vars(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn nothing_set_is_passthrough_without_warning() {
+        let s = settings(&[]);
+        assert_eq!(s, Settings::passthrough());
+    }
+
+    #[test]
+    fn constant_delay_and_seed() {
+        let s = settings(&[("IBJITTER_DELAY", "10us"), ("IBJITTER_SEED", "0x10")]);
+        assert_eq!(s.warning, None);
+        let d = s.delays.unwrap();
+        assert!(d.values.iter().all(|&v| v == 10_000));
+        assert_eq!(s.seed, 16);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1.5ms", Unit::Ns), Ok(1.5e6));
+        assert_eq!(parse_duration("250 ns", Unit::Ns), Ok(250.0));
+        assert_eq!(parse_duration("2sec", Unit::Ns), Ok(2e9));
+        assert_eq!(parse_duration("0", Unit::Ns), Ok(0.0));
+        assert!(parse_duration("100", Unit::Ns)
+            .unwrap_err()
+            .contains("missing unit"));
+        assert!(parse_duration("1furlong", Unit::Ns).is_err());
+        assert!(parse_duration("-3us", Unit::Ns).is_err());
+        assert_eq!(parse_duration("300", Unit::Loops), Ok(300.0));
+        assert!(parse_duration("3us", Unit::Loops).is_err());
+    }
+
+    #[test]
+    fn bad_inputs_give_one_warning_and_no_table() {
+        for pairs in [
+            &[("IBJITTER_TABLE", "/nonexistent/table")][..],
+            &[("IBJITTER_TABLE", "relative.tbl")][..],
+            &[
+                ("IBJITTER_DELAY", "10us"),
+                ("IBJITTER_SEED", "/nonexistent/seed"),
+            ][..],
+            &[("IBJITTER_DELAY", "10")][..],
+            &[("IBJITTER_DIST", "nosuchdist"), ("IBJITTER_DELAY", "10us")][..],
+            &[("IBJITTER_DELAY", "10us"), ("IBJITTER_UNIT", "parsecs")][..],
+            &[("IBJITTER_JITTER", "10us")][..],
+        ] {
+            let s = settings(pairs);
+            assert!(s.delays.is_none(), "{pairs:?}");
+            let w = s.warning.expect("a warning");
+            assert!(!w.contains('\n'), "one line: {w}");
+            assert!(w.ends_with("injection disabled (pass-through)"), "{w}");
+        }
+    }
+
+    #[test]
+    fn garbage_table_and_seed_files() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let t = dir.join("garbage.tbl");
+        std::fs::write(&t, "1 2 three\n").unwrap();
+        let s = settings(&[("IBJITTER_TABLE", t.to_str().unwrap())]);
+        assert!(s.warning.unwrap().contains("garbage.tbl:1:"));
+        let seed = dir.join("seed");
+        std::fs::write(&seed, "hello\n").unwrap();
+        let s = settings(&[
+            ("IBJITTER_DELAY", "1us"),
+            ("IBJITTER_SEED", seed.to_str().unwrap()),
+        ]);
+        assert!(s.warning.unwrap().contains("one integer"));
+        std::fs::write(&seed, " 1234\n").unwrap();
+        let s = settings(&[
+            ("IBJITTER_DELAY", "1us"),
+            ("IBJITTER_SEED", seed.to_str().unwrap()),
+        ]);
+        assert_eq!((s.seed, s.warning), (1234, None));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn named_dist_scales_netem_entries() {
+        let s = settings(&[
+            ("IBJITTER_DIST", "normal"),
+            ("IBJITTER_DELAY", "100us"),
+            ("IBJITTER_JITTER", "10us"),
+        ]);
+        if let Some(w) = &s.warning {
+            panic!("{w}");
+        }
+        let d = s.delays.unwrap();
+        assert_eq!(d.values.len(), ENTRIES);
+        assert!((d.mean() - 100_000.0).abs() < 1_000.0, "mean {}", d.mean());
+    }
+
+    #[test]
+    fn uniform_jitter_without_dist() {
+        let s = settings(&[("IBJITTER_DELAY", "10us"), ("IBJITTER_JITTER", "20us")]);
+        let d = s.delays.unwrap();
+        assert_eq!(*d.values.iter().min().unwrap(), 0);
+        assert!(d.max() < 30_000 && d.max() > 29_900);
+    }
+}

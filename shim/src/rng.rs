@@ -1,0 +1,177 @@
+//! Per-thread PCG32 streams: thread k of the process (numbered in order of its first post)
+//! draws from a stream derived from the seed and k, so a seed reproduces each thread's delay
+//! sequence run after run. One const-initialized TLS slot, no destructor, no allocation.
+use rand_core::Rng;
+use rand_pcg::Pcg32;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+
+static SEED: AtomicU64 = AtomicU64::new(crate::config::DEFAULT_SEED);
+/// Mixed into stream derivation in forked children, so a child does not replay its parent.
+static SALT: AtomicU64 = AtomicU64::new(0);
+static NEXT_THREAD: AtomicU32 = AtomicU32::new(0);
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// The calling thread's generator, once it has one.
+#[repr(C)]
+struct ThreadState {
+    rng: MaybeUninit<Pcg32>,
+    /// Thread index k.
+    index: u32,
+    /// Zero (the TLS initial image) until `rng` is set.
+    ready: u32,
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod tls {
+    //! The per-thread state in a `.tbss` block reached with the initial-exec model (one load
+    //! from the GOT plus %fs): `thread_local!` in a cdylib costs an indirect call and a
+    //! `__tls_get_addr` call per access, more than the whole zero-delay budget. Initial-exec
+    //! is what LD_PRELOADed objects get anyway (static TLS); a later dlopen still works,
+    //! glibc serves small blocks from its static TLS surplus and initializes them in every
+    //! running thread.
+    use super::ThreadState;
+
+    core::arch::global_asm!(
+        ".pushsection .tbss,\"awT\",@nobits",
+        ".p2align 6",
+        // Global for the other codegen units, hidden so it is never exported.
+        ".globl ibjitter_thread_state",
+        ".hidden ibjitter_thread_state",
+        ".type ibjitter_thread_state,@object",
+        ".size ibjitter_thread_state,64",
+        "ibjitter_thread_state:",
+        ".zero 64",
+        ".popsection",
+    );
+    const _: () = assert!(size_of::<ThreadState>() <= 64);
+
+    #[inline(always)]
+    pub(super) fn state() -> *mut ThreadState {
+        let offset: usize;
+        let tp: usize;
+        // SAFETY: reads the GOT slot the linker fills with the block's offset from the thread
+        // pointer, and the thread pointer itself (%fs:0 holds its own address on x86_64).
+        unsafe {
+            core::arch::asm!(
+                "mov {off}, qword ptr [rip + ibjitter_thread_state@GOTTPOFF]",
+                "mov {tp}, qword ptr fs:[0]",
+                off = out(reg) offset,
+                tp = out(reg) tp,
+                options(pure, readonly, nostack, preserves_flags)
+            );
+        }
+        tp.wrapping_add(offset) as *mut ThreadState
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod tls {
+    use super::ThreadState;
+    use std::mem::MaybeUninit;
+    use std::mem::MaybeUninit;
+
+    thread_local! {
+        static STATE: UnsafeCell<ThreadState> = const {
+            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0 })
+        };
+    }
+
+    #[inline(always)]
+    pub(super) fn state() -> *mut ThreadState {
+        STATE.with(|s| s.get())
+    }
+}
+
+/// SplitMix64's finalizer: spreads seed, salt and thread index over all bits.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The generator of thread `k` for `seed` (and fork salt `salt`, 0 in the first process).
+pub fn stream(seed: u64, salt: u64, k: u32) -> Pcg32 {
+    let state = mix(seed ^ mix(salt ^ mix(u64::from(k))));
+    Pcg32::new(state, mix(state ^ 0x6a09_e667_f3bc_c909))
+}
+
+/// Sets the seed and restarts thread numbering (at load).
+pub fn set_seed(seed: u64) {
+    SEED.store(seed, Relaxed);
+    NEXT_THREAD.store(0, Relaxed);
+    SALT.store(0, Relaxed);
+    reset_current_thread();
+}
+
+/// Forgets the calling thread's stream; its next post takes a new thread index.
+pub fn reset_current_thread() {
+    // SAFETY: the block is this thread's; nothing else holds a reference into it now.
+    unsafe { (*tls::state()).ready = 0 };
+}
+
+/// Gives the calling thread its stream: the next thread index k, and the stream of k.
+#[cold]
+#[inline(never)]
+pub(crate) fn init_current_thread() {
+    // SAFETY: the block is this thread's; nothing else holds a reference into it now.
+    let s = unsafe { &mut *tls::state() };
+    let k = NEXT_THREAD.fetch_add(1, Relaxed);
+    s.index = k;
+    s.rng = MaybeUninit::new(stream(SEED.load(Relaxed), SALT.load(Relaxed), k));
+    s.ready = 1;
+}
+
+/// Runs `f` with the calling thread's generator and thread index; None (without calling
+/// `f`) if the thread has no stream yet: the caller runs [`init_current_thread`] out of line
+/// and retries, which keeps the usual path free of calls and stack frames.
+#[inline(always)]
+pub(crate) fn with_thread<R>(f: impl FnOnce(&mut Pcg32, u32) -> R) -> Option<R> {
+    // SAFETY: the block is this thread's; `f` (the post path) never re-enters here.
+    let s = unsafe { &mut *tls::state() };
+    if s.ready == 0 {
+        return None;
+    }
+    // SAFETY: `ready` says `rng` was written.
+    let rng = unsafe { s.rng.assume_init_mut() };
+    Some(f(rng, s.index))
+}
+
+/// A table index: the low 12 bits of the next draw.
+#[inline(always)]
+pub(crate) fn next_index(rng: &mut Pcg32) -> usize {
+    (rng.next_u32() & 0xfff) as usize
+}
+
+/// fork() prepare handler (parent): number the fork, so each child gets its own salt.
+pub(crate) extern "C" fn atfork_prepare() {
+    FORKS.fetch_add(1, Relaxed);
+}
+
+/// fork() child handler: the child's only thread starts a fresh stream family, derived
+/// deterministically from the parent's salt and fork number.
+pub(crate) extern "C" fn atfork_child() {
+    let salt = mix(SALT.load(Relaxed) ^ mix(FORKS.load(Relaxed)));
+    SALT.store(salt, Relaxed);
+    FORKS.store(0, Relaxed);
+    NEXT_THREAD.store(0, Relaxed);
+    reset_current_thread();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_differ_by_thread_and_repeat_by_seed() {
+        let draw = |seed, k| {
+            let mut r = stream(seed, 0, k);
+            (0..8).map(|_| next_index(&mut r)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7, 0), draw(7, 0));
+        assert_ne!(draw(7, 0), draw(7, 1));
+        assert_ne!(draw(7, 0), draw(8, 0));
+        assert_ne!(stream(7, 0, 0), stream(7, 1, 0));
+    }
+}

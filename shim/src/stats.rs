@@ -1,0 +1,207 @@
+//! Counters for `IBJITTER_STATS`: posts per hook and table-index hits, in cache-line-sized
+//! per-thread slots (no contention, no atomic read-modify-write for the first
+//! [`EXCLUSIVE_SLOTS`] threads). Hits × entries give the injected-delay distribution exactly;
+//! it goes through an HdrHistogram at exit.
+use crate::config::Unit;
+use hdrhistogram::Histogram;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed};
+
+/// Threads 0..EXCLUSIVE_SLOTS own a slot; later threads share the last one (atomic adds).
+pub const EXCLUSIVE_SLOTS: usize = 64;
+const ENTRIES: usize = ibjitter_lib::table::ENTRIES;
+
+/// Which interposed pointer a post came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Hook {
+    PostSend = 0,
+    WrComplete = 1,
+}
+
+#[repr(C, align(64))]
+pub struct Slot {
+    posts: [AtomicU64; 2],
+    hits: [AtomicU64; ENTRIES],
+}
+
+/// EXCLUSIVE_SLOTS + 1 slots, allocated once at load when stats are on (null otherwise).
+static SLOTS: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Allocates the slots (once; later calls zero them).
+pub fn enable() {
+    if SLOTS.load(Relaxed).is_null() {
+        let v: Vec<Slot> = (0..=EXCLUSIVE_SLOTS)
+            .map(|_| Slot {
+                posts: Default::default(),
+                hits: std::array::from_fn(|_| AtomicU64::new(0)),
+            })
+            .collect();
+        SLOTS.store(Box::leak(v.into_boxed_slice()).as_mut_ptr(), Relaxed);
+    } else {
+        reset();
+    }
+}
+
+fn slots() -> Option<&'static [Slot]> {
+    let p = SLOTS.load(Relaxed);
+    // SAFETY: leaked allocation of EXCLUSIVE_SLOTS + 1 slots, never freed.
+    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, EXCLUSIVE_SLOTS + 1) })
+}
+
+/// Zeroes all counters (a forked child starts from zero).
+pub fn reset() {
+    for s in slots().unwrap_or(&[]) {
+        s.posts
+            .iter()
+            .chain(s.hits.iter())
+            .for_each(|c| c.store(0, Relaxed));
+    }
+}
+
+#[inline(always)]
+fn bump(c: &AtomicU64, exclusive: bool) {
+    if exclusive {
+        // Only this thread writes the counter: a plain load/store, no locked instruction.
+        c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
+    } else {
+        c.fetch_add(1, Relaxed);
+    }
+}
+
+/// Counts one post by thread `thread` through `hook`, and its table index if one was drawn.
+#[inline(always)]
+pub fn count(thread: u32, hook: Hook, index: Option<usize>) {
+    let p = SLOTS.load(Relaxed);
+    if p.is_null() {
+        return;
+    }
+    let exclusive = (thread as usize) < EXCLUSIVE_SLOTS;
+    let i = if exclusive {
+        thread as usize
+    } else {
+        EXCLUSIVE_SLOTS
+    };
+    // SAFETY: i <= EXCLUSIVE_SLOTS, within the leaked array.
+    let slot = unsafe { &*p.add(i) };
+    bump(&slot.posts[hook as usize], exclusive);
+    if let Some(ix) = index {
+        bump(&slot.hits[ix & (ENTRIES - 1)], exclusive);
+    }
+}
+
+/// Totals at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// (post_send, wr_complete) per slot; the last slot is shared by threads ≥ 64.
+    pub per_thread: Vec<[u64; 2]>,
+    pub post_send: u64,
+    pub wr_complete: u64,
+    /// Hits per table index.
+    pub hits: Vec<u64>,
+}
+
+pub fn snapshot() -> Snapshot {
+    let mut s = Snapshot {
+        hits: vec![0; ENTRIES],
+        ..Default::default()
+    };
+    for slot in slots().unwrap_or(&[]) {
+        let p = [slot.posts[0].load(Relaxed), slot.posts[1].load(Relaxed)];
+        s.post_send += p[0];
+        s.wr_complete += p[1];
+        s.per_thread.push(p);
+        for (h, c) in s.hits.iter_mut().zip(slot.hits.iter()) {
+            *h += c.load(Relaxed);
+        }
+    }
+    while s.per_thread.last().is_some_and(|p| p == &[0, 0]) {
+        s.per_thread.pop();
+    }
+    s
+}
+
+/// What the stats file says besides the counters.
+pub struct Context<'a> {
+    pub table: Option<&'a [u64]>,
+    pub table_source: Option<&'a str>,
+    pub unit: Unit,
+    pub seed: u64,
+    pub seed_source: &'a str,
+    pub clock: String,
+    pub disabled_reason: Option<&'a str>,
+}
+
+/// The stats document for `snap`.
+pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
+    use serde_json::json;
+    let u = ctx.unit.name();
+    let mut hist = Histogram::<u64>::new(3).expect("3 significant figures is valid");
+    let (mut draws, mut injected, mut sum) = (0u64, 0u64, 0u128);
+    if let Some(table) = ctx.table {
+        for (&v, &n) in table.iter().zip(&snap.hits) {
+            if n == 0 {
+                continue;
+            }
+            draws += n;
+            if v > 0 {
+                injected += n;
+            }
+            sum += u128::from(v) * u128::from(n);
+            // Saturate rather than fail on absurd entries: the stats must not kill the host.
+            let _ = hist.record_n(v, n);
+        }
+    }
+    let mut dist = serde_json::Map::new();
+    dist.insert("count".into(), json!(hist.len()));
+    if !hist.is_empty() {
+        dist.insert("min".into(), json!(hist.min()));
+        dist.insert("max".into(), json!(hist.max()));
+        dist.insert("mean".into(), json!(sum as f64 / draws as f64));
+        dist.insert("stdev".into(), json!(hist.stdev()));
+        let mut pct = serde_json::Map::new();
+        for q in [
+            1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 99.99,
+        ] {
+            pct.insert(format!("p{q}"), json!(hist.value_at_quantile(q / 100.0)));
+        }
+        dist.insert("percentiles".into(), pct.into());
+        // (value, count) pairs at HdrHistogram's resolution (3 significant digits): enough
+        // to rebuild the CDF and compare it with the table.
+        let buckets: Vec<[u64; 2]> = hist
+            .iter_recorded()
+            .map(|v| {
+                [
+                    hist.highest_equivalent(v.value_iterated_to()),
+                    v.count_at_value(),
+                ]
+            })
+            .collect();
+        dist.insert("histogram".into(), json!(buckets));
+    }
+    json!({
+        "pid": std::process::id(),
+        "comm": std::fs::read_to_string("/proc/self/comm").map(|s| s.trim().to_string()).unwrap_or_default(),
+        "injecting": ctx.table.is_some(),
+        "disabled_reason": ctx.disabled_reason,
+        "table": ctx.table_source,
+        "unit": u,
+        "seed": ctx.seed,
+        "seed_source": ctx.seed_source,
+        "clock": ctx.clock,
+        "posts": { "post_send": snap.post_send, "wr_complete": snap.wr_complete },
+        "posts_total": snap.post_send + snap.wr_complete,
+        "threads": snap.per_thread.iter().map(|p| json!({"post_send": p[0], "wr_complete": p[1]})).collect::<Vec<_>>(),
+        "draws": draws,
+        // Exact per-index counts ([index, hits], non-zero only): the injected distribution
+        // without histogram rounding.
+        "index_hits": snap.hits.iter().enumerate().filter(|(_, &n)| n > 0).map(|(i, &n)| [i as u64, n]).collect::<Vec<_>>(),
+        "delays_injected": injected,
+        format!("sum_{u}"): sum as u64,
+        format!("delay_{u}"): dist,
+    })
+}
+
+/// `%p` in the stats path → pid.
+pub fn expand_path(pattern: &str) -> String {
+    pattern.replace("%p", &std::process::id().to_string())
+}

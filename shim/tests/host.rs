@@ -1,0 +1,599 @@
+//! Host tests of the built libibjitter.so over a stub libibverbs and fake provider objects:
+//! each scenario re-runs this test binary as a child with the `IBJITTER_*` environment (the
+//! shim reads it once, at load), then checks the child's stderr, result line and stats file.
+mod support;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use support::verbs_abi::*;
+use support::*;
+
+const CHILD: &str = "IBJITTER_HOST_CHILD";
+
+struct Built {
+    so: PathBuf,
+    stub: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static B: OnceLock<Built> = OnceLock::new();
+    B.get_or_init(|| Built {
+        so: build_shim(),
+        stub: build_stub(),
+    })
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = target_dir()
+        .join("ibjitter-host-tests")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+struct ChildOut {
+    stderr_lines: Vec<String>,
+    result: Value,
+}
+
+/// Re-runs test `test` of this binary as a child with `env` (and nothing else IBJITTER_*).
+fn respawn(test: &str, scenario: &str, env: &[(&str, String)]) -> ChildOut {
+    let b = built();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env(CHILD, scenario)
+        .env("IBJITTER_TEST_SO", &b.so)
+        .env("IBJITTER_TEST_STUB", &b.stub);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("spawn child");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success(),
+        "child {scenario} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let result = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("child {scenario} printed no RESULT:\n{stdout}\n{stderr}"));
+    ChildOut {
+        stderr_lines: stderr
+            .lines()
+            .filter(|l| l.starts_with("ibjitter"))
+            .map(String::from)
+            .collect(),
+        result: serde_json::from_str(result).unwrap(),
+    }
+}
+
+fn child_scenario() -> Option<String> {
+    std::env::var(CHILD).ok()
+}
+
+fn load_shim() -> Shim {
+    Shim::load(
+        Path::new(&std::env::var("IBJITTER_TEST_SO").unwrap()),
+        Path::new(&std::env::var("IBJITTER_TEST_STUB").unwrap()),
+    )
+}
+
+fn emit(v: Value) {
+    println!("RESULT {v}");
+}
+
+fn read_stats(dir: &Path) -> Vec<Value> {
+    let mut v: Vec<Value> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap())
+        .collect();
+    v.sort_by_key(|s| s["pid"].as_u64());
+    v
+}
+
+fn stats_env(dir: &Path) -> (&'static str, String) {
+    ("IBJITTER_STATS", format!("{}/stats.%p.json", dir.display()))
+}
+
+/// Child: open a fake context through the shim, post `n` sends and `n/2` wr_completes,
+/// close, report pointers and timing.
+fn child_basic(n: u64) {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    let (orig_ps, orig_cqe) = (fc.post_send_ptr(), fc.create_qp_ex_ptr());
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    assert_eq!(ctx, fc.ctx());
+    let patched = fc.post_send_ptr() != orig_ps && fc.create_qp_ex_ptr() != orig_cqe;
+    let mut q = fake_qp(ctx);
+    let qpx: *mut ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    assert_eq!(qp as usize, qpx as usize);
+    let wr_patched =
+        q.wr_complete.map(|f| f as *const ()) != Some(counting_wr_complete as *const ());
+    let t0 = now_ns();
+    for _ in 0..n {
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_post_send(qp) }, 0);
+    }
+    for _ in 0..n / 2 {
+        // SAFETY: as above.
+        assert_eq!(unsafe { ibv_wr_complete(qpx) }, 0);
+    }
+    let elapsed = now_ns() - t0;
+    // SAFETY: the context is ours; the stub's close does nothing.
+    unsafe { (shim.close_device)(ctx) };
+    let restored = fc.post_send_ptr() == orig_ps && fc.create_qp_ex_ptr() == orig_cqe;
+    emit(serde_json::json!({
+        "patched": patched, "wr_patched": wr_patched, "restored": restored,
+        "provider_posts": PROVIDER_POSTS.load(std::sync::atomic::Ordering::Relaxed),
+        "elapsed_ns": elapsed,
+    }));
+}
+
+#[test]
+fn exports_only_hooks_and_does_not_need_libibverbs() {
+    let so = &built().so;
+    let d = Command::new("readelf").arg("-d").arg(so).output().unwrap();
+    assert!(d.status.success());
+    let dynamic = String::from_utf8_lossy(&d.stdout);
+    assert!(
+        dynamic.contains("(NEEDED)"),
+        "readelf output unexpected:\n{dynamic}"
+    );
+    assert!(
+        !dynamic.contains("libibverbs"),
+        "libibjitter.so NEEDs libibverbs:\n{dynamic}"
+    );
+    let n = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(so)
+        .output()
+        .unwrap();
+    assert!(n.status.success());
+    let mut names: Vec<String> = String::from_utf8_lossy(&n.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(String::from))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "ibv_close_device",
+            "ibv_create_qp",
+            "ibv_import_device",
+            "ibv_open_device"
+        ]
+    );
+}
+
+#[test]
+fn constant_delay_is_injected_counted_and_restored() {
+    if child_scenario().is_some() {
+        return child_basic(1000);
+    }
+    let dir = scratch("constant");
+    let out = respawn(
+        "constant_delay_is_injected_counted_and_restored",
+        "basic",
+        &[("IBJITTER_DELAY", "20us".into()), stats_env(&dir)],
+    );
+    assert_eq!(out.stderr_lines.len(), 1, "{:?}", out.stderr_lines);
+    let line = &out.stderr_lines[0];
+    assert!(
+        line.starts_with("ibjitter: table constant 20000 ns (mean 20000 ns"),
+        "{line}"
+    );
+    assert!(
+        line.contains("(default)") && line.contains("ibv_open_device"),
+        "{line}"
+    );
+    let r = &out.result;
+    assert_eq!(r["patched"], true);
+    assert_eq!(r["wr_patched"], true);
+    assert_eq!(r["restored"], true);
+    assert_eq!(r["provider_posts"], 1500);
+    let elapsed = r["elapsed_ns"].as_u64().unwrap();
+    assert!(
+        elapsed >= 1500 * 20_000,
+        "1500 posts × 20 µs took only {elapsed} ns"
+    );
+    let s = read_stats(&dir);
+    assert_eq!(s.len(), 1);
+    let s = &s[0];
+    assert_eq!(s["posts"]["post_send"], 1000);
+    assert_eq!(s["posts"]["wr_complete"], 500);
+    assert_eq!(s["draws"], 1500);
+    assert_eq!(s["delays_injected"], 1500);
+    assert_eq!(s["sum_ns"], 1500 * 20_000);
+    // HdrHistogram reports a bucket's highest equivalent value (3 significant digits).
+    let p50 = s["delay_ns"]["percentiles"]["p50"].as_u64().unwrap();
+    assert!((20_000..=20_020).contains(&p50), "p50 {p50}");
+}
+
+#[test]
+fn no_configuration_passes_through_with_one_warning() {
+    if child_scenario().is_some() {
+        return child_basic(1000);
+    }
+    let out = respawn(
+        "no_configuration_passes_through_with_one_warning",
+        "basic",
+        &[],
+    );
+    assert_eq!(out.stderr_lines.len(), 1, "{:?}", out.stderr_lines);
+    assert!(out.stderr_lines[0].contains("pass-through"));
+    assert_eq!(out.result["provider_posts"], 1500);
+    assert_eq!(out.result["restored"], true);
+}
+
+#[test]
+fn bad_configuration_warns_once_and_passes_through() {
+    if child_scenario().is_some() {
+        return child_basic(200);
+    }
+    let dir = scratch("bad");
+    let garbage = dir.join("garbage.tbl");
+    std::fs::write(&garbage, "12 34 x56\n").unwrap();
+    let short = dir.join("short.tbl");
+    std::fs::write(&short, "1 2 3 4\n").unwrap();
+    let bad_seed = dir.join("seed");
+    std::fs::write(&bad_seed, "not a number\n").unwrap();
+    let p = |p: &Path| p.display().to_string();
+    let cases: Vec<Vec<(&str, String)>> = vec![
+        vec![("IBJITTER_TABLE", p(&garbage))],
+        vec![("IBJITTER_TABLE", p(&short))],
+        vec![("IBJITTER_TABLE", p(&dir.join("missing.tbl")))],
+        vec![
+            ("IBJITTER_DELAY", "1ms".into()),
+            ("IBJITTER_SEED", p(&dir.join("noseed"))),
+        ],
+        vec![
+            ("IBJITTER_DELAY", "1ms".into()),
+            ("IBJITTER_SEED", p(&bad_seed)),
+        ],
+        vec![
+            ("IBJITTER_DELAY", "1ms".into()),
+            ("IBJITTER_UNIT", "furlongs".into()),
+        ],
+        vec![
+            ("IBJITTER_DIST", "nosuch".into()),
+            ("IBJITTER_DELAY", "1ms".into()),
+        ],
+    ];
+    for (i, case) in cases.into_iter().enumerate() {
+        let sdir = dir.join(format!("s{i}"));
+        std::fs::create_dir_all(&sdir).unwrap();
+        let mut env = case.clone();
+        env.push(stats_env(&sdir));
+        let out = respawn(
+            "bad_configuration_warns_once_and_passes_through",
+            "basic",
+            &env,
+        );
+        assert_eq!(
+            out.stderr_lines.len(),
+            1,
+            "{case:?}: {:?}",
+            out.stderr_lines
+        );
+        let w = &out.stderr_lines[0];
+        assert!(
+            w.starts_with("ibjitter: warning: ")
+                && w.ends_with("injection disabled (pass-through)"),
+            "{w}"
+        );
+        assert_eq!(out.result["provider_posts"], 300, "{case:?}");
+        // 300 posts at 1 ms would take 0.3 s: injection really is off.
+        assert!(
+            out.result["elapsed_ns"].as_u64().unwrap() < 100_000_000,
+            "{case:?}"
+        );
+        let s = &read_stats(&sdir)[0];
+        assert_eq!(s["injecting"], false);
+        assert_eq!(s["draws"], 0);
+        assert_eq!(s["posts_total"], 300);
+        assert!(s["disabled_reason"]
+            .as_str()
+            .unwrap()
+            .contains("pass-through"));
+    }
+}
+
+#[test]
+fn eight_threads_posting_concurrently_count_exactly() {
+    const PER: u64 = 50_000;
+    if child_scenario().is_some() {
+        let shim = load_shim();
+        let mut fc = FakeContext::new(counting_post_send);
+        // SAFETY: the stub returns the fake context.
+        let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) } as usize;
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(move || {
+                    let mut q = fake_qp(ctx as *mut _);
+                    for _ in 0..PER {
+                        // SAFETY: fake QP of the patched fake context.
+                        unsafe { ibv_post_send(&mut q.qp_base) };
+                    }
+                });
+            }
+        });
+        let posts = PROVIDER_POSTS.load(std::sync::atomic::Ordering::Relaxed);
+        return emit(serde_json::json!({ "provider_posts": posts }));
+    }
+    let dir = scratch("threads");
+    let out = respawn(
+        "eight_threads_posting_concurrently_count_exactly",
+        "threads",
+        &[
+            ("IBJITTER_DIST", "normal".into()),
+            ("IBJITTER_DELAY", "300ns".into()),
+            ("IBJITTER_JITTER", "100ns".into()),
+            stats_env(&dir),
+        ],
+    );
+    assert_eq!(out.result["provider_posts"], 8 * PER);
+    let s = &read_stats(&dir)[0];
+    let threads = s["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 8, "{threads:?}");
+    for t in threads {
+        assert_eq!(t["post_send"], PER, "{threads:?}");
+    }
+    assert_eq!(s["posts"]["post_send"], 8 * PER);
+    assert_eq!(s["draws"], 8 * PER);
+    let hits: u64 = s["index_hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h[1].as_u64().unwrap())
+        .sum();
+    assert_eq!(hits, 8 * PER);
+}
+
+/// Index hits of one single-threaded run of 64 posts with `seed`.
+fn hits_for_seed(seed: &str, dir: &Path) -> Value {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut env = vec![
+        ("IBJITTER_DIST", "normal".into()),
+        ("IBJITTER_DELAY", "1us".into()),
+    ];
+    env.push(("IBJITTER_JITTER", "500ns".into()));
+    env.push(stats_env(dir));
+    if !seed.is_empty() {
+        env.push(("IBJITTER_SEED", seed.into()));
+    }
+    respawn("same_seed_same_sequence", "basic", &env);
+    read_stats(dir)[0]["index_hits"].clone()
+}
+
+#[test]
+fn same_seed_same_sequence() {
+    if child_scenario().is_some() {
+        return child_basic(64);
+    }
+    let dir = scratch("seed");
+    let seed_file = dir.join("seed.txt");
+    std::fs::write(&seed_file, "42\n").unwrap();
+    let a = hits_for_seed("42", &dir.join("a"));
+    let b = hits_for_seed(seed_file.to_str().unwrap(), &dir.join("b"));
+    let c = hits_for_seed("43", &dir.join("c"));
+    let d = hits_for_seed("", &dir.join("d"));
+    let e = hits_for_seed("", &dir.join("e"));
+    assert!(a.as_array().unwrap().len() > 50, "{a}");
+    assert_eq!(a, b, "seed 42 given as a number and as a file");
+    assert_ne!(a, c, "seeds 42 and 43");
+    assert_eq!(d, e, "default seed");
+    assert_ne!(a, d);
+}
+
+/// Lognormal quantiles (mu=ln 2000 ns, sigma=0.6) as a 4096-entry absolute table.
+fn lognormal_table() -> Vec<u64> {
+    // Inverse normal CDF by bisection on erfc-free approximation: good to ~1e-9 via
+    // Acklam-free bisection of a precise CDF (std has erf? no) — use the Abramowitz-Stegun
+    // CDF, precise to 7.5e-8, which is plenty for a test table.
+    fn cdf(x: f64) -> f64 {
+        let t = 1.0 / (1.0 + 0.2316419 * x.abs());
+        let d = (-(x * x) / 2.0).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        let p = d
+            * t
+            * (0.319381530
+                + t * (-0.356563782 + t * (1.781477937 + t * (-1.821255978 + t * 1.330274429))));
+        if x >= 0.0 {
+            1.0 - p
+        } else {
+            p
+        }
+    }
+    (0..4096)
+        .map(|i| {
+            let q = (i as f64 + 0.5) / 4096.0;
+            let (mut lo, mut hi) = (-10.0, 10.0);
+            for _ in 0..80 {
+                let mid = (lo + hi) / 2.0;
+                if cdf(mid) < q {
+                    lo = mid
+                } else {
+                    hi = mid
+                }
+            }
+            (2000f64.ln() + 0.6 * lo).exp().round() as u64
+        })
+        .collect()
+}
+
+fn write_table(path: &Path, v: &[u64]) {
+    let text: String = v
+        .chunks(8)
+        .map(|c| {
+            c.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+                + "\n"
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+/// KS distance between the stats' HdrHistogram buckets and the table's distribution.
+fn ks_to_table(hist: &[Value], table: &[u64]) -> f64 {
+    let mut sorted = table.to_vec();
+    sorted.sort_unstable();
+    let total: u64 = hist.iter().map(|b| b[1].as_u64().unwrap()).sum();
+    let table_cdf = |x: u64| sorted.partition_point(|&v| v <= x) as f64 / sorted.len() as f64;
+    let mut cum = 0u64;
+    let mut worst: f64 = 0.0;
+    for b in hist {
+        let (v, n) = (b[0].as_u64().unwrap(), b[1].as_u64().unwrap());
+        let before = cum as f64 / total as f64;
+        cum += n;
+        let after = cum as f64 / total as f64;
+        // Just below this bucket's lowest value, and at its highest.
+        let lowest = hist_lowest(v);
+        worst = worst
+            .max((before - table_cdf(lowest.saturating_sub(1))).abs())
+            .max((after - table_cdf(v)).abs());
+    }
+    worst
+}
+
+/// The lowest value of the 3-significant-digit HdrHistogram bucket whose highest is `v`
+/// (bucket width is a power of two no larger than v/1024).
+fn hist_lowest(v: u64) -> u64 {
+    let width = if v < 2048 {
+        1
+    } else {
+        1u64 << (63 - v.leading_zeros() - 10)
+    };
+    v + 1 - width
+}
+
+#[test]
+fn injected_distribution_matches_the_table() {
+    const N: u64 = 200_000;
+    if child_scenario().is_some() {
+        return child_basic(N * 2 / 3);
+    }
+    let dir = scratch("dist");
+    let table = lognormal_table();
+    let path = dir.join("lognormal.tbl");
+    write_table(&path, &table);
+    let out = respawn(
+        "injected_distribution_matches_the_table",
+        "basic",
+        &[
+            ("IBJITTER_TABLE", path.display().to_string()),
+            stats_env(&dir),
+        ],
+    );
+    assert!(out.stderr_lines[0].contains("lognormal.tbl"));
+    let s = &read_stats(&dir)[0];
+    let draws = s["draws"].as_u64().unwrap();
+    assert!(draws >= 199_000, "{draws}");
+    let hist = s["delay_ns"]["histogram"].as_array().unwrap();
+    let ks = ks_to_table(hist, &table);
+    let table_mean = table.iter().sum::<u64>() as f64 / 4096.0;
+    let mean = s["sum_ns"].as_u64().unwrap() as f64 / draws as f64;
+    eprintln!("KS {ks:.4}, mean {mean:.1} vs table {table_mean:.1} ns");
+    assert!(ks <= 0.02, "KS distance {ks}");
+    assert!(
+        (mean / table_mean - 1.0).abs() <= 0.01,
+        "mean {mean} vs {table_mean}"
+    );
+    assert!((s["delay_ns"]["mean"].as_f64().unwrap() - mean).abs() < 1e-6);
+}
+
+#[test]
+fn forked_child_gets_fresh_stream_and_own_counts() {
+    if child_scenario().is_some() {
+        let shim = load_shim();
+        let mut fc = FakeContext::new(counting_post_send);
+        // SAFETY: the stub returns the fake context.
+        let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+        let mut q = fake_qp(ctx);
+        let post = |q: &mut ibv_qp_ex, n| {
+            for _ in 0..n {
+                // SAFETY: fake QP of the patched fake context.
+                unsafe { ibv_post_send(&mut q.qp_base) };
+            }
+        };
+        post(&mut q, 100);
+        // SAFETY: fork in a process whose other threads are idle test-harness threads; the
+        // child only posts and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            post(&mut q, 30);
+            std::process::exit(0);
+        }
+        let mut status = 0;
+        // SAFETY: valid pid and out-pointer.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        post(&mut q, 100);
+        return emit(serde_json::json!({ "child_status": status }));
+    }
+    let dir = scratch("fork");
+    let out = respawn(
+        "forked_child_gets_fresh_stream_and_own_counts",
+        "fork",
+        &[
+            ("IBJITTER_DELAY", "100ns".into()),
+            ("IBJITTER_DIST", "normal".into()),
+            ("IBJITTER_JITTER", "50ns".into()),
+            stats_env(&dir),
+        ],
+    );
+    assert_eq!(out.result["child_status"], 0);
+    let s = read_stats(&dir);
+    assert_eq!(s.len(), 2, "one stats file per process");
+    let (parent, child) = if s[0]["posts_total"] == 200 {
+        (&s[0], &s[1])
+    } else {
+        (&s[1], &s[0])
+    };
+    assert_eq!(parent["posts_total"], 200);
+    assert_eq!(
+        child["posts_total"], 30,
+        "the child starts counting from zero"
+    );
+}
+
+#[test]
+fn loops_unit_spins_without_clock() {
+    if child_scenario().is_some() {
+        return child_basic(300);
+    }
+    let dir = scratch("loops");
+    let out = respawn(
+        "loops_unit_spins_without_clock",
+        "basic",
+        &[
+            ("IBJITTER_UNIT", "loops".into()),
+            ("IBJITTER_DELAY", "100000".into()),
+            stats_env(&dir),
+        ],
+    );
+    assert!(
+        out.stderr_lines[0].contains("clock spin loops"),
+        "{:?}",
+        out.stderr_lines
+    );
+    let s = &read_stats(&dir)[0];
+    assert_eq!(s["unit"], "loops");
+    assert_eq!(s["sum_loops"], 450 * 100_000);
+    // 100k iterations take at least ~25 µs on any current CPU.
+    assert!(out.result["elapsed_ns"].as_u64().unwrap() > 450 * 10_000);
+}

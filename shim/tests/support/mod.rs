@@ -1,0 +1,213 @@
+//! Shared by the host tests and the benchmark: builds libibjitter.so (release) and a stub
+//! libibverbs.so.1, loads both with dlopen, and provides fake provider objects (a context
+//! inside a `verbs_context`, QPs with `ibv_qp_ex`) whose functions are trivial.
+#![allow(dead_code)]
+
+#[path = "../../src/verbs_abi.rs"]
+pub mod verbs_abi;
+
+use std::ffi::{c_int, c_void, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use verbs_abi::*;
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Builds the release libibjitter.so (a no-op when up to date) and returns its path.
+pub fn build_shim() -> PathBuf {
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "ibjitter-shim"])
+        .current_dir(workspace_root())
+        .status()
+        .expect("run cargo build");
+    assert!(
+        st.success(),
+        "cargo build --release -p ibjitter-shim failed"
+    );
+    let so = target_dir().join("release/libibjitter.so");
+    assert!(so.is_file(), "{} missing after build", so.display());
+    so
+}
+
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// Compiles the stub libibverbs.so.1 (soname set, so the shim's
+/// `dlopen("libibverbs.so.1", RTLD_NOLOAD)` fallback finds it) and returns its path.
+pub fn build_stub() -> PathBuf {
+    let dir = target_dir().join("ibjitter-stub-verbs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("libibverbs.so.1");
+    // Per-process temporary, then rename: parallel test processes never see half a file.
+    let tmp = dir.join(format!("libibverbs.so.1.{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/stub_verbs.c");
+    let st = Command::new("cc")
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wl,-soname,libibverbs.so.1",
+            "-o",
+        ])
+        .arg(&tmp)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed to build the stub libibverbs");
+    std::fs::rename(&tmp, &out).unwrap();
+    out
+}
+
+fn dlopen(path: &Path) -> *mut c_void {
+    let c = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: valid C string.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        // SAFETY: dlerror returns a valid C string after a failure.
+        let e = unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) };
+        panic!("dlopen {}: {}", path.display(), e.to_string_lossy());
+    }
+    h
+}
+
+fn sym<T: Copy>(h: *mut c_void, name: &str) -> T {
+    let c = CString::new(name).unwrap();
+    // SAFETY: valid handle and name.
+    let p = unsafe { libc::dlsym(h, c.as_ptr()) };
+    assert!(!p.is_null(), "{name} not exported");
+    assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: T is the function pointer type of the symbol.
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+/// The shim's exported hooks, loaded from the built .so (whose constructor has read the
+/// environment of this process).
+pub struct Shim {
+    pub open_device: unsafe extern "C" fn(*mut c_void) -> *mut ibv_context,
+    pub close_device: unsafe extern "C" fn(*mut ibv_context) -> c_int,
+    pub create_qp: unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp,
+}
+
+impl Shim {
+    /// Loads the stub libibverbs first, then `so`.
+    pub fn load(so: &Path, stub: &Path) -> Shim {
+        dlopen(stub);
+        let h = dlopen(so);
+        Shim {
+            open_device: sym(h, "ibv_open_device"),
+            close_device: sym(h, "ibv_close_device"),
+            create_qp: sym(h, "ibv_create_qp"),
+        }
+    }
+}
+
+/// Calls made into the fake provider's counting post functions.
+pub static PROVIDER_POSTS: AtomicU64 = AtomicU64::new(0);
+pub static PROVIDER_CREATE_QP_EX: AtomicU64 = AtomicU64::new(0);
+
+/// A provider post_send that does nothing (for measuring the wrapper).
+pub unsafe extern "C" fn bare_post_send(
+    _qp: *mut ibv_qp,
+    _wr: *mut ibv_send_wr,
+    _bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    0
+}
+
+pub unsafe extern "C" fn counting_post_send(
+    _qp: *mut ibv_qp,
+    _wr: *mut ibv_send_wr,
+    _bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    PROVIDER_POSTS.fetch_add(1, Relaxed);
+    0
+}
+
+pub unsafe extern "C" fn counting_wr_complete(_qpx: *mut ibv_qp_ex) -> c_int {
+    PROVIDER_POSTS.fetch_add(1, Relaxed);
+    0
+}
+
+pub unsafe extern "C" fn fake_create_qp_ex(
+    _ctx: *mut ibv_context,
+    _attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    PROVIDER_CREATE_QP_EX.fetch_add(1, Relaxed);
+    std::ptr::null_mut()
+}
+
+/// A fake device context: an `ibv_context` inside a `verbs_context`, as providers allocate.
+pub struct FakeContext {
+    vctx: Box<verbs_context>,
+}
+
+impl FakeContext {
+    pub fn new(post_send: PostSendFn) -> FakeContext {
+        // SAFETY: bindgen structs of pointers, integers and Option<fn> are valid all-zero.
+        let mut vctx: Box<verbs_context> = unsafe { Box::new(std::mem::zeroed()) };
+        vctx.sz = std::mem::size_of::<verbs_context>();
+        vctx.context.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
+        vctx.context.ops.post_send = Some(post_send);
+        vctx.create_qp_ex = Some(fake_create_qp_ex);
+        FakeContext { vctx }
+    }
+
+    /// The pointer libibverbs would hand out.
+    pub fn ctx(&mut self) -> *mut ibv_context {
+        &mut self.vctx.context
+    }
+
+    pub fn post_send_ptr(&self) -> usize {
+        self.vctx.context.ops.post_send.map_or(0, |f| f as usize)
+    }
+
+    pub fn create_qp_ex_ptr(&self) -> usize {
+        self.vctx.create_qp_ex.map_or(0, |f| f as usize)
+    }
+}
+
+/// A fake QP of `ctx`, with an `ibv_qp_ex` whose `wr_complete` counts.
+pub fn fake_qp(ctx: *mut ibv_context) -> Box<ibv_qp_ex> {
+    // SAFETY: as above, all-zero is valid.
+    let mut q: Box<ibv_qp_ex> = unsafe { Box::new(std::mem::zeroed()) };
+    q.qp_base.context = ctx;
+    q.wr_complete = Some(counting_wr_complete);
+    q
+}
+
+/// `ibv_post_send` as verbs.h inlines it: through `qp->context->ops.post_send`, re-read on
+/// every call.
+#[inline(always)]
+pub unsafe fn ibv_post_send(qp: *mut ibv_qp) -> c_int {
+    let ctx = std::ptr::read_volatile(&(*qp).context);
+    let f = std::ptr::read_volatile(&(*ctx).ops.post_send).unwrap();
+    let mut bad = std::ptr::null_mut();
+    f(qp, std::ptr::null_mut(), &mut bad)
+}
+
+/// `ibv_wr_complete` as verbs.h inlines it.
+#[inline(always)]
+pub unsafe fn ibv_wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
+    let f = std::ptr::read_volatile(&(*qpx).wr_complete).unwrap();
+    f(qpx)
+}
+
+/// CLOCK_MONOTONIC in ns.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

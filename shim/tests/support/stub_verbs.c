@@ -1,0 +1,9 @@
+/* A stand-in for libibverbs.so.1 on machines without RDMA devices, for the shim's host tests
+ * and benchmark. The "device" handed to ibv_open_device is already a fake context built by
+ * the test, returned as is; ibv_create_qp likewise returns its pd argument (a fake QP).
+ * Unversioned definitions satisfy the shim's dlvsym(..., "IBVERBS_1.1") lookups. */
+void *ibv_open_device(void *device) { return device; }
+void *ibv_import_device(int cmd_fd) { (void)cmd_fd; return 0; }
+int ibv_close_device(void *context) { (void)context; return 0; }
+void *ibv_create_qp(void *pd, void *attr) { (void)attr; return pd; }
+void *ibv_qp_to_qp_ex(void *qp) { return qp; }
