@@ -97,6 +97,7 @@ fn fit_figures() {
         (0.5, 1_500.0, 5_000.0),
         (0.8, 5_000.0, 5_000.0),
         (1.2, 80_000.0, 5_000.0),
+        (1.5, 10_000.0, 5_000.0),
     ] {
         let truth = LogNormal::new(shape, scale, loc).unwrap();
         let xs = synthetic(&truth, 100_000, 42);

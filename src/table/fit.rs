@@ -94,6 +94,8 @@ impl Profile<'_> {
 
 /// Grid step in t = ln(min − θ).
 const GRID_STEP: f64 = 0.5;
+/// Step of the fallback scan over all samples.
+const FULL_SCAN_STEP: f64 = 1.0;
 /// Subsample size used for the grid when there are more samples than this.
 const GRID_SAMPLES: usize = 32_768;
 
@@ -167,51 +169,66 @@ pub fn fit_lognormal(samples: &[f64]) -> Result<Fit, TableError> {
         center,
         evaluations: 0,
     };
-    let Some((mut lo, mut hi)) = best else {
-        if grid[0].slope > 0.0 {
-            // Likelihood still rising toward θ → −∞: report the far end, flagged.
-            let p = full.at(t_hi);
-            return Ok(make_fit(
-                p,
-                min,
-                n,
-                false,
-                coarse.evaluations + full.evaluations,
-            ));
+    // Bracket the maximum on all samples. Start from the subsample's bracket (widened a few
+    // steps if the full data moved it); if the subsample had none, or it does not hold on the
+    // full data, scan the full data from the far end down, stopping at the first maximum.
+    // (With heavy shapes the likelihood is so flat in the location that a subsample may show
+    // no interior maximum where the full data has one.)
+    let mut bracket = None;
+    if let Some((mut lo, mut hi)) = best {
+        let (mut plo, mut phi) = if stride > 1 {
+            (full.at(lo), full.at(hi))
+        } else {
+            let find = |t: f64| *grid.iter().find(|p| p.t == t).expect("grid point");
+            (find(lo), find(hi))
+        };
+        let mut widen = 0;
+        while (plo.slope <= 0.0 || phi.slope > 0.0) && widen < 6 {
+            if plo.slope <= 0.0 {
+                lo -= GRID_STEP;
+                plo = full.at(lo);
+            }
+            if phi.slope > 0.0 {
+                hi += GRID_STEP;
+                phi = full.at(hi);
+            }
+            widen += 1;
         }
-        return Err(TableError::new(
-            "the likelihood has no interior maximum: these samples do not look like a shifted lognormal",
-        ));
-    };
-
-    // Refine on all samples. Re-establish the bracket there (the subsample's may be off).
-    let (mut plo, mut phi) = if stride > 1 {
-        (full.at(lo), full.at(hi))
-    } else {
-        let find = |t: f64| *grid.iter().find(|p| p.t == t).expect("grid point");
-        (find(lo), find(hi))
-    };
-    let mut widen = 0;
-    while (plo.slope <= 0.0 || phi.slope > 0.0) && widen < 16 {
-        if plo.slope <= 0.0 {
-            lo -= GRID_STEP;
-            plo = full.at(lo);
+        if plo.slope > 0.0 && phi.slope <= 0.0 {
+            bracket = Some((plo, phi));
         }
-        if phi.slope > 0.0 {
-            hi += GRID_STEP;
-            phi = full.at(hi);
-        }
-        widen += 1;
     }
-    if plo.slope <= 0.0 || phi.slope > 0.0 {
-        return Err(TableError::new(
-            "could not bracket the likelihood maximum on the full samples",
-        ));
-    }
+    let (plo, phi) = match bracket {
+        Some(b) => b,
+        None => {
+            let mut above = if stride > 1 { full.at(t_hi) } else { grid[0] };
+            if above.slope > 0.0 {
+                // Likelihood still rising toward θ → −∞: report the far end, flagged.
+                let evaluations = coarse.evaluations + full.evaluations;
+                return Ok(make_fit(above, min, n, false, evaluations));
+            }
+            let mut found = None;
+            let mut t = t_hi - FULL_SCAN_STEP;
+            while t >= t_lo {
+                let p = full.at(t);
+                if p.slope > 0.0 {
+                    found = Some((p, above));
+                    break;
+                }
+                above = p;
+                t -= FULL_SCAN_STEP;
+            }
+            found.ok_or_else(|| {
+                TableError::new(
+                    "the likelihood has no interior maximum: these samples do not look like a shifted lognormal",
+                )
+            })?
+        }
+    };
 
     // Illinois regula falsi on the slope: plo.slope > 0 > phi.slope.
     let (mut fa, mut fb) = (plo.slope, phi.slope);
-    let (mut a, mut b) = (lo, hi);
+    let (mut a, mut b) = (plo.t, phi.t);
     let mut last_side = 0i8;
     let mut best_point = if plo.slope.abs() < phi.slope.abs() {
         plo
