@@ -1,0 +1,92 @@
+//! Our netem-format tables against the files iproute2 ships, and reading those files.
+
+use ibjitter::table::dist::Dist;
+use ibjitter::table::format::SYSTEM_DIST_DIRS;
+use ibjitter::table::generate::make_table;
+use ibjitter::table::{parse, read, Kind, ENTRIES};
+use std::path::{Path, PathBuf};
+
+fn system_dist(name: &str) -> Option<PathBuf> {
+    SYSTEM_DIST_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(format!("{name}.dist")))
+        .find(|p| p.is_file())
+}
+
+#[test]
+fn ours_match_iproute2_within_one_per_entry() {
+    let mut compared = 0;
+    for (name, dist) in [
+        (
+            "normal",
+            Dist::Normal {
+                mu_ns: 0.0,
+                sigma_ns: 1.0,
+            },
+        ),
+        (
+            "pareto",
+            Dist::Pareto {
+                mu_ns: 0.0,
+                sigma_ns: 1.0,
+            },
+        ),
+        (
+            "paretonormal",
+            Dist::ParetoNormal {
+                mu_ns: 0.0,
+                sigma_ns: 1.0,
+            },
+        ),
+    ] {
+        let ours = make_table(&dist, Kind::Netem).unwrap();
+        assert_eq!(ours.entries.len(), ENTRIES);
+        let Some(path) = system_dist(name) else {
+            eprintln!("iproute2's {name}.dist not installed: comparison skipped");
+            continue;
+        };
+        let theirs = read(&path, Kind::Netem).unwrap();
+        let (k, max) = ours
+            .entries
+            .iter()
+            .zip(&theirs.entries)
+            .map(|(a, b)| (a - b).abs())
+            .enumerate()
+            .max_by_key(|&(_, d)| d)
+            .unwrap();
+        eprintln!("{name}: max |diff| {max} (entry {k})");
+        assert!(max <= 1, "{name}: entry {k} differs by {max}");
+        compared += 1;
+    }
+    eprintln!("compared {compared} of 3 tables with iproute2's");
+}
+
+#[test]
+fn reads_every_iproute2_table_including_experimental() {
+    for name in ["normal", "pareto", "paretonormal", "experimental"] {
+        if let Some(path) = system_dist(name) {
+            let t = read(&path, Kind::Netem).unwrap();
+            assert_eq!(t.entries.len(), ENTRIES);
+            assert!(!t.comments.is_empty(), "{name}: header comment kept");
+            // netem's tables are normalized: mean near 0 in units of 1/8192 sd.
+            let mean = t.entries.iter().sum::<i64>() as f64 / ENTRIES as f64;
+            assert!(mean.abs() < 1500.0, "{name}: mean {mean}");
+        }
+    }
+}
+
+#[test]
+fn netem_tables_written_by_us_read_back_identically() {
+    let t = make_table(
+        &Dist::ParetoNormal {
+            mu_ns: 0.0,
+            sigma_ns: 1.0,
+        },
+        Kind::Netem,
+    )
+    .unwrap();
+    let text = t.to_text().unwrap();
+    assert_eq!(parse(&text, Kind::Netem, "pn").unwrap(), t);
+    // And they are valid for tc: every entry fits i16.
+    assert!(t.entries.iter().all(|&e| i16::try_from(e).is_ok()));
+}
