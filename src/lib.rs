@@ -2,10 +2,20 @@
 //!
 //! The library is the pipeline the CLI drives:
 //! - [`table`]: delay tables (netem's 512×8 `.dist` shape) — format, generators, fitting, stats.
+//! - [`verbs`]: safe wrappers over libibverbs, one module per verbs object.
+//! - [`gen`]: the traffic generator (many RC flows from one process, every operation timed).
+//! - [`report`]: what a run measured, and `report::export` for its output formats.
 //!
 //! The LD_PRELOAD injector lives in the `shim/` crate and uses [`table`] to read its tables.
 
 pub mod table;
+
+#[cfg(feature = "verbs")]
+pub mod gen;
+#[cfg(feature = "verbs")]
+pub mod report;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 /// Version string stamped into reports: crate version plus the git commit it was built from.
 pub const VERSION: &str = env!("IBJITTER_VERSION");

@@ -2,14 +2,7 @@
 //! perftest and Open MPI programs. If these fail, every other bench test is meaningless.
 mod common;
 use common::bench::{mpi_pingpong, Vm};
-
-/// The value after `key=` in a line of `name=value` words, as a number.
-fn field(text: &str, key: &str) -> Option<f64> {
-    let pat = format!("{key}=");
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix(&pat))
-        .and_then(|v| v.parse().ok())
-}
+use common::perftest::{field, latency_rows};
 
 #[test]
 fn two_active_rxe_devices() {
@@ -58,19 +51,6 @@ fn rc_pingpong_crosses_the_veth_pair() {
     assert!(tx >= 1000.0, "only {tx} packets on veth0:\n{}", out.output);
 }
 
-/// perftest's latency table: the numbers under the `#bytes #iterations t_min ...` header.
-fn perftest_latency_row(output: &str) -> Option<Vec<f64>> {
-    let mut lines = output.lines().skip_while(|l| !l.contains("t_typical"));
-    lines.next()?;
-    lines
-        .map(|l| {
-            l.split_whitespace()
-                .map(str::parse::<f64>)
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .find_map(|r| r.ok().filter(|v| v.len() >= 7))
-}
-
 #[test]
 fn ib_write_lat_reports_latency() {
     let out = Vm::new().run(
@@ -79,7 +59,10 @@ fn ib_write_lat_reports_latency() {
             "ib_write_lat -d rxe1 -x 1 -p 18515 -n 1000" "ib_write_lat -d rxe0 -x 1 -p 18515 -n 1000 10.0.0.2""#,
     );
     out.assert_success();
-    let row = perftest_latency_row(&out.output).expect("no latency line in ib_write_lat output");
+    let rows = latency_rows(&out.output);
+    let row = rows
+        .first()
+        .expect("no latency line in ib_write_lat output");
     // bytes, iterations, t_min, t_max, t_typical, t_avg, t_stdev, ...
     assert_eq!((row[0], row[1]), (2.0, 1000.0), "{row:?}");
     let (t_min, t_max, t_typical) = (row[2], row[3], row[4]);

@@ -2,7 +2,10 @@
 //! calls lives in the library, so it can be tested without a process.
 use clap::{Parser, Subcommand};
 
+mod run;
+mod serve;
 mod table;
+mod units;
 
 #[derive(Parser)]
 #[command(name = "ibjitter", version = ibjitter::VERSION, about = "RDMA latency and latency-variation toolkit")]
@@ -15,6 +18,10 @@ struct Cli {
 enum Command {
     /// Delay tables: make (lognormal, uniform, normal, …), fit, family, stats, seed
     Table(table::TableArgs),
+    /// Receive traffic: any number of clients and flows (the other side of `run`)
+    Serve(serve::ServeArgs),
+    /// Generate RC SEND / RDMA WRITE traffic over many flows, timing every operation
+    Run(run::RunArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -22,5 +29,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.command {
         Command::Table(args) => table::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Run(args) => run::run(args),
     }
 }

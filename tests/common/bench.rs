@@ -180,3 +180,21 @@ pub fn mpi_pingpong() -> PathBuf {
     fs::rename(&tmp, &bin).expect("installing the MPI pingpong binary");
     bin
 }
+
+/// Builds `package` in release mode (timing comparisons need optimized code, and `cargo test`
+/// builds debug) and returns `target/release/<file>`.
+pub fn release_artifact(package: &str, file: &str) -> PathBuf {
+    let root = repo_root();
+    let status = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["build", "--release", "--quiet", "-p", package])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run cargo: {e}"));
+    assert!(
+        status.success(),
+        "cargo build --release -p {package} failed"
+    );
+    let path = root.join("target/release").join(file);
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}

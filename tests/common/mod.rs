@@ -2,3 +2,4 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod bench;
+pub mod perftest;

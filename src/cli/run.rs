@@ -1,0 +1,228 @@
+//! `ibjitter run`: argument parsing and output files; the generator is `ibjitter::gen`.
+use super::units;
+use clap::{Args, ValueEnum};
+use ibjitter::gen::client::{self, RunOutput};
+use ibjitter::gen::pacing::Arrival;
+use ibjitter::gen::{stop, Load, Op, RunConfig, StopAt};
+use ibjitter::report::export::{hdrlog, json, text, timeseries};
+use ibjitter::report::Outcome;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Args)]
+#[command(
+    after_help = "Exit status: 0 every flow completed; 1 some flows ended with a QP error \
+(the others finished; each error is in the report); 2 bad arguments or set-up failed (nothing \
+measured); 3 the server was lost mid-run (partial results written); 130 interrupted by Ctrl-C \
+(partial results written)."
+)]
+pub struct RunArgs {
+    /// Host running `ibjitter serve`
+    server: String,
+    /// TCP port of the server's out-of-band exchange
+    #[arg(long, short = 'p', default_value_t = 18515)]
+    port: u16,
+    /// RDMA device (default: the first one)
+    #[arg(long = "dev", short = 'd')]
+    device: Option<String>,
+    /// Device port
+    #[arg(long, default_value_t = 1)]
+    ib_port: u8,
+    /// GID index (default: the first RoCEv2 IPv4 GID, else 0)
+    #[arg(long)]
+    gid_index: Option<i32>,
+    /// Number of flows (RC queue pairs)
+    #[arg(long, default_value_t = 1)]
+    flows: u32,
+    /// Operation
+    #[arg(long, value_enum, default_value_t = OpArg::Write)]
+    op: OpArg,
+    /// Message size: 65536, 64K, 1M (default 65536; 2 with --pingpong)
+    #[arg(long, short = 's', value_parser = units::size)]
+    size: Option<u32>,
+    /// Operations outstanding per flow
+    #[arg(long, default_value_t = 1)]
+    depth: u32,
+    /// Run this long (default 5s unless --iters)
+    #[arg(long, short = 'D', value_parser = units::duration, conflicts_with = "iters")]
+    duration: Option<Duration>,
+    /// Operations (round trips with --pingpong) per flow
+    #[arg(long, short = 'n')]
+    iters: Option<u64>,
+    /// Threads; flows are spread over them, each with its own CQ
+    #[arg(long, short = 't', default_value_t = 1)]
+    threads: u32,
+    /// Open loop: messages per second per flow (10k, 2.5M)
+    #[arg(long, value_parser = units::rate, conflicts_with = "load")]
+    rate: Option<f64>,
+    /// Open loop: this fraction of the port's link rate, shared by all flows
+    #[arg(long, value_parser = units::fraction)]
+    load: Option<f64>,
+    /// Gaps between open-loop sends
+    #[arg(long, value_enum, default_value_t = ArrivalArg::Fixed)]
+    arrival: ArrivalArg,
+    /// Round trips like ib_write_lat/ib_send_lat instead of throughput
+    #[arg(long, conflicts_with_all = ["rate", "load"])]
+    pingpong: bool,
+    /// Write the report as JSON
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write per-flow throughput over time as CSV
+    #[arg(long)]
+    timeseries: Option<PathBuf>,
+    /// Time-series interval
+    #[arg(long, default_value = "10ms", value_parser = units::duration)]
+    interval: Duration,
+    /// Write an HdrHistogram interval log of per-operation latency
+    #[arg(long)]
+    hdr_log: Option<PathBuf>,
+    /// HdrHistogram log interval
+    #[arg(long, default_value = "1s", value_parser = units::duration)]
+    hdr_interval: Duration,
+    /// Print a line per flow
+    #[arg(long)]
+    per_flow: bool,
+    /// QP local ACK timeout exponent (4.096 us x 2^N); above the worst queueing delay
+    #[arg(long, default_value_t = 18)]
+    qp_timeout: u8,
+    /// Seed for PSNs and Poisson gaps
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// No live progress line
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OpArg {
+    Send,
+    Write,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ArrivalArg {
+    Fixed,
+    Poisson,
+}
+
+impl RunArgs {
+    fn config(&self) -> Result<RunConfig, String> {
+        if self.flows == 0 {
+            return Err("--flows must be at least 1".into());
+        }
+        if self.depth == 0 || self.depth > 4096 {
+            return Err("--depth must be 1..=4096".into());
+        }
+        let size = self.size.unwrap_or(if self.pingpong { 2 } else { 65536 });
+        if size == 0 {
+            return Err("--size must be at least 1 byte".into());
+        }
+        let arrival = match self.arrival {
+            ArrivalArg::Fixed => Arrival::Fixed,
+            ArrivalArg::Poisson => Arrival::Poisson,
+        };
+        let load = match (self.rate, self.load) {
+            (Some(ops_per_s), _) => Load::Open { ops_per_s, arrival },
+            (None, Some(fraction)) => Load::LinkFraction { fraction, arrival },
+            (None, None) => Load::Closed,
+        };
+        let stop = match (self.iters, self.duration) {
+            (Some(n), _) => StopAt::Iters(n),
+            (None, Some(d)) => StopAt::Duration(d),
+            (None, None) => StopAt::Duration(Duration::from_secs(5)),
+        };
+        Ok(RunConfig {
+            server: self.server.clone(),
+            port: self.port,
+            device: self.device.clone(),
+            ib_port: self.ib_port,
+            gid_index: self.gid_index,
+            flows: self.flows,
+            op: match self.op {
+                OpArg::Send => Op::Send,
+                OpArg::Write => Op::Write,
+            },
+            size,
+            depth: self.depth,
+            threads: self.threads.max(1),
+            stop,
+            load,
+            pingpong: self.pingpong,
+            interval: self.interval,
+            hdr_interval: self.hdr_interval,
+            qp_timeout: self.qp_timeout,
+            progress: !self.no_progress,
+            seed: self.seed,
+            ..RunConfig::default()
+        })
+    }
+}
+
+pub fn run(a: RunArgs) -> i32 {
+    let cfg = match a.config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ibjitter run: {e}");
+            return 2;
+        }
+    };
+    stop::install_signal_handlers();
+    let out = match client::run(&cfg) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("ibjitter run: {e}");
+            return if stop::requested().is_some() { 130 } else { 2 };
+        }
+    };
+    let mut code = match out.report.outcome {
+        Outcome::Completed => 0,
+        Outcome::FlowErrors => 1,
+        Outcome::PeerLost => {
+            eprintln!("ibjitter run: lost the server mid-run; writing what was measured");
+            3
+        }
+        Outcome::Interrupted => {
+            eprintln!("ibjitter run: interrupted; writing what was measured");
+            130
+        }
+    };
+    if let Err(e) = write_files(&a, &cfg, &out) {
+        eprintln!("ibjitter run: {e}");
+        code = code.max(2);
+    }
+    if let Err(e) = text::write(&out.report, a.per_flow, std::io::stdout().lock()) {
+        eprintln!("ibjitter run: writing the report: {e}");
+    }
+    code
+}
+
+fn create(path: &Path) -> Result<BufWriter<File>, String> {
+    File::create(path)
+        .map(BufWriter::new)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn write_files(a: &RunArgs, cfg: &RunConfig, out: &RunOutput) -> Result<(), String> {
+    let failed = |path: &Path, e: std::io::Error| format!("writing {}: {e}", path.display());
+    if let Some(path) = &a.json {
+        json::write(&out.report, create(path)?).map_err(|e| failed(path, e))?;
+    }
+    if let Some(path) = &a.timeseries {
+        let ids: Vec<u32> = out.flows.iter().map(|f| f.flow).collect();
+        let series: Vec<&[u64]> = out.flows.iter().map(|f| f.series.as_slice()).collect();
+        timeseries::write(&ids, &series, cfg.interval.as_secs_f64(), create(path)?)
+            .map_err(|e| failed(path, e))?;
+    }
+    if let Some(path) = &a.hdr_log {
+        hdrlog::write(
+            &out.intervals,
+            cfg.hdr_interval,
+            out.start_time,
+            create(path)?,
+        )
+        .map_err(|e| failed(path, e))?;
+    }
+    Ok(())
+}

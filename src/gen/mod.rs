@@ -1,0 +1,108 @@
+//! The traffic generator: many RC flows (QPs) from one process, started together, every
+//! operation timed. `serve` is the receiving side, `run` the sending side; they meet over
+//! the out-of-band TCP exchange in [`wire`].
+//!
+//! Pipeline of a run: [`client`] opens the device and builds one [`shard`] per thread (its own
+//! CQ, buffers and flows), exchanges endpoints with [`server`], waits for the common start, and
+//! lets each thread drive its flows ([`worker`] for throughput, [`pingpong`] for round trips),
+//! then gathers [`stats::FlowStats`] into a [`crate::report::RunReport`].
+pub mod client;
+pub mod pacing;
+pub mod pingpong;
+pub mod progress;
+pub mod responder;
+pub mod server;
+pub mod shard;
+pub mod stats;
+pub mod stop;
+pub mod wire;
+pub mod worker;
+
+pub use wire::Op;
+
+use std::time::Duration;
+
+/// When each flow stops.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StopAt {
+    /// Stop posting after this long (then drain what is outstanding).
+    Duration(Duration),
+    /// Each flow completes this many operations (round trips with `--pingpong`).
+    Iters(u64),
+}
+
+/// How operations are issued.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Load {
+    /// Keep `depth` operations outstanding per flow: as fast as the fabric allows.
+    Closed,
+    /// Post at `ops_per_s` per flow (at most `depth` outstanding); latency counts from the
+    /// intended send time, so a stalled sender does not hide its own queueing
+    /// (coordinated omission).
+    Open {
+        ops_per_s: f64,
+        arrival: pacing::Arrival,
+    },
+    /// A fraction of the port's link rate shared by all flows; resolved to `Open` once the
+    /// device is open.
+    LinkFraction {
+        fraction: f64,
+        arrival: pacing::Arrival,
+    },
+}
+
+/// Everything `ibjitter run` needs to know.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub server: String,
+    pub port: u16,
+    pub device: Option<String>,
+    pub ib_port: u8,
+    pub gid_index: Option<i32>,
+    pub flows: u32,
+    pub op: Op,
+    pub size: u32,
+    pub depth: u32,
+    pub threads: u32,
+    pub stop: StopAt,
+    pub load: Load,
+    pub pingpong: bool,
+    /// Bucket width of the per-flow throughput time series.
+    pub interval: Duration,
+    /// Interval of the HdrHistogram log.
+    pub hdr_interval: Duration,
+    pub qp_timeout: u8,
+    /// How long to wait for the server at each step of the exchange.
+    pub setup_timeout: Duration,
+    /// How long to wait for the common start (other clients may be slower to set up).
+    pub start_timeout: Duration,
+    pub progress: bool,
+    pub seed: u64,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            server: String::new(),
+            port: 18515,
+            device: None,
+            ib_port: 1,
+            gid_index: None,
+            flows: 1,
+            op: Op::Write,
+            size: 65536,
+            depth: 1,
+            threads: 1,
+            stop: StopAt::Duration(Duration::from_secs(5)),
+            load: Load::Closed,
+            pingpong: false,
+            interval: Duration::from_millis(10),
+            hdr_interval: Duration::from_secs(1),
+            qp_timeout: 18,
+            setup_timeout: Duration::from_secs(30),
+            start_timeout: Duration::from_secs(120),
+            progress: false,
+            seed: 1,
+        }
+    }
+}

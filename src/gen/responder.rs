@@ -1,0 +1,177 @@
+//! The server's data path for one session: absorb SENDs (replenishing the shared receive
+//! queue), or echo ping-pongs back. RDMA WRITEs need nothing from the server's CPU.
+use crate::verbs::{
+    wc_status_str, CompletionQueue, MemoryRegion, QueuePair, SharedReceiveQueue, WorkCompletion,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const IBV_WC_RECV: u32 = 128;
+/// Echo writes/sends not yet reaped per flow before we wait for their completions.
+const MAX_UNREAPED: u32 = 8;
+
+/// What the server saw in one session.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Received {
+    pub messages: u64,
+    pub bytes: u64,
+    pub errors: u64,
+}
+
+/// The receive pool: `count` buffers of `slot` bytes starting at `offset` in `mr`.
+pub struct RecvPool<'a> {
+    pub srq: &'a SharedReceiveQueue,
+    pub mr: &'a MemoryRegion,
+    pub offset: usize,
+    pub slot: usize,
+    pub count: usize,
+}
+
+impl RecvPool<'_> {
+    pub fn post(&self, k: usize) -> crate::verbs::Result<()> {
+        let local = self.mr.sge(self.offset + k * self.slot, self.slot as u32);
+        self.srq.post_recv(k as u64, local)
+    }
+    pub fn post_all(&self) -> crate::verbs::Result<()> {
+        (0..self.count).try_for_each(|k| self.post(k))
+    }
+}
+
+fn poll(cq: &CompletionQueue, wcs: &mut [WorkCompletion], errors: &mut u64) -> usize {
+    match cq.poll(wcs) {
+        Ok(n) => n,
+        Err(e) => {
+            *errors += 1;
+            eprintln!("ibjitter serve: polling failed: {e}");
+            0
+        }
+    }
+}
+
+fn note_error(wc: &WorkCompletion, received: &mut Received) {
+    if received.errors == 0 {
+        eprintln!(
+            "ibjitter serve: completion error on QP {}: {}",
+            wc.qp_num,
+            wc_status_str(wc.status)
+        );
+    }
+    received.errors += 1;
+}
+
+/// Counts incoming SENDs and gives each buffer straight back to the SRQ, until `stop`.
+pub fn sink_sends(cq: &CompletionQueue, pool: &RecvPool, stop: &AtomicBool) -> Received {
+    let mut r = Received::default();
+    let mut wcs = [WorkCompletion {
+        wr_id: 0,
+        status: 0,
+        opcode: 0,
+        byte_len: 0,
+        qp_num: 0,
+    }; 64];
+    while !stop.load(Ordering::Relaxed) {
+        let n = poll(cq, &mut wcs, &mut r.errors);
+        for wc in &wcs[..n] {
+            if !wc.ok() {
+                note_error(wc, &mut r);
+                continue;
+            }
+            r.messages += 1;
+            r.bytes += u64::from(wc.byte_len);
+            if let Err(e) = pool.post(wc.wr_id as usize) {
+                eprintln!("ibjitter serve: re-posting a receive failed: {e}");
+                r.errors += 1;
+            }
+        }
+        if n == 0 {
+            std::hint::spin_loop();
+        }
+    }
+    r
+}
+
+/// One ping-pong flow on the server: its QP, where the client's messages land (and our echo
+/// comes from), and the client's buffer to write back to.
+pub struct EchoFlow<'a> {
+    pub qp: &'a QueuePair,
+    pub offset: usize,
+    pub remote_addr: u64,
+    pub remote_rkey: u32,
+}
+
+/// Echoes every ping-pong message back, until `stop`. WRITE: watch each flow's last byte;
+/// SEND: answer each receive (the pool's buffers are re-posted at once).
+pub fn echo(
+    cq: &CompletionQueue,
+    mr: &MemoryRegion,
+    flows: &[EchoFlow],
+    size: u32,
+    pool: Option<&RecvPool>,
+    stop: &AtomicBool,
+) -> Received {
+    let mut r = Received::default();
+    let mut wcs = [WorkCompletion {
+        wr_id: 0,
+        status: 0,
+        opcode: 0,
+        byte_len: 0,
+        qp_num: 0,
+    }; 64];
+    let last = size as usize - 1;
+    let mut seen = vec![0u8; flows.len()];
+    let mut unreaped = vec![0u32; flows.len()];
+    let mut pending = vec![false; flows.len()];
+    let by_qpn: HashMap<u32, usize> = flows
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.qp.qpn(), i))
+        .collect();
+    while !stop.load(Ordering::Relaxed) {
+        let n = poll(cq, &mut wcs, &mut r.errors);
+        for wc in &wcs[..n] {
+            if !wc.ok() {
+                note_error(wc, &mut r);
+                continue;
+            }
+            if wc.opcode == IBV_WC_RECV {
+                if let Some(pool) = pool {
+                    let _ = pool.post(wc.wr_id as usize);
+                }
+                if let Some(&i) = by_qpn.get(&wc.qp_num) {
+                    pending[i] = true;
+                }
+            } else {
+                let i = wc.wr_id as usize;
+                unreaped[i] = unreaped[i].saturating_sub(1);
+            }
+        }
+        for (i, f) in flows.iter().enumerate() {
+            if pool.is_none() {
+                let b = mr.read_byte(f.offset + last);
+                if b != seen[i] {
+                    seen[i] = b;
+                    pending[i] = true;
+                }
+            }
+            if !pending[i] || unreaped[i] >= MAX_UNREAPED {
+                continue;
+            }
+            let local = mr.sge(f.offset, size);
+            let result = if pool.is_some() {
+                f.qp.post_send(i as u64, local, true)
+            } else {
+                f.qp.post_write(i as u64, local, f.remote_addr, f.remote_rkey, true)
+            };
+            match result {
+                Ok(()) => {
+                    pending[i] = false;
+                    unreaped[i] += 1;
+                    r.messages += 1;
+                    r.bytes += u64::from(size);
+                }
+                Err(_) => r.errors += 1,
+            }
+        }
+    }
+    r
+}

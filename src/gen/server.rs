@@ -1,0 +1,421 @@
+//! `ibjitter serve`: accepts clients, gives each client's flows a QP and a buffer, holds every
+//! client of a group at the start barrier until all are ready, then absorbs or echoes traffic.
+use super::responder::{self, EchoFlow, Received, RecvPool};
+use super::shard::{initial_psn, slot_size};
+use super::wire::{self, FlowEndpoint, Message, Op, RunRequest, PROTOCOL_VERSION};
+use crate::verbs::{
+    self, CompletionQueue, Context, Endpoint, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
+    RemoteBuffer, SharedReceiveQueue,
+};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub device: Option<String>,
+    pub ib_port: u8,
+    pub gid_index: Option<i32>,
+    pub bind: String,
+    pub port: u16,
+    /// Clients that start together (the start barrier's size).
+    pub clients: u32,
+    /// Exit after one group of clients has finished.
+    pub once: bool,
+    pub qp_timeout: u8,
+    pub setup_timeout: Duration,
+    pub start_timeout: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            device: None,
+            ib_port: 1,
+            gid_index: None,
+            bind: "0.0.0.0".into(),
+            port: 18515,
+            clients: 1,
+            once: false,
+            qp_timeout: 18,
+            setup_timeout: Duration::from_secs(30),
+            start_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What is shared by every session: the device and the start barrier.
+struct Shared {
+    cfg: ServeConfig,
+    ctx: Arc<Context>,
+    pd: Arc<ProtectionDomain>,
+    lid: u16,
+    gid: [u8; 16],
+    gid_index: i32,
+    mtu: u32,
+    max_srq_wr: u32,
+    barrier: StartBarrier,
+}
+
+/// Releases a group of `size` sessions together.
+struct StartBarrier {
+    size: u32,
+    state: Mutex<(u64, u32)>, // (generation, waiting)
+    cv: Condvar,
+}
+
+impl StartBarrier {
+    fn wait(&self, timeout: Duration) -> Result<(), String> {
+        let mut s = self.state.lock().unwrap();
+        let generation = s.0;
+        s.1 += 1;
+        if s.1 == self.size {
+            *s = (generation + 1, 0);
+            self.cv.notify_all();
+            return Ok(());
+        }
+        let deadline = Instant::now() + timeout;
+        while s.0 == generation {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let ready = s.1;
+                s.1 -= 1;
+                return Err(format!(
+                    "start barrier: only {ready} of {} clients ready after {timeout:?}",
+                    self.size
+                ));
+            }
+            s = self.cv.wait_timeout(s, left).unwrap().0;
+        }
+        Ok(())
+    }
+}
+
+/// Why `serve` ended badly.
+#[derive(Debug)]
+pub enum ServeError {
+    /// The device or the port could not be used.
+    Setup(String),
+    /// With `once`: this many sessions failed (each already reported on stderr).
+    Sessions(usize),
+}
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServeError::Setup(e) => f.write_str(e),
+            ServeError::Sessions(n) => write!(f, "{n} session(s) failed"),
+        }
+    }
+}
+
+/// Opens the device, listens, and serves until stopped (or after one group with `once`).
+pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
+    let setup = ServeError::Setup;
+    let ctx = verbs::open_device(cfg.device.as_deref()).map_err(|e| setup(e.to_string()))?;
+    let port = ctx.port(cfg.ib_port).map_err(|e| setup(e.to_string()))?;
+    if !port.active {
+        return Err(setup(format!(
+            "{} port {} is not active",
+            ctx.name(),
+            cfg.ib_port
+        )));
+    }
+    let gid_index = match cfg.gid_index {
+        Some(i) => i,
+        None => ctx
+            .default_gid_index(cfg.ib_port)
+            .map_err(|e| setup(e.to_string()))?,
+    };
+    let gid = ctx
+        .gid(cfg.ib_port, gid_index)
+        .map_err(|e| setup(e.to_string()))?;
+    let limits = ctx.limits().map_err(|e| setup(e.to_string()))?;
+    let pd = ProtectionDomain::new(&ctx).map_err(|e| setup(e.to_string()))?;
+    let listener = TcpListener::bind((cfg.bind.as_str(), cfg.port))
+        .map_err(|e| setup(format!("cannot listen on {}:{}: {e}", cfg.bind, cfg.port)))?;
+    eprintln!(
+        "ibjitter serve: listening on {}:{}, device {} port {} GID index {gid_index}, {} client(s) per start",
+        cfg.bind,
+        cfg.port,
+        ctx.name(),
+        cfg.ib_port,
+        cfg.clients
+    );
+    let shared = Arc::new(Shared {
+        barrier: StartBarrier {
+            size: cfg.clients.max(1),
+            state: Mutex::new((0, 0)),
+            cv: Condvar::new(),
+        },
+        cfg,
+        ctx,
+        pd,
+        lid: port.lid,
+        gid,
+        gid_index,
+        mtu: port.active_mtu,
+        max_srq_wr: limits.max_srq_wr.max(1) as u32,
+    });
+    let mut sessions = Vec::new();
+    let mut failures = 0;
+    for (n, stream) in listener.incoming().enumerate() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("ibjitter serve: accept failed: {e}");
+                continue;
+            }
+        };
+        let sh = shared.clone();
+        let id = n + 1;
+        sessions.push(std::thread::spawn(move || {
+            let peer = stream
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            match session(stream, &sh, id) {
+                Ok(()) => true,
+                Err(e) => {
+                    eprintln!("ibjitter serve: session {id} ({peer}): {e}");
+                    false
+                }
+            }
+        }));
+        if shared.cfg.once && sessions.len() as u32 >= shared.cfg.clients {
+            break;
+        }
+    }
+    for s in sessions {
+        if !s.join().unwrap_or(false) {
+            failures += 1;
+        }
+    }
+    if failures > 0 {
+        return Err(ServeError::Sessions(failures));
+    }
+    Ok(())
+}
+
+fn session(mut stream: TcpStream, sh: &Shared, id: usize) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    let cfg = &sh.cfg;
+    let run = match wire::recv(&mut stream, Some(cfg.setup_timeout), "Hello")
+        .map_err(|e| e.to_string())?
+    {
+        Message::Hello { version, run } if version == PROTOCOL_VERSION => run,
+        Message::Hello { version, .. } => {
+            let reason = format!("protocol version {version}, this server speaks {PROTOCOL_VERSION}: use the same ibjitter on both sides");
+            let _ = wire::send(
+                &mut stream,
+                &Message::Reject {
+                    reason: reason.clone(),
+                },
+            );
+            return Err(reason);
+        }
+        other => return Err(format!("expected Hello, got {other:?}")),
+    };
+    if let Err(reason) = wire::validate(&run) {
+        let _ = wire::send(
+            &mut stream,
+            &Message::Reject {
+                reason: reason.clone(),
+            },
+        );
+        return Err(reason);
+    }
+    let res = match Resources::new(sh, &run) {
+        Ok(r) => r,
+        Err(e) => {
+            let reason = format!("server could not set up {} flows: {e}", run.flows.len());
+            let _ = wire::send(
+                &mut stream,
+                &Message::Reject {
+                    reason: reason.clone(),
+                },
+            );
+            return Err(reason);
+        }
+    };
+    wire::send(
+        &mut stream,
+        &Message::Accept {
+            flows: res.endpoints(sh),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    match wire::recv(&mut stream, Some(cfg.setup_timeout), "Ready").map_err(|e| e.to_string())? {
+        Message::Ready => {}
+        other => return Err(format!("expected Ready, got {other:?}")),
+    }
+    sh.barrier.wait(cfg.start_timeout)?;
+    wire::send(&mut stream, &Message::Go).map_err(|e| e.to_string())?;
+
+    let stop = AtomicBool::new(false);
+    let (received, done) = std::thread::scope(|scope| {
+        let data = scope.spawn(|| res.data_path(&run, &stop));
+        let done = wire::recv(&mut stream, None, "Done");
+        stop.store(true, Ordering::Relaxed);
+        (data.join().unwrap_or_default(), done)
+    });
+    let summary = format!(
+        "session {id} ({}): {} {} flows x {} B{}: received {} messages, {} bytes, {} errors",
+        run.client,
+        run.op.name(),
+        run.flows.len(),
+        run.size,
+        if run.pingpong { " ping-pong" } else { "" },
+        received.messages,
+        received.bytes,
+        received.errors
+    );
+    match done {
+        Ok(Message::Done { .. }) => {
+            let _ = wire::send(
+                &mut stream,
+                &Message::Bye {
+                    received_messages: received.messages,
+                    received_bytes: received.bytes,
+                },
+            );
+            println!("{summary}");
+            Ok(())
+        }
+        Ok(other) => Err(format!("expected Done, got {other:?}; {summary}")),
+        Err(e) => Err(format!("client lost: {e}; {summary}")),
+    }
+}
+
+/// One session's verbs objects: a CQ, optionally an SRQ with its receive pool, one buffer
+/// (a slot per flow, then the pool), and a QP per flow connected to the client's.
+struct Resources {
+    cq: Arc<CompletionQueue>,
+    srq: Option<Arc<SharedReceiveQueue>>,
+    mr: MemoryRegion,
+    qps: Vec<QueuePair>,
+    psns: Vec<u32>,
+    clients: Vec<FlowEndpoint>,
+    slot: usize,
+    pool: usize,
+}
+
+/// The SEND receive pool: enough for every flow's depth, within the device limit and 256 MiB.
+fn pool_size(run: &RunRequest, slot: usize, max_srq_wr: u32) -> usize {
+    let want = run.flows.len() * run.depth as usize + 16;
+    want.min(max_srq_wr as usize).min((256 << 20) / slot).max(1)
+}
+
+impl Resources {
+    fn new(sh: &Shared, run: &RunRequest) -> verbs::Result<Resources> {
+        let flows = run.flows.len();
+        let slot = slot_size(run.size);
+        let pool = if run.op == Op::Send {
+            pool_size(run, slot, sh.max_srq_wr)
+        } else {
+            0
+        };
+        let echo = if run.pingpong { flows * 16 } else { 0 };
+        let cq = CompletionQueue::new(&sh.ctx, (pool + echo + 16) as i32)?;
+        let srq = if run.op == Op::Send {
+            Some(SharedReceiveQueue::new(&sh.pd, pool as u32)?)
+        } else {
+            None
+        };
+        let mr = MemoryRegion::new(&sh.pd, slot * (flows + pool))?;
+        if let Some(srq) = &srq {
+            RecvPool {
+                srq,
+                mr: &mr,
+                offset: slot * flows,
+                slot,
+                count: pool,
+            }
+            .post_all()?;
+        }
+        let qp_cfg = QpConfig {
+            max_send_wr: 16,
+            max_recv_wr: 1,
+            port: sh.cfg.ib_port,
+            gid_index: sh.gid_index,
+            mtu: sh.mtu,
+            timeout: sh.cfg.qp_timeout,
+            ..QpConfig::default()
+        };
+        let mut qps = Vec::with_capacity(flows);
+        let mut psns = Vec::with_capacity(flows);
+        for (i, client) in run.flows.iter().enumerate() {
+            let qp = QueuePair::new_rc(&sh.pd, &cq, &cq, srq.as_ref(), qp_cfg)?;
+            let psn = initial_psn(0x5e4e_u64 ^ u64::from(client.qp.qpn), i as u32);
+            qp.connect(&client.qp, psn)?;
+            qps.push(qp);
+            psns.push(psn);
+        }
+        Ok(Resources {
+            cq,
+            srq,
+            mr,
+            qps,
+            psns,
+            clients: run.flows.clone(),
+            slot,
+            pool,
+        })
+    }
+
+    fn endpoints(&self, sh: &Shared) -> Vec<FlowEndpoint> {
+        self.qps
+            .iter()
+            .enumerate()
+            .map(|(i, qp)| FlowEndpoint {
+                qp: Endpoint {
+                    qpn: qp.qpn(),
+                    psn: self.psns[i],
+                    lid: sh.lid,
+                    gid: sh.gid,
+                },
+                buf: RemoteBuffer {
+                    addr: self.mr.addr() + (i * self.slot) as u64,
+                    rkey: self.mr.rkey(),
+                    len: self.slot as u64,
+                },
+            })
+            .collect()
+    }
+
+    fn data_path(&self, run: &RunRequest, stop: &AtomicBool) -> Received {
+        let pool = self.srq.as_deref().map(|srq| RecvPool {
+            srq,
+            mr: &self.mr,
+            offset: self.slot * self.qps.len(),
+            slot: self.slot,
+            count: self.pool,
+        });
+        if run.pingpong {
+            let flows: Vec<EchoFlow> = self
+                .qps
+                .iter()
+                .zip(&self.clients)
+                .enumerate()
+                .map(|(i, (qp, c))| EchoFlow {
+                    qp,
+                    offset: i * self.slot,
+                    remote_addr: c.buf.addr,
+                    remote_rkey: c.buf.rkey,
+                })
+                .collect();
+            return responder::echo(&self.cq, &self.mr, &flows, run.size, pool.as_ref(), stop);
+        }
+        match &pool {
+            Some(pool) => responder::sink_sends(&self.cq, pool, stop),
+            None => {
+                // WRITEs land without us; just wait.
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Received::default()
+            }
+        }
+    }
+}

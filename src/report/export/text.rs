@@ -1,0 +1,100 @@
+//! The stdout table, in perftest's style so its users read it at a glance.
+use crate::report::{FlowReport, RunReport};
+use std::io::{self, Write};
+
+const RULE: &str =
+    "---------------------------------------------------------------------------------------";
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1e3
+}
+
+pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()> {
+    writeln!(w, "{RULE}")?;
+    writeln!(
+        w,
+        " ibjitter {} {}: {} flows, {} B, depth {}, {} threads, device {}, server {}",
+        r.op, r.mode, r.flows_requested, r.size, r.depth, r.threads, r.device, r.server
+    )?;
+    writeln!(
+        w,
+        " flows started {}/{}, setup {:.2} s, start skew {:.1} us, measured {:.3} s, outcome {:?}",
+        r.flows_started, r.flows_requested, r.setup_s, r.start_skew_us, r.duration_s, r.outcome
+    )?;
+    writeln!(w, "{RULE}")?;
+    if r.mode == "pingpong" {
+        // perftest's latency columns, as half round trips (what ib_write_lat prints).
+        let l = &r.total.latency;
+        writeln!(w, " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]")?;
+        writeln!(
+            w,
+            " {:<7}{:<14}{:<15.2}{:<13.2}{:<17.2}{:<15.2}{:<16.2}{:<23.2}{:.2}",
+            r.size,
+            r.total.ops,
+            us(l.min_ns) / 2.0,
+            us(l.max_ns) / 2.0,
+            us(l.p50_ns) / 2.0,
+            l.mean_ns / 2e3,
+            l.stdev_ns / 2e3,
+            us(l.p99_ns) / 2.0,
+            us(l.p999_ns) / 2.0
+        )?;
+        writeln!(
+            w,
+            " (half round trips, as perftest reports them; --json has full round trips)"
+        )?;
+    } else {
+        let l = &r.total.latency;
+        writeln!(w, " #flows  #bytes     #ops        BW[Gb/s]  MsgRate[Mpps]  lat_p50[us]  lat_p99[us]  lat_p99.9[us]  lat_max[us]  fairness")?;
+        writeln!(
+            w,
+            " {:<8}{:<11}{:<12}{:<10.3}{:<15.4}{:<13.2}{:<13.2}{:<15.2}{:<13.2}{:.4}",
+            r.flows_requested,
+            r.size,
+            r.total.ops,
+            r.total.gbps,
+            r.total.mops,
+            us(l.p50_ns),
+            us(l.p99_ns),
+            us(l.p999_ns),
+            us(l.max_ns),
+            r.fairness
+        )?;
+    }
+    if per_flow {
+        writeln!(w, "{RULE}")?;
+        writeln!(
+            w,
+            " flow      #ops        BW[Gb/s]  lat_p50[us]  lat_p99[us]  lat_max[us]  status"
+        )?;
+        for f in &r.flows {
+            flow_row(f, &mut w)?;
+        }
+    }
+    let failed: Vec<&FlowReport> = r.flows.iter().filter(|f| f.status != "ok").collect();
+    if !failed.is_empty() && !per_flow {
+        writeln!(w, "{RULE}")?;
+        writeln!(w, " {} flows ended early:", failed.len())?;
+        for f in failed.iter().take(10) {
+            writeln!(w, "   flow {}: {}", f.flow, f.status)?;
+        }
+        if failed.len() > 10 {
+            writeln!(w, "   ... and {} more (see --json)", failed.len() - 10)?;
+        }
+    }
+    writeln!(w, "{RULE}")
+}
+
+fn flow_row<W: Write>(f: &FlowReport, w: &mut W) -> io::Result<()> {
+    writeln!(
+        w,
+        " {:<10}{:<12}{:<10.3}{:<13.2}{:<13.2}{:<13.2}{}",
+        f.flow,
+        f.ops,
+        f.gbps,
+        us(f.latency.p50_ns),
+        us(f.latency.p99_ns),
+        us(f.latency.max_ns),
+        f.status
+    )
+}

@@ -1,0 +1,167 @@
+//! What a run measured, as data: per-flow and total throughput, latency percentiles from
+//! HdrHistograms, fairness. `export/` turns a [`RunReport`] into files, one format per file.
+pub mod export;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Latency percentiles in nanoseconds, from one histogram.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Latency {
+    pub count: u64,
+    pub min_ns: u64,
+    pub mean_ns: f64,
+    pub stdev_ns: f64,
+    pub p50_ns: u64,
+    pub p90_ns: u64,
+    pub p99_ns: u64,
+    pub p999_ns: u64,
+    pub p9999_ns: u64,
+    pub max_ns: u64,
+}
+
+impl Latency {
+    pub fn of(h: &Histogram<u64>) -> Latency {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        Latency {
+            count: h.len(),
+            min_ns: h.min(),
+            mean_ns: h.mean(),
+            stdev_ns: h.stdev(),
+            p50_ns: h.value_at_quantile(0.5),
+            p90_ns: h.value_at_quantile(0.9),
+            p99_ns: h.value_at_quantile(0.99),
+            p999_ns: h.value_at_quantile(0.999),
+            p9999_ns: h.value_at_quantile(0.9999),
+            max_ns: h.max(),
+        }
+    }
+}
+
+/// One flow (one RC QP) of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct FlowReport {
+    pub flow: u32,
+    pub ops: u64,
+    pub bytes: u64,
+    /// Payload rate over the run's measured time, in Gb/s.
+    pub gbps: f64,
+    /// "ok", or why the flow ended early (its completion status, e.g. "transport retry counter exceeded").
+    pub status: String,
+    /// When the flow posted its first operation, after the common start (ns).
+    pub first_post_ns: Option<u64>,
+    pub latency: Latency,
+}
+
+/// Totals over all flows.
+#[derive(Debug, Clone, Serialize)]
+pub struct Totals {
+    pub ops: u64,
+    pub bytes: u64,
+    pub gbps: f64,
+    pub mops: f64,
+    pub latency: Latency,
+}
+
+/// How a run ended; also decides the exit code (see the CLI's `run --help`).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Completed,
+    FlowErrors,
+    PeerLost,
+    Interrupted,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub tool: String,
+    pub device: String,
+    pub server: String,
+    pub op: String,
+    /// closed (K outstanding per flow), open (paced), or pingpong (round trips).
+    pub mode: String,
+    pub size: u32,
+    pub depth: u32,
+    pub threads: u32,
+    pub flows_requested: u32,
+    pub flows_started: u32,
+    /// From process start to the common start signal: device, QPs, exchange, barrier.
+    pub setup_s: f64,
+    /// Spread of the flows' first posts after the start signal.
+    pub start_skew_us: f64,
+    /// Measured time: from the start signal to the last completion.
+    pub duration_s: f64,
+    pub outcome: Outcome,
+    pub total: Totals,
+    /// Jain's index over per-flow throughput: 1 = perfectly fair, 1/n = one flow has it all.
+    pub fairness: f64,
+    /// Resident memory after setup, divided by the number of flows.
+    pub rss_per_flow_bytes: u64,
+    pub server_received_bytes: Option<u64>,
+    pub flows: Vec<FlowReport>,
+}
+
+/// Jain's fairness index (Σx)² / (n·Σx²); 1.0 for an empty or all-zero set.
+pub fn jain(values: &[f64]) -> f64 {
+    let sum: f64 = values.iter().sum();
+    let sum_sq: f64 = values.iter().map(|x| x * x).sum();
+    if values.is_empty() || sum_sq == 0.0 {
+        return 1.0;
+    }
+    sum * sum / (values.len() as f64 * sum_sq)
+}
+
+/// Gb/s of `bytes` moved in `seconds`.
+pub fn gbps(bytes: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        bytes as f64 * 8.0 / seconds / 1e9
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_index_bounds() {
+        assert!((jain(&[5.0, 5.0, 5.0, 5.0]) - 1.0).abs() < 1e-12);
+        assert!((jain(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+        let mid = jain(&[1.0, 2.0, 3.0]);
+        assert!((mid - 36.0 / 42.0).abs() < 1e-12, "{mid}");
+        assert_eq!(jain(&[]), 1.0);
+    }
+
+    #[test]
+    fn latency_summary_from_histogram() {
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        for v in 1..=1000u64 {
+            h.record(v * 1000).unwrap();
+        }
+        let l = Latency::of(&h);
+        assert_eq!(l.count, 1000);
+        assert!(
+            (l.p50_ns as f64 - 500_000.0).abs() / 500_000.0 < 0.002,
+            "{l:?}"
+        );
+        assert!(
+            (l.p99_ns as f64 - 990_000.0).abs() / 990_000.0 < 0.002,
+            "{l:?}"
+        );
+        assert!(l.min_ns <= l.p50_ns && l.p50_ns <= l.max_ns);
+        assert_eq!(
+            Latency::of(&Histogram::<u64>::new(3).unwrap()),
+            Latency::default()
+        );
+    }
+
+    #[test]
+    fn rates() {
+        assert!((gbps(1_000_000_000, 8.0) - 1.0).abs() < 1e-12);
+        assert_eq!(gbps(5, 0.0), 0.0);
+    }
+}

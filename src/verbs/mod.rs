@@ -1,0 +1,85 @@
+//! Safe wrappers over libibverbs (through `rdma-sys`): one module per verbs object, each
+//! owning its object and destroying it on drop. Objects hold an `Arc` of what they were made
+//! from, so drop order is always right (QP before CQ before PD before context).
+//!
+//! Only what the traffic generator needs: RC queue pairs, SEND/RDMA WRITE, CQ polling, SRQ.
+
+mod context;
+mod cq;
+mod device;
+mod mr;
+mod pd;
+mod qp;
+mod srq;
+
+pub use context::{Context, DeviceLimits, PortInfo};
+pub use cq::{CompletionQueue, WorkCompletion};
+pub use device::{device_names, open_device};
+pub use mr::{MemoryRegion, Sge};
+pub use pd::ProtectionDomain;
+pub use qp::{Endpoint, QpConfig, QueuePair, RemoteBuffer};
+pub use srq::SharedReceiveQueue;
+
+use std::fmt;
+
+/// A failed verbs call: which call, and the errno it left.
+#[derive(Debug)]
+pub struct Error {
+    pub call: &'static str,
+    pub errno: i32,
+    pub detail: String,
+}
+
+impl Error {
+    pub(crate) fn last(call: &'static str) -> Error {
+        Error {
+            call,
+            errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+            detail: String::new(),
+        }
+    }
+    /// For calls that return an errno value instead of setting errno.
+    pub(crate) fn code(call: &'static str, rc: i32) -> Error {
+        Error {
+            call,
+            errno: rc.abs(),
+            detail: String::new(),
+        }
+    }
+    pub(crate) fn other(call: &'static str, detail: impl Into<String>) -> Error {
+        Error {
+            call,
+            errno: 0,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.call)?;
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
+        }
+        if self.errno != 0 {
+            write!(f, ": {}", std::io::Error::from_raw_os_error(self.errno))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// libibverbs' name for a completion status ("success", "transport retry counter exceeded", ...).
+pub fn wc_status_str(status: u32) -> String {
+    // SAFETY: ibv_wc_status_str returns a static string for any value.
+    let s = unsafe { rdma_sys::ibv_wc_status_str(status) };
+    if s.is_null() {
+        return format!("status {status}");
+    }
+    unsafe { std::ffi::CStr::from_ptr(s) }
+        .to_string_lossy()
+        .into_owned()
+}
