@@ -45,7 +45,7 @@ fn lognormal_from_mean_and_sd() {
     let s = stats(&Dist::LogNormal(l));
     assert!((s.mean / 40_000.0 - 1.0).abs() < 0.005);
     assert!((s.sd / 30_000.0 - 1.0).abs() < 0.02);
-    assert!(s.min as f64 > 5_000.0);
+    assert!(s.min > 5_000.0);
 }
 
 #[test]
