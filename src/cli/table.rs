@@ -439,7 +439,7 @@ fn run_family(a: FamilyArgs) -> Result<(), TableError> {
     std::fs::create_dir_all(&a.output)
         .map_err(|e| TableError::new(format!("{}: cannot create: {e}", a.output.display())))?;
     let mut report = format!(
-        "family of {} ; table mean {:.3} ns\n{:<32} {:>9} {:>10} {:>14} {:>14} {:>14}\n",
+        "family of {} ; table mean {:.3} ns\n{:<48} {:>9} {:>10} {:>14} {:>14} {:>14}\n",
         base.describe(),
         fam.target_mean_ns,
         "file",
@@ -474,7 +474,7 @@ fn run_family(a: FamilyArgs) -> Result<(), TableError> {
             None => ("-".into(), "-".into(), "-".into()),
         };
         report.push_str(&format!(
-            "{:<32} {:>9} {:>10} {:>14} {:>14.3} {:>14.3}\n",
+            "{:<48} {:>9} {:>10} {:>14} {:>14.3} {:>14.3}\n",
             path.display(),
             frac,
             shape,
