@@ -135,7 +135,8 @@ struct ExponentialArgs {
 
 #[derive(Args)]
 struct SamplesArgs {
-    /// Latency samples: numbers (one per line or whitespace separated) or a perftest -H dump
+    /// Latency samples: numbers (one per line or whitespace separated), a perftest -H dump, or
+    /// an HdrHistogram interval log (ibjitter run's latency output)
     #[arg(long, value_name = "FILE")]
     samples: PathBuf,
     /// Unit of the numbers (perftest dumps and '# unit: us' headers name their own)
@@ -334,6 +335,7 @@ fn describe_source(s: &Samples, path: &Path) -> String {
     let layout = match s.layout {
         Layout::Plain => "numbers",
         Layout::Perftest => "perftest dump",
+        Layout::HdrLog => "HdrHistogram log",
     };
     format!(
         "{} samples from {} ({layout}, {})",

@@ -9,8 +9,13 @@
 //!   summary) is skipped; only the first such block is read (with both `-U` and `-H` the
 //!   second block repeats the same samples sorted).
 //!
+//! - **hdrlog**: an HdrHistogram interval log (V2, compressed), as `ibjitter run` writes its
+//!   per-operation latencies: lines `[Tag=…,]start,interval,max,HIST…`. All intervals are
+//!   merged and expanded into one sample per recorded operation, each at its bucket's median
+//!   value (so values carry the histogram's precision). The unit is nanoseconds when a comment
+//!   says `in ns` (ibjitter's do), else `--unit` is required.
+//!
 //! Values are returned in nanoseconds. Errors carry `file:line:col` and what was expected.
-//! (ibjitter's own latency output does not exist yet; when it does, it gets a layout here.)
 
 use super::duration::Unit;
 use super::format::ParseError;
@@ -21,6 +26,7 @@ use std::path::Path;
 pub enum Layout {
     Plain,
     Perftest,
+    HdrLog,
 }
 
 /// Latencies read from a file, in nanoseconds.
@@ -79,6 +85,9 @@ pub fn parse_samples(text: &str, origin: &str, unit: Option<Unit>) -> Result<Sam
         .collect();
     if let Some(h) = lines.iter().position(|l| perftest_header(l).is_some()) {
         return parse_perftest(&lines, h, origin, unit);
+    }
+    if lines.iter().any(|l| hdrlog_payload(l).is_some()) {
+        return parse_hdrlog(&lines, origin, unit);
     }
     let mut declared: Option<Unit> = None;
     let mut raw = Vec::new();
@@ -218,6 +227,74 @@ fn parse_perftest(
     finish(raw, Layout::Perftest, unit, origin)
 }
 
+/// The base64 histogram of an interval-log line, and its byte offset in the line.
+fn hdrlog_payload(line: &str) -> Option<(usize, &str)> {
+    if line.starts_with('#') || line.starts_with('"') {
+        return None;
+    }
+    let at = line.rfind(',')? + 1;
+    let payload = line[at..].trim_end();
+    payload.starts_with("HIST").then_some((at, payload))
+}
+
+fn parse_hdrlog(lines: &[&str], origin: &str, unit: Option<Unit>) -> Result<Samples, ParseError> {
+    use base64::Engine;
+    let declared = lines.iter().find_map(|l| {
+        let c = l.strip_prefix('#')?;
+        if let Some(u) = unit_declaration(c) {
+            return Unit::parse(u);
+        }
+        (c.contains(" in ns") || c.contains("(ns)")).then_some(Unit::Ns)
+    });
+    let unit = unit.or(declared).ok_or_else(|| {
+        perr(
+            origin,
+            1,
+            1,
+            "expected the unit of this HdrHistogram log: pass --unit ns|us|ms".to_string(),
+        )
+    })?;
+    let mut merged: Option<hdrhistogram::Histogram<u64>> = None;
+    for (idx, line) in lines.iter().enumerate() {
+        let Some((at, payload)) = hdrlog_payload(line) else {
+            continue;
+        };
+        let bad = |what: String| perr(origin, idx + 1, col_of(line, at), what);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(payload)
+            .map_err(|e| {
+                bad(format!(
+                    "expected a base64 HdrHistogram, found invalid base64 ({e})"
+                ))
+            })?;
+        let h: hdrhistogram::Histogram<u64> = hdrhistogram::serialization::Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .map_err(|e| {
+                bad(format!(
+                    "expected an HdrHistogram (V2), could not decode it ({e:?})"
+                ))
+            })?;
+        match merged.as_mut() {
+            None => {
+                let mut h = h;
+                // Deserialized histograms have a fixed range; let the sum grow.
+                h.auto(true);
+                merged = Some(h);
+            }
+            Some(m) => m
+                .add(&h)
+                .map_err(|e| bad(format!("expected histograms that can be merged ({e:?})")))?,
+        }
+    }
+    let h = merged.expect("at least one payload line");
+    let mut raw = Vec::with_capacity(usize::try_from(h.len()).unwrap_or(0));
+    for v in h.iter_recorded() {
+        let value = h.median_equivalent(v.value_iterated_to()) as f64;
+        raw.extend(std::iter::repeat_n(value, v.count_at_value() as usize));
+    }
+    finish(raw, Layout::HdrLog, unit, origin)
+}
+
 fn finish(raw: Vec<f64>, layout: Layout, unit: Unit, origin: &str) -> Result<Samples, ParseError> {
     if raw.is_empty() {
         return Err(perr(
@@ -259,6 +336,50 @@ pub fn read_samples(path: &Path, unit: Option<Unit>) -> Result<Samples, ParseErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hdrlog(values: &[&[u64]], comment: &str) -> String {
+        use hdrhistogram::serialization::interval_log::IntervalLogWriterBuilder;
+        use hdrhistogram::serialization::V2DeflateSerializer;
+        let mut out = Vec::new();
+        let mut ser = V2DeflateSerializer::new();
+        let mut b = IntervalLogWriterBuilder::new();
+        b.add_comment(comment);
+        let mut log = b.begin_log_with(&mut out, &mut ser).unwrap();
+        for (k, vs) in values.iter().enumerate() {
+            let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+            for &v in *vs {
+                h.record(v).unwrap();
+            }
+            let t = std::time::Duration::from_secs(k as u64);
+            log.write_histogram(&h, t, std::time::Duration::from_secs(1), None)
+                .unwrap();
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn hdrhistogram_interval_log() {
+        let text = hdrlog(
+            &[&[1000, 2000], &[3000, 3000, 3000]],
+            "ibjitter 0.1.0: per-operation latency in ns",
+        );
+        let s = parse_samples(&text, "lat.hlog", None).unwrap();
+        assert_eq!(s.layout, Layout::HdrLog);
+        assert_eq!(s.unit, Unit::Ns);
+        assert_eq!(s.values_ns.len(), 5);
+        let mean = s.values_ns.iter().sum::<f64>() / 5.0;
+        assert!((mean - 2400.0).abs() < 2400.0 * 1e-3, "{mean}");
+        // Another tool's log without a unit needs --unit.
+        let text = hdrlog(&[&[5]], "some other tool");
+        assert!(parse_samples(&text, "f", None).is_err());
+        let s = parse_samples(&text, "f", Some(Unit::Us)).unwrap();
+        assert_eq!(s.values_ns, vec![5000.0]);
+        // A corrupted payload is reported at its line and column.
+        let bad = hdrlog(&[&[5]], "latency in ns").replace("HISTF", "HISTF!!");
+        let e = parse_samples(&bad, "f", None).unwrap_err();
+        assert!(e.message.contains("base64"), "{e}");
+        assert!(e.line > 1 && e.col > 1, "{e}");
+    }
 
     #[test]
     fn plain_with_unit_argument_or_declaration() {
