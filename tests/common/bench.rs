@@ -14,9 +14,9 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A fresh, empty directory under `target/bench-scratch/NAME`, for sharing read-write with the VM.
+/// A fresh, empty directory `<target>/bench-scratch/NAME`, for sharing read-write with the VM.
 pub fn scratch_dir(name: &str) -> PathBuf {
-    let dir = repo_root().join("target/bench-scratch").join(name);
+    let dir = target_dir().join("bench-scratch").join(name);
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     dir
@@ -156,12 +156,12 @@ impl BenchLock {
     }
 }
 
-/// The MPI workload `tools/mpi/pingpong.c`, compiled with mpicc into `target/bench-bin/` when
+/// The MPI workload `tools/mpi/pingpong.c`, compiled with mpicc into `<target>/bench-bin/` when
 /// missing or older than its source. Returns the binary's path.
 pub fn mpi_pingpong() -> PathBuf {
     let root = repo_root();
     let src = root.join("tools/mpi/pingpong.c");
-    let dir = root.join("target/bench-bin");
+    let dir = target_dir().join("bench-bin");
     let bin = dir.join("pingpong");
     let modified = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
     if modified(&bin).is_some() && modified(&bin) >= modified(&src) {
@@ -179,6 +179,13 @@ pub fn mpi_pingpong() -> PathBuf {
     assert!(status.success(), "mpicc failed on {}", src.display());
     fs::rename(&tmp, &bin).expect("installing the MPI pingpong binary");
     bin
+}
+
+/// The cargo target directory this test was built in (`target/`, or `$CARGO_TARGET_DIR`):
+/// test executables live in `<target>/<profile>/deps/`.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.ancestors().nth(3).expect("<target>/<profile>/deps/<test>").to_path_buf()
 }
 
 /// Builds `package` in release mode (timing comparisons need optimized code, and `cargo test`
