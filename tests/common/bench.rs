@@ -189,7 +189,7 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// Builds `package` in release mode (timing comparisons need optimized code, and `cargo test`
-/// builds debug) and returns `target/release/<file>`.
+/// builds debug) and returns `<target>/release/<file>`.
 pub fn release_artifact(package: &str, file: &str) -> PathBuf {
     let root = repo_root();
     let status = Command::new(env!("CARGO"))
@@ -201,7 +201,7 @@ pub fn release_artifact(package: &str, file: &str) -> PathBuf {
         status.success(),
         "cargo build --release -p {package} failed"
     );
-    let path = root.join("target/release").join(file);
+    let path = target_dir().join("release").join(file);
     assert!(path.exists(), "{} was not built", path.display());
     path
 }
