@@ -5,9 +5,11 @@
 //! - [`verbs`]: safe wrappers over libibverbs, one module per verbs object.
 //! - [`gen`]: the traffic generator (many RC flows from one process, every operation timed).
 //! - [`report`]: what a run measured, and `report::export` for its output formats.
+//! - [`pcap`]: wire-level analysis of RoCE / InfiniBand captures (`ibjitter pcap`).
 //!
 //! The LD_PRELOAD injector lives in the `shim/` crate and uses [`table`] to read its tables.
 
+pub mod pcap;
 pub mod table;
 
 #[cfg(feature = "verbs")]

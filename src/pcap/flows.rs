@@ -1,0 +1,346 @@
+//! Per-flow accounting of decoded packets. A flow is (source, destination, destination QP):
+//! one direction of one connection. Each packet costs O(1) work and no allocation once its flow
+//! exists, so memory grows with the number of flows (and time-series intervals), never with
+//! the number of packets.
+use super::decode::{self, AckKind, Addr, Packet};
+use super::ipd::Ipd;
+use std::collections::{BTreeMap, HashMap};
+
+/// PSNs are 24-bit and wrap.
+const PSN_MOD: u32 = 1 << 24;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    pub src: Addr,
+    pub dst: Addr,
+    pub dest_qp: u32,
+}
+
+/// What the analysis keeps besides counts.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// IPD table interval width and count (see [`Ipd::new`]).
+    pub ipd_bin_ns: u64,
+    pub ipd_bins: usize,
+    /// Time-series interval for per-flow payload bytes; `None` keeps no series.
+    pub interval_ns: Option<u64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            ipd_bin_ns: 1000,
+            ipd_bins: super::ipd::DEFAULT_BINS,
+            interval_ns: None,
+        }
+    }
+}
+
+/// One flow's totals.
+#[derive(Debug, Clone)]
+pub struct Flow {
+    pub key: FlowKey,
+    pub packets: u64,
+    /// Frame lengths on the wire (Ethernet or IB headers included).
+    pub wire_bytes: u64,
+    /// Application payload (WRITE / SEND / READ response data), retransmissions included.
+    pub payload_bytes: u64,
+    /// Payload carried by retransmitted packets (so `payload_bytes - retransmitted_bytes` is
+    /// what the application moved).
+    pub retransmitted_bytes: u64,
+    pub first_ns: u64,
+    pub last_ns: u64,
+    /// Packets per BTH opcode.
+    pub opcodes: BTreeMap<u8, u64>,
+    pub requests: u64,
+    pub responses: u64,
+    pub ack_requests: u64,
+    /// Requests whose PSN was already seen on this flow.
+    pub retransmissions: u64,
+    /// Requests whose PSN skipped ahead of the next expected one (loss, reordering, or packets
+    /// the capture dropped).
+    pub out_of_order: u64,
+    pub naks: u64,
+    pub rnr_naks: u64,
+    /// Packets with an opcode whose header layout is unknown here (payload not counted).
+    pub undecoded_opcodes: u64,
+    /// Gaps between the flow's requests: the sender's pacing.
+    pub ipd_requests: Ipd,
+    /// Gaps between the flow's responses (ACKs, READ responses).
+    pub ipd_responses: Ipd,
+    /// Payload bytes per time-series interval since the capture's first packet.
+    pub series: Vec<u64>,
+    next_psn: Option<u32>,
+    /// After a READ request the requester's PSN jumps by the response length, unknown here.
+    psn_jump_allowed: bool,
+}
+
+impl Flow {
+    fn new(key: FlowKey, ts_ns: u64, o: &Options) -> Flow {
+        Flow {
+            key,
+            packets: 0,
+            wire_bytes: 0,
+            payload_bytes: 0,
+            retransmitted_bytes: 0,
+            first_ns: ts_ns,
+            last_ns: ts_ns,
+            opcodes: BTreeMap::new(),
+            requests: 0,
+            responses: 0,
+            ack_requests: 0,
+            retransmissions: 0,
+            out_of_order: 0,
+            naks: 0,
+            rnr_naks: 0,
+            undecoded_opcodes: 0,
+            ipd_requests: Ipd::new(o.ipd_bin_ns, o.ipd_bins),
+            ipd_responses: Ipd::new(o.ipd_bin_ns, o.ipd_bins),
+            series: Vec::new(),
+            next_psn: None,
+            psn_jump_allowed: false,
+        }
+    }
+
+    /// A flow that carried application data (as opposed to ACKs only).
+    pub fn is_data(&self) -> bool {
+        self.payload_bytes > 0
+    }
+
+    /// Classifies a request PSN against the flow's expected next PSN.
+    fn request_psn(&mut self, psn: u32, opcode: u8) -> Seq {
+        let seq = match self.next_psn {
+            None => Seq::InOrder,
+            Some(next) => {
+                let ahead = psn.wrapping_sub(next) % PSN_MOD;
+                if ahead == 0 {
+                    Seq::InOrder
+                } else if ahead < PSN_MOD / 2 {
+                    Seq::Ahead
+                } else {
+                    Seq::Repeat
+                }
+            }
+        };
+        if seq != Seq::Repeat {
+            if seq == Seq::Ahead && !self.psn_jump_allowed {
+                self.out_of_order += 1;
+            }
+            self.next_psn = Some((psn + 1) % PSN_MOD);
+            self.psn_jump_allowed = decode::is_read_request(opcode);
+        }
+        seq
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seq {
+    InOrder,
+    Ahead,
+    Repeat,
+}
+
+/// Whole-capture counts.
+#[derive(Debug, Clone, Default)]
+pub struct Totals {
+    pub frames: u64,
+    /// Frames decoded to a RoCE / IBA transport packet.
+    pub roce: u64,
+    /// Frames of other protocols (ARP, TCP, non-RoCE UDP, IB raw packets).
+    pub other: u64,
+    /// Frames that looked like RoCE but could not be decoded; the first reason is kept.
+    pub undecodable: u64,
+    pub first_undecodable: Option<String>,
+    pub first_ns: Option<u64>,
+    pub last_ns: u64,
+}
+
+/// Accumulates packets into flows.
+pub struct Analyzer {
+    options: Options,
+    index: HashMap<FlowKey, usize>,
+    flows: Vec<Flow>,
+    /// Gaps between consecutive RoCE packets on the captured link, whatever their flow.
+    overall: Ipd,
+    totals: Totals,
+}
+
+/// The result of an analysis.
+pub struct Analysis {
+    /// In order of first appearance.
+    pub flows: Vec<Flow>,
+    pub overall: Ipd,
+    pub totals: Totals,
+    pub options: Options,
+}
+
+impl Analyzer {
+    pub fn new(options: Options) -> Analyzer {
+        Analyzer {
+            options,
+            index: HashMap::new(),
+            flows: Vec::new(),
+            overall: Ipd::new(options.ipd_bin_ns, options.ipd_bins),
+            totals: Totals::default(),
+        }
+    }
+
+    /// One captured frame: decodes it and accounts for it.
+    pub fn frame(&mut self, ts_ns: u64, link: decode::Link, data: &[u8], orig_len: u32) {
+        self.totals.frames += 1;
+        match decode::decode(link, data) {
+            Ok(Some(p)) => self.packet(ts_ns, &p, orig_len),
+            Ok(None) => self.totals.other += 1,
+            Err(e) => {
+                self.totals.undecodable += 1;
+                if self.totals.first_undecodable.is_none() {
+                    self.totals.first_undecodable =
+                        Some(format!("frame {}: {e}", self.totals.frames));
+                }
+            }
+        }
+    }
+
+    /// One decoded packet of `wire_len` bytes.
+    pub fn packet(&mut self, ts_ns: u64, p: &Packet, wire_len: u32) {
+        let t = &mut self.totals;
+        t.roce += 1;
+        let start = *t.first_ns.get_or_insert(ts_ns);
+        t.last_ns = t.last_ns.max(ts_ns);
+        self.overall.packet(ts_ns);
+
+        let key = FlowKey {
+            src: p.src,
+            dst: p.dst,
+            dest_qp: p.bth.dest_qp,
+        };
+        let options = &self.options;
+        let flows = &mut self.flows;
+        let i = *self.index.entry(key).or_insert_with(|| {
+            flows.push(Flow::new(key, ts_ns, options));
+            flows.len() - 1
+        });
+        let f = &mut self.flows[i];
+        f.packets += 1;
+        f.wire_bytes += wire_len as u64;
+        f.last_ns = f.last_ns.max(ts_ns);
+        *f.opcodes.entry(p.bth.opcode).or_insert(0) += 1;
+        f.ack_requests += p.bth.ack_req as u64;
+        let payload = match p.payload {
+            Some(n) => n as u64,
+            None => {
+                f.undecoded_opcodes += 1;
+                0
+            }
+        };
+        f.payload_bytes += payload;
+        if let Some(a) = p.aeth {
+            match a.kind() {
+                AckKind::Nak(_) => f.naks += 1,
+                AckKind::RnrNak => f.rnr_naks += 1,
+                _ => {}
+            }
+        }
+        if p.bth.opcode == decode::CNP {
+            // Congestion notifications are neither requests nor responses.
+        } else if decode::is_response(p.bth.opcode) {
+            f.responses += 1;
+            f.ipd_responses.packet(ts_ns);
+        } else {
+            f.requests += 1;
+            f.ipd_requests.packet(ts_ns);
+            if f.request_psn(p.bth.psn, p.bth.opcode) == Seq::Repeat {
+                f.retransmissions += 1;
+                f.retransmitted_bytes += payload;
+            }
+        }
+        if let Some(interval) = self.options.interval_ns {
+            if payload > 0 {
+                let k = (ts_ns.saturating_sub(start) / interval) as usize;
+                if k >= f.series.len() {
+                    f.series.resize(k + 1, 0);
+                }
+                f.series[k] += payload;
+            }
+        }
+    }
+
+    pub fn finish(self) -> Analysis {
+        Analysis {
+            flows: self.flows,
+            overall: self.overall,
+            totals: self.totals,
+            options: self.options,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pcap::decode::{Aeth, Bth};
+    use std::net::Ipv4Addr;
+
+    fn pkt(opcode: u8, qp: u32, psn: u32, payload: u32) -> Packet {
+        Packet {
+            src: Addr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            dst: Addr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+            bth: Bth {
+                opcode,
+                solicited: false,
+                pad: 0,
+                pkey: 0xffff,
+                fecn: false,
+                dest_qp: qp,
+                ack_req: false,
+                psn,
+            },
+            aeth: None,
+            payload: Some(payload),
+        }
+    }
+
+    #[test]
+    fn retransmissions_gaps_and_wraparound() {
+        let mut a = Analyzer::new(Options {
+            interval_ns: Some(1000),
+            ..Options::default()
+        });
+        // PSNs 0xfffffe, 0xffffff, 0, then a go-back retransmission of 0xffffff and 0, then a gap.
+        let psns = [0xff_fffe, 0xff_ffff, 0, 0xff_ffff, 0, 1, 5];
+        for (k, psn) in psns.iter().enumerate() {
+            a.packet(k as u64 * 400, &pkt(0x0a, 7, *psn, 100), 178);
+        }
+        let r = a.finish();
+        let f = &r.flows[0];
+        assert_eq!(
+            (f.packets, f.requests, f.retransmissions, f.out_of_order),
+            (7, 7, 2, 1)
+        );
+        assert_eq!(
+            (f.payload_bytes, f.retransmitted_bytes, f.wire_bytes),
+            (700, 200, 1246)
+        );
+        assert_eq!(f.series, vec![300, 200, 200]);
+        assert_eq!(f.opcodes.get(&0x0a), Some(&7));
+    }
+
+    #[test]
+    fn read_requests_may_jump_and_naks_count() {
+        let mut a = Analyzer::new(Options::default());
+        a.packet(0, &pkt(0x0c, 3, 10, 0), 80);
+        a.packet(1, &pkt(0x0c, 3, 14, 0), 80); // 4 response packets later: not out of order
+        let mut nak = pkt(0x11, 9, 14, 0);
+        nak.aeth = Some(Aeth {
+            syndrome: 0x60,
+            msn: 1,
+        });
+        a.packet(2, &nak, 62);
+        let r = a.finish();
+        assert_eq!(r.flows.len(), 2);
+        assert_eq!(r.flows[0].out_of_order, 0);
+        assert_eq!((r.flows[1].naks, r.flows[1].responses), (1, 1));
+        assert!(!r.flows[1].is_data());
+        assert_eq!(r.overall.count(), 2);
+    }
+}
