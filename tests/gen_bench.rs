@@ -98,10 +98,10 @@ fn pingpong_median_matches_ib_write_lat() {
     let out = Vm::new().timeout(600).run(&format!(
         r#". tools/vm/lib.sh
         for i in 1 2; do
-            echo "== ib_write_lat"
+            echo "@@ ib_write_lat"
             pair lat "tcp_listening 18515" "ib_write_lat -d rxe1 -x 1 -n 3000 > /dev/null" \
                 "ib_write_lat -d rxe0 -x 1 -n 3000 10.0.0.2" || exit 1
-            echo "== ibjitter"
+            echo "@@ ibjitter"
             {bin} serve --dev rxe1 --once > /tmp/serve.log 2>&1 &
             wait_until 20 tcp_listening 18515
             {bin} run 10.0.0.2 --dev rxe0 --pingpong --iters 3000 --no-progress || exit 1
@@ -110,7 +110,7 @@ fn pingpong_median_matches_ib_write_lat() {
     ));
     out.assert_success();
     let (mut theirs, mut ours) = (Vec::new(), Vec::new());
-    for section in out.output.split("== ").skip(1) {
+    for section in out.output.split("@@ ").skip(1) {
         let t_typical = latency_rows(section)
             .first()
             .map(|r| r[4])
