@@ -2,6 +2,7 @@
 //! calls lives in the library, so it can be tested without a process.
 use clap::{Parser, Subcommand};
 
+mod pcap;
 mod run;
 mod serve;
 mod table;
@@ -22,6 +23,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Generate RC SEND / RDMA WRITE traffic over many flows, timing every operation
     Run(run::RunArgs),
+    /// Per-flow and inter-packet-delay analysis of RoCEv2 / InfiniBand captures (pcap, pcapng)
+    Pcap(pcap::PcapArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -31,5 +34,6 @@ pub fn main() -> i32 {
         Command::Table(args) => table::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Run(args) => run::run(args),
+        Command::Pcap(args) => pcap::run(args),
     }
 }

@@ -1,0 +1,118 @@
+//! `ibjitter pcap`: what RoCE / InfiniBand flows did on the wire, from a tcpdump or ibdump
+//! capture.
+use super::units;
+use clap::Args;
+use ibjitter::pcap::{analyze_file, ipd, Options};
+use ibjitter::report::export::{pcap as export, timeseries};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Args)]
+#[command(
+    after_help = "Reads pcap and pcapng: tcpdump on a RoCE interface (UDP 4791, IPv4 and \
+IPv6; capture with -i <interface>, not -i any) or ibdump (InfiniBand, ERF records). A flow is \
+(source, destination, destination QP). Bytes are BTH payload: what a WRITE or SEND moved, \
+without headers, pad and ICRC; wire bytes are whole frames.\n\n\
+Exit status: 0 analysed (a truncated last packet is reported, not fatal); 2 the file cannot be \
+read or is not a supported capture."
+)]
+pub struct PcapArgs {
+    /// The capture (pcap or pcapng)
+    file: PathBuf,
+    /// Print one row per flow: packets, bytes, first/last time, PSN checks, NAKs, opcodes
+    #[arg(long)]
+    flows: bool,
+    /// Print inter-packet-delay tables (overall and per flow) with percentiles
+    #[arg(long)]
+    ipd: bool,
+    /// Width of one IPD table interval
+    #[arg(long, default_value = "1us", value_parser = units::duration)]
+    ipd_bin: Duration,
+    /// Number of IPD table intervals before the open-ended last one
+    #[arg(long, default_value_t = ipd::DEFAULT_BINS)]
+    ipd_bins: usize,
+    /// Write per-flow payload throughput per interval as CSV (time_s,flow,bytes,gbps; data flows)
+    #[arg(long)]
+    timeseries: Option<PathBuf>,
+    /// Time-series interval (also used by --plot)
+    #[arg(long, default_value = "10ms", value_parser = units::duration)]
+    interval: Duration,
+    /// Write everything (summary, flows, IPD tables and percentiles) as JSON
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write SVG plots into this directory: ipd.svg, throughput.svg
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+pub fn run(a: PcapArgs) -> i32 {
+    match analyse(&a) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ibjitter pcap: {e}");
+            2
+        }
+    }
+}
+
+fn create(path: &Path) -> Result<BufWriter<File>, String> {
+    File::create(path)
+        .map(BufWriter::new)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn analyse(a: &PcapArgs) -> Result<(), String> {
+    let keep_series = a.timeseries.is_some() || a.plot.is_some();
+    let options = Options {
+        ipd_bin_ns: a.ipd_bin.as_nanos().max(1) as u64,
+        ipd_bins: a.ipd_bins,
+        interval_ns: keep_series.then(|| a.interval.as_nanos().max(1) as u64),
+    };
+    let (analysis, read) = analyze_file(&a.file, options)?;
+    let report = export::PcapReport::new(&a.file, &analysis, &read);
+
+    let out = io::stdout();
+    let mut out = out.lock();
+    let stdout_err = |e: io::Error| format!("stdout: {e}");
+    export::summary(&report, &mut out).map_err(stdout_err)?;
+    if a.flows {
+        export::flow_table(&report, &mut out).map_err(stdout_err)?;
+    }
+    if a.ipd {
+        export::ipd_tables(&report, &mut out).map_err(stdout_err)?;
+    }
+    out.flush().map_err(stdout_err)?;
+
+    if let Some(path) = &a.json {
+        let failed = |e: io::Error| format!("{}: {e}", path.display());
+        let mut w = create(path)?;
+        export::json(&report, &mut w).map_err(failed)?;
+        w.flush().map_err(failed)?;
+    }
+    if let Some(path) = &a.timeseries {
+        let failed = |e: io::Error| format!("{}: {e}", path.display());
+        let data: Vec<(u32, &[u64])> = analysis
+            .flows
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.is_data())
+            .map(|(i, f)| (i as u32, f.series.as_slice()))
+            .collect();
+        let ids: Vec<u32> = data.iter().map(|d| d.0).collect();
+        let series: Vec<&[u64]> = data.iter().map(|d| d.1).collect();
+        let mut w = create(path)?;
+        timeseries::write(&ids, &series, a.interval.as_secs_f64(), &mut w).map_err(failed)?;
+        w.flush().map_err(failed)?;
+    }
+    if let Some(dir) = &a.plot {
+        for p in export::plots(dir, &report, &analysis)? {
+            eprintln!("ibjitter pcap: wrote {}", p.display());
+        }
+    }
+    if let Some(t) = &read.truncated {
+        eprintln!("ibjitter pcap: {}: {t}", a.file.display());
+    }
+    Ok(())
+}

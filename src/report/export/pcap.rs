@@ -1,0 +1,342 @@
+//! `ibjitter pcap` output: the capture summary, the per-flow table and the IPD tables as text,
+//! the same as JSON, and SVG plots (IPD histogram, per-flow throughput).
+use crate::pcap::ipd::{Ipd, IpdRow};
+use crate::pcap::reader::ReadSummary;
+use crate::pcap::{decode, Analysis, Flow};
+use crate::report::plot::{self, Series};
+use crate::report::Latency;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::path::Path;
+
+/// Gaps of one packet stream: percentiles and the fixed-width table.
+#[derive(Debug, Clone, Serialize)]
+pub struct IpdReport {
+    pub bin_ns: u64,
+    pub gaps: u64,
+    pub backwards: u64,
+    pub percentiles: Latency,
+    pub table: Vec<IpdRow>,
+}
+
+impl IpdReport {
+    pub fn of(d: &Ipd) -> IpdReport {
+        IpdReport {
+            bin_ns: d.bin_ns(),
+            gaps: d.count(),
+            backwards: d.backwards,
+            percentiles: Latency::of(d.histogram()),
+            table: d.table(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FlowReport {
+    /// Index in order of first appearance (the time series' `flow` column).
+    pub flow: u32,
+    pub src: String,
+    pub dst: String,
+    pub dest_qp: u32,
+    /// Carried application payload (not ACKs only).
+    pub data: bool,
+    pub packets: u64,
+    pub wire_bytes: u64,
+    pub payload_bytes: u64,
+    pub retransmitted_bytes: u64,
+    /// Seconds since the capture's first RoCE packet.
+    pub first_s: f64,
+    pub last_s: f64,
+    pub opcodes: BTreeMap<String, u64>,
+    pub requests: u64,
+    pub responses: u64,
+    pub ack_requests: u64,
+    pub retransmissions: u64,
+    pub out_of_order: u64,
+    pub naks: u64,
+    pub rnr_naks: u64,
+    pub undecoded_opcodes: u64,
+    pub ipd_requests: IpdReport,
+    pub ipd_responses: IpdReport,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PcapReport {
+    pub tool: String,
+    pub file: String,
+    pub format: String,
+    pub frames: u64,
+    pub roce_packets: u64,
+    pub other_frames: u64,
+    pub undecodable: u64,
+    pub first_undecodable: Option<String>,
+    /// Set when the file ends inside a record.
+    pub truncated: Option<String>,
+    /// Capture time of the first RoCE packet (s since the epoch).
+    pub start_epoch_s: f64,
+    pub duration_s: f64,
+    pub flows: Vec<FlowReport>,
+    /// Gaps between consecutive RoCE packets on the captured link, whatever their flow.
+    pub ipd: IpdReport,
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+impl PcapReport {
+    pub fn new(file: &Path, a: &Analysis, read: &ReadSummary) -> PcapReport {
+        let start = a.totals.first_ns.unwrap_or(0);
+        let flows = a
+            .flows
+            .iter()
+            .enumerate()
+            .map(|(i, f)| flow_report(i as u32, f, start))
+            .collect();
+        PcapReport {
+            tool: format!("ibjitter {}", crate::VERSION),
+            file: file.display().to_string(),
+            format: read.format.to_string(),
+            frames: a.totals.frames,
+            roce_packets: a.totals.roce,
+            other_frames: a.totals.other,
+            undecodable: a.totals.undecodable,
+            first_undecodable: a.totals.first_undecodable.clone(),
+            truncated: read.truncated.clone(),
+            start_epoch_s: secs(start),
+            duration_s: secs(a.totals.last_ns.saturating_sub(start)),
+            flows,
+            ipd: IpdReport::of(&a.overall),
+        }
+    }
+}
+
+fn flow_report(i: u32, f: &Flow, start: u64) -> FlowReport {
+    FlowReport {
+        flow: i,
+        src: f.key.src.to_string(),
+        dst: f.key.dst.to_string(),
+        dest_qp: f.key.dest_qp,
+        data: f.is_data(),
+        packets: f.packets,
+        wire_bytes: f.wire_bytes,
+        payload_bytes: f.payload_bytes,
+        retransmitted_bytes: f.retransmitted_bytes,
+        first_s: secs(f.first_ns.saturating_sub(start)),
+        last_s: secs(f.last_ns.saturating_sub(start)),
+        opcodes: f
+            .opcodes
+            .iter()
+            .map(|(&op, &n)| (decode::opcode_name(op), n))
+            .collect(),
+        requests: f.requests,
+        responses: f.responses,
+        ack_requests: f.ack_requests,
+        retransmissions: f.retransmissions,
+        out_of_order: f.out_of_order,
+        naks: f.naks,
+        rnr_naks: f.rnr_naks,
+        undecoded_opcodes: f.undecoded_opcodes,
+        ipd_requests: IpdReport::of(&f.ipd_requests),
+        ipd_responses: IpdReport::of(&f.ipd_responses),
+    }
+}
+
+pub fn json<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
+    serde_json::to_writer_pretty(&mut w, r)?;
+    writeln!(w)
+}
+
+/// The capture in a few lines, always printed.
+pub fn summary<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
+    writeln!(
+        w,
+        "{} ({}): {} frames, {} RoCE/IB transport packets, {} other, {} undecodable, {:.6} s",
+        r.file, r.format, r.frames, r.roce_packets, r.other_frames, r.undecodable, r.duration_s
+    )?;
+    if let Some(why) = &r.first_undecodable {
+        writeln!(w, "  first undecodable: {why}")?;
+    }
+    if let Some(t) = &r.truncated {
+        writeln!(w, "  truncated: {t}")?;
+    }
+    let data = r.flows.iter().filter(|f| f.data).count();
+    let sum = |g: fn(&FlowReport) -> u64| r.flows.iter().map(g).sum::<u64>();
+    writeln!(
+        w,
+        "  flows: {} ({} carrying data); payload {} bytes; retransmissions {}, out-of-order {}, NAKs {}, RNR NAKs {}",
+        r.flows.len(),
+        data,
+        sum(|f| f.payload_bytes),
+        sum(|f| f.retransmissions),
+        sum(|f| f.out_of_order),
+        sum(|f| f.naks),
+        sum(|f| f.rnr_naks),
+    )
+}
+
+/// One row per flow.
+pub fn flow_table<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
+    writeln!(
+        w,
+        "{:>5} {:>15} {:>15} {:>8} {:>9} {:>13} {:>13} {:>10} {:>10} {:>7} {:>5} {:>5}  opcodes",
+        "flow",
+        "src",
+        "dst",
+        "dest_qp",
+        "packets",
+        "payload_B",
+        "wire_B",
+        "first_s",
+        "last_s",
+        "retrans",
+        "ooo",
+        "naks"
+    )?;
+    for f in &r.flows {
+        let ops: Vec<String> = f.opcodes.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+        writeln!(
+            w,
+            "{:>5} {:>15} {:>15} {:>#8x} {:>9} {:>13} {:>13} {:>10.6} {:>10.6} {:>7} {:>5} {:>5}  {}",
+            f.flow,
+            f.src,
+            f.dst,
+            f.dest_qp,
+            f.packets,
+            f.payload_bytes,
+            f.wire_bytes,
+            f.first_s,
+            f.last_s,
+            f.retransmissions,
+            f.out_of_order,
+            f.naks + f.rnr_naks,
+            ops.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+fn us(ns: u64) -> String {
+    let s = format!("{:.3}", ns as f64 / 1000.0);
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn interval_label(row: &IpdRow) -> String {
+    match row.to_ns {
+        Some(to) => format!("{}-{}", us(row.from_ns), us(to)),
+        None => format!(">={}", us(row.from_ns)),
+    }
+}
+
+/// The talk's table form (interval, occurrences, percentage) and the percentiles.
+fn ipd_table<W: Write>(title: &str, d: &IpdReport, w: &mut W) -> io::Result<()> {
+    writeln!(w, "=== IPD {title}: {} gaps", d.gaps)?;
+    if d.gaps == 0 {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "{:>16} {:>12} {:>11}",
+        "interval[us]", "occurrences", "percentage"
+    )?;
+    for row in &d.table {
+        writeln!(
+            w,
+            "{:>16} {:>12} {:>10.2}%",
+            interval_label(row),
+            row.occurrences,
+            row.percent
+        )?;
+    }
+    let p = &d.percentiles;
+    writeln!(
+        w,
+        "  [us] min {} p50 {} p90 {} p99 {} p99.9 {} max {} mean {:.3}{}",
+        us(p.min_ns),
+        us(p.p50_ns),
+        us(p.p90_ns),
+        us(p.p99_ns),
+        us(p.p999_ns),
+        us(p.max_ns),
+        p.mean_ns / 1000.0,
+        if d.backwards > 0 {
+            format!(" ({} backwards timestamps counted as 0)", d.backwards)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// The overall IPD table, then each flow's: requests (the sender's pacing), and responses for
+/// flows that carry only responses.
+pub fn ipd_tables<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
+    ipd_table(
+        "overall (consecutive RoCE packets on the link)",
+        &r.ipd,
+        &mut w,
+    )?;
+    for f in &r.flows {
+        let (what, d) = if f.requests > 0 {
+            ("requests", &f.ipd_requests)
+        } else {
+            ("responses", &f.ipd_responses)
+        };
+        let title = format!(
+            "flow {} {} -> {} qp {:#x} ({what})",
+            f.flow, f.src, f.dst, f.dest_qp
+        );
+        ipd_table(&title, d, &mut w)?;
+    }
+    Ok(())
+}
+
+/// `ipd.svg` (overall IPD table as bars) and, when the analysis kept a time series,
+/// `throughput.svg` (per data flow, Gb/s per interval).
+pub fn plots(dir: &Path, r: &PcapReport, a: &Analysis) -> Result<Vec<std::path::PathBuf>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut written = Vec::new();
+    let bars: Vec<(String, f64)> = r
+        .ipd
+        .table
+        .iter()
+        .map(|row| (interval_label(row), row.occurrences as f64))
+        .collect();
+    let ipd = dir.join("ipd.svg");
+    plot::bar_chart(
+        &ipd,
+        &format!("Inter-packet delay, all RoCE packets ({} gaps)", r.ipd.gaps),
+        "interval [us]",
+        "occurrences",
+        &bars,
+    )?;
+    written.push(ipd);
+    if let Some(interval) = a.options.interval_ns {
+        let dt = interval as f64 / 1e9;
+        let series: Vec<Series> = a
+            .flows
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.is_data())
+            .map(|(i, f)| Series {
+                name: format!("flow {i} qp {:#x}", f.key.dest_qp),
+                points: f
+                    .series
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &b)| (k as f64 * dt, b as f64 * 8.0 / dt / 1e9))
+                    .collect(),
+            })
+            .collect();
+        let tp = dir.join("throughput.svg");
+        plot::line_chart(
+            &tp,
+            "Per-flow payload throughput",
+            "time [s]",
+            "Gb/s",
+            &series,
+        )?;
+        written.push(tp);
+    }
+    Ok(written)
+}

@@ -1,0 +1,177 @@
+//! SVG charts for reports, independent of what is plotted: a line chart of named series and a
+//! bar chart of labelled values. SVG only (plotters' SVG backend, no font or bitmap stack), so
+//! the files are small, diffable and open in any browser.
+use plotters::prelude::*;
+use std::path::Path;
+
+/// One line of a line chart.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+const SIZE: (u32, u32) = (960, 540);
+/// Beyond this many series the legend would cover the plot; the lines are still drawn.
+const MAX_LEGEND: usize = 16;
+
+fn failed(path: &Path, e: impl std::fmt::Display) -> String {
+    format!("{}: {e}", path.display())
+}
+
+/// Span of `values` with a margin, never empty (a flat line still gets a visible axis).
+fn span(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for v in values.filter(|v| v.is_finite()) {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    if from_zero {
+        lo = lo.min(0.0);
+    }
+    if hi <= lo {
+        hi = lo + 1.0;
+    }
+    (lo, hi + (hi - lo) * 0.05)
+}
+
+/// Draws `series` as lines against a shared x axis and writes the SVG to `path`.
+pub fn line_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<(), String> {
+    let xs = span(
+        series.iter().flat_map(|s| s.points.iter().map(|p| p.0)),
+        false,
+    );
+    let ys = span(
+        series.iter().flat_map(|s| s.points.iter().map(|p| p.1)),
+        true,
+    );
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
+        .map_err(|e| failed(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    for (k, s) in series.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let drawn = chart
+            .draw_series(LineSeries::new(
+                s.points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| failed(path, e))?;
+        if k < MAX_LEGEND {
+            drawn.label(s.name.clone()).legend(move |(x, y)| {
+                PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+        }
+    }
+    if !series.is_empty() {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| failed(path, e))?;
+    }
+    root.present().map_err(|e| failed(path, e))
+}
+
+/// Draws one bar per `(label, value)`, in order, and writes the SVG to `path`.
+pub fn bar_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    bars: &[(String, f64)],
+) -> Result<(), String> {
+    let ys = span(bars.iter().map(|b| b.1), true);
+    let n = bars.len().max(1);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d((0..n).into_segmented(), ys.0..ys.1)
+        .map_err(|e| failed(path, e))?;
+    let label = |v: &SegmentValue<usize>| match v {
+        SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
+            bars.get(*i).map(|b| b.0.clone()).unwrap_or_default()
+        }
+        SegmentValue::Last => String::new(),
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_labels(n.min(25))
+        .x_label_formatter(&label)
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    chart
+        .draw_series(
+            Histogram::vertical(&chart)
+                .style(BLUE.mix(0.6).filled())
+                .margin(2)
+                .data(bars.iter().enumerate().map(|(i, b)| (i, b.1))),
+        )
+        .map_err(|e| failed(path, e))?;
+    root.present().map_err(|e| failed(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charts_are_svg_with_their_labels() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let line = dir.join("line.svg");
+        let series = vec![
+            Series {
+                name: "flow 0".into(),
+                points: vec![(0.0, 1.0), (1.0, 2.0)],
+            },
+            Series {
+                name: "flow 1".into(),
+                points: vec![(0.0, 0.5)],
+            },
+        ];
+        line_chart(&line, "throughput", "time [s]", "Gb/s", &series).unwrap();
+        let text = std::fs::read_to_string(&line).unwrap();
+        assert!(text.starts_with("<svg") && text.contains("flow 1") && text.contains("Gb/s"));
+
+        let bars = dir.join("bars.svg");
+        let data = vec![("0-1".to_string(), 3.0), ("1-2".to_string(), 7.0)];
+        bar_chart(&bars, "IPD", "interval [us]", "occurrences", &data).unwrap();
+        let text = std::fs::read_to_string(&bars).unwrap();
+        assert!(text.contains("1-2") && text.contains("<rect"));
+        // An empty chart still renders (a flow without gaps).
+        bar_chart(&bars, "IPD", "x", "y", &[]).unwrap();
+        let err = line_chart(&dir.join("no/such/dir.svg"), "t", "x", "y", &series).unwrap_err();
+        assert!(err.contains("no/such/dir.svg"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
