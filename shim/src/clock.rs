@@ -73,30 +73,21 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Below this many ticks to go, spin without `pause`: one pause lasts up to ~150 cycles on
-/// recent cores, which would overshoot short delays.
-const PAUSE_GUARD_TICKS: u64 = 512;
+// The spins below deliberately have no `pause`: under qemu TCG every `pause` leaves the
+// translated code and takes qemu's global lock, which stalled the other vCPU and the virtual
+// NIC (round trips grew by milliseconds instead of the injected delay); on hardware a
+// `pause` lasts up to ~150 cycles, which would overshoot short delays.
 
 #[inline(always)]
 fn spin_tsc(ticks: u64) {
     let start = rdtsc();
-    loop {
-        let elapsed = rdtsc().wrapping_sub(start);
-        if elapsed >= ticks {
-            break;
-        }
-        if ticks - elapsed > PAUSE_GUARD_TICKS {
-            core::hint::spin_loop();
-        }
-    }
+    while rdtsc().wrapping_sub(start) < ticks {}
 }
 
 #[inline(always)]
 fn spin_monotonic(ns: u64) {
     let start = monotonic_ns();
-    while monotonic_ns().wrapping_sub(start) < ns {
-        core::hint::spin_loop();
-    }
+    while monotonic_ns().wrapping_sub(start) < ns {}
 }
 
 #[inline(never)]

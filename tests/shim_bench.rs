@@ -1,0 +1,491 @@
+//! libibjitter.so in the Soft-RoCE bench, LD_PRELOADed into real, unmodified programs:
+//! rdma-core's ibv_rc_pingpong (legacy and `ibv_wr_*` API), perftest (TCP and rdma_cm
+//! connection setup), Open MPI over UCX rc_verbs, and a multi-threaded verbs poster.
+//!
+//! Latencies under TCG swing between VM runs, so every comparison is between runs with and
+//! without the shim inside the same VM, with a 25 % margin on the injected delay D.
+mod common;
+
+use common::bench::{mpi_pingpong, repo_root, scratch_dir, Vm};
+use ibjitter::table::dist::{Dist, LogNormal};
+use ibjitter::table::generate::make_table;
+use ibjitter::table::Kind;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The constant delay injected on one side, µs. Large against TCG's run-to-run noise in one VM
+/// (tens of µs), small enough to keep the runs short.
+const D_US: f64 = 500.0;
+
+/// Builds the release libibjitter.so (a no-op when it is up to date).
+fn shim_so() -> PathBuf {
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "ibjitter-shim"])
+        .current_dir(repo_root())
+        .status()
+        .expect("run cargo build");
+    assert!(
+        st.success(),
+        "cargo build --release -p ibjitter-shim failed"
+    );
+    let so = repo_root().join("target/release/libibjitter.so");
+    assert!(so.is_file(), "{} missing", so.display());
+    so
+}
+
+/// Compiles shim/tests/support/mt_post.c (a multi-threaded verbs poster) into target/bench-bin.
+fn mt_post() -> PathBuf {
+    let root = repo_root();
+    let dir = root.join("target/bench-bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("shim_mt_post");
+    let tmp = dir.join(format!("shim_mt_post.{}", std::process::id()));
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-pthread", "-o"])
+        .arg(&tmp)
+        .arg(root.join("shim/tests/support/mt_post.c"))
+        .arg("-libverbs")
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed on mt_post.c");
+    std::fs::rename(&tmp, &bin).unwrap();
+    bin
+}
+
+/// The text `pair NAME …` printed, from "=== NAME" to its "=== NAME: client rc=" line
+/// (client output first, then "--- server:").
+fn section<'a>(output: &'a str, name: &str) -> &'a str {
+    let start = output
+        .find(&format!("=== {name}\n"))
+        .unwrap_or_else(|| panic!("no section {name}:\n{output}"));
+    let rest = &output[start..];
+    let end = rest
+        .find(&format!("=== {name}: client rc="))
+        .unwrap_or_else(|| panic!("section {name} unfinished:\n{rest}"));
+    &rest[..end]
+}
+
+/// The client's part of a section.
+fn client(section: &str) -> &str {
+    section.split("--- server:").next().unwrap()
+}
+
+/// perftest's t_min (µs) from the client's result line.
+fn perftest_min(text: &str) -> f64 {
+    perftest_field(text, 2)
+}
+
+/// Column `k` of perftest's latency result line ("#bytes #iterations t_min t_max t_typical
+/// t_avg …").
+fn perftest_field(text: &str, k: usize) -> f64 {
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() >= 6 && w[0] == "2" && w[1].parse::<u64>().is_ok())
+        .map(|w| w[k].parse().unwrap())
+        .unwrap_or_else(|| panic!("no perftest result line in:\n{text}"))
+}
+
+/// ibv_rc_pingpong's "N iters in S seconds = X usec/iter" (one round trip per iteration).
+fn rc_usec_per_iter(text: &str) -> f64 {
+    text.lines()
+        .find(|l| l.contains("usec/iter"))
+        .and_then(|l| l.split_whitespace().rev().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no usec/iter line in:\n{text}"))
+}
+
+/// The stats files whose names start with `prefix` (one per process that loaded the shim).
+fn stats(dir: &Path, prefix: &str) -> Vec<Value> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with(&format!("{prefix}.")) && n.ends_with(".json")
+        })
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect()
+}
+
+fn one_stats(dir: &Path, prefix: &str) -> Value {
+    let mut s = stats(dir, prefix);
+    assert_eq!(
+        s.len(),
+        1,
+        "expected one stats file {prefix}.*.json, found {s:?}"
+    );
+    s.remove(0)
+}
+
+/// Checks that a round trip grew by D (± 25 %); returns the complaint if not.
+fn grew_by_d(what: &str, base_rtt: f64, shim_rtt: f64) -> Option<String> {
+    let growth = shim_rtt - base_rtt;
+    let line = format!(
+        "{what}: round trip {base_rtt:.1} µs -> {shim_rtt:.1} µs (+{growth:.1}, D = {D_US})"
+    );
+    eprintln!("{line}");
+    ((growth - D_US).abs() > 0.25 * D_US).then_some(line)
+}
+
+/// Fails with every complaint at once (one VM run checks several programs).
+#[track_caller]
+fn assert_none(complaints: Vec<String>) {
+    assert!(
+        complaints.is_empty(),
+        "round trips did not grow by D ± 25 %:\n{}",
+        complaints.join("\n")
+    );
+}
+
+/// Runs per program: without and with the shim, alternating. Each metric is the best of its
+/// runs, since the bench's noise (a busy host stalls the VM for milliseconds) only adds.
+const ROUNDS: usize = 3;
+
+#[test]
+fn constant_delay_shows_in_unmodified_verbs_programs() {
+    let so = shim_so();
+    let dir = scratch_dir("shim-verbs");
+    let d = dir.display();
+    let shim = |tag: &str| {
+        format!(
+            "env LD_PRELOAD={} IBJITTER_DELAY={D_US}us IBJITTER_STATS={d}/{tag}.%p.json",
+            so.display()
+        )
+    };
+    let rc = |n: &str, extra: &str, pre: &str| {
+        format!(
+            "pair {n} 'tcp_listening 18515' 'ibv_rc_pingpong -d rxe1 -g 1 -e -n 200 {extra}' \
+             '{pre} ibv_rc_pingpong -d rxe0 -g 1 -e -n 200 {extra} 10.0.0.2' || F=1\n"
+        )
+    };
+    let pt = |n: &str, prog: &str, port: usize, extra: &str, pre: &str| {
+        let ready = if extra.contains("-R") {
+            "cm_ready"
+        } else {
+            "tcp_listening"
+        };
+        format!(
+            "pair {n} '{ready} {port}' '{prog} -d rxe1 -x 1 -p {port} -n 1000 {extra}' \
+             '{pre} {prog} -d rxe0 -x 1 -p {port} -n 1000 {extra} 10.0.0.2' || F=1\n"
+        )
+    };
+    // The wildcard rdma_cm listener shows up a moment before the per-device one that accepts:
+    // connecting in between was rejected ("invalid service ID") and perftest crashed.
+    let mut script =
+        String::from(". tools/vm/lib.sh\nF=0\ncm_ready() { cm_listening \"$1\" && sleep 0.5; }\n");
+    for r in 0..ROUNDS {
+        script += &rc(&format!("rc_base_{r}"), "", "");
+        script += &rc(&format!("rc_shim_{r}"), "", &shim("rc"));
+        script += &rc(&format!("rcN_base_{r}"), "-N", "");
+        script += &rc(&format!("rcN_shim_{r}"), "-N", &shim("rcN"));
+        // Fresh ports each run: no waiting for a previous server's socket to go away.
+        let port = |k: usize| 18516 + 8 * r + k;
+        script += &pt(&format!("wl_base_{r}"), "ib_write_lat", port(0), "", "");
+        script += &pt(
+            &format!("wl_shim_{r}"),
+            "ib_write_lat",
+            port(1),
+            "",
+            &shim("wl"),
+        );
+        script += &pt(&format!("sl_base_{r}"), "ib_send_lat", port(2), "", "");
+        script += &pt(
+            &format!("sl_shim_{r}"),
+            "ib_send_lat",
+            port(3),
+            "",
+            &shim("sl"),
+        );
+        script += &pt(&format!("wlR_base_{r}"), "ib_write_lat", port(4), "-R", "");
+        script += &pt(
+            &format!("wlR_shim_{r}"),
+            "ib_write_lat",
+            port(5),
+            "-R",
+            &shim("wlR"),
+        );
+    }
+    script += "exit $F\n";
+    let out = Vm::new().timeout(900).writable(&dir).run(&script);
+    out.assert_success();
+    let o = &out.output;
+    let best = |name: &str, side: &str, metric: fn(&str) -> f64| {
+        (0..ROUNDS)
+            .map(|r| metric(client(section(o, &format!("{name}_{side}_{r}")))))
+            .fold(f64::INFINITY, f64::min)
+    };
+    let mut bad = Vec::new();
+
+    // ibv_rc_pingpong: one send per side per iteration (usec/iter is a round trip), the
+    // client's delayed. Both sides wait for completions with -e (sleeping in the kernel): busy
+    // polling on both vCPUs leaves rxe's kernel work waiting for preemption, which made the
+    // average round trip swing by milliseconds between runs on a busy host.
+    for (name, hook, other) in [
+        ("rc", "post_send", "wr_complete"),
+        ("rcN", "wr_complete", "post_send"),
+    ] {
+        for r in 0..ROUNDS {
+            let c = client(section(o, &format!("{name}_shim_{r}")));
+            let lines: Vec<&str> = c.lines().filter(|l| l.starts_with("ibjitter")).collect();
+            assert_eq!(lines.len(), 1, "one startup line: {lines:?}");
+        }
+        let (base, with) = (
+            best(name, "base", rc_usec_per_iter),
+            best(name, "shim", rc_usec_per_iter),
+        );
+        bad.extend(grew_by_d(&format!("ibv_rc_pingpong {name}"), base, with));
+        let all = stats(&dir, name);
+        assert_eq!(all.len(), ROUNDS, "{name}: one stats file per shim run");
+        for s in all {
+            assert_eq!(s["posts"][hook], 200, "{name}: {s}");
+            assert_eq!(s["posts"][other], 0, "{name}: {s}");
+            assert_eq!(s["delays_injected"], 200, "{name}: {s}");
+            assert_eq!(s["sum_ns"], 200 * (D_US as u64) * 1000, "{name}: {s}");
+        }
+    }
+    // perftest: t_min is half the fastest round trip; a constant delay adds D to every one.
+    for (name, what) in [
+        ("wl", "ib_write_lat"),
+        ("sl", "ib_send_lat"),
+        ("wlR", "ib_write_lat -R"),
+    ] {
+        let (base, with) = (
+            best(name, "base", perftest_min),
+            best(name, "shim", perftest_min),
+        );
+        bad.extend(grew_by_d(what, 2.0 * base, 2.0 * with));
+        let all = stats(&dir, name);
+        assert_eq!(all.len(), ROUNDS, "{name}: one stats file per shim run");
+        for s in all {
+            let posts = s["posts"]["post_send"].as_u64().unwrap();
+            if name == "wlR" {
+                // With -R perftest also exchanges its buffer addresses as sends on the
+                // connected QP (10 more posts), on top of the 1000 measured writes.
+                assert!((1000..=1016).contains(&posts), "{what}: {posts} posts");
+            } else {
+                assert_eq!(posts, 1000, "{what}: {s}");
+            }
+            assert_eq!(s["delays_injected"].as_u64(), Some(posts));
+        }
+    }
+    assert_none(bad);
+}
+
+#[test]
+fn mpi_pingpong_over_ucx_rc_verbs_grows_by_the_delay() {
+    let so = shim_so();
+    let pingpong = mpi_pingpong();
+    let dir = scratch_dir("shim-mpi");
+    // Only rank 0 gets the shim (set in its own shell, so libibverbs arrives later, in UCX's
+    // dlopen'ed scope: the RTLD_NOLOAD fallback): one side delayed. Every round trip is
+    // printed (PINGPONG_RAW), tagged with the run.
+    let script = format!(
+        r#"F=0
+        run() {{
+            PINGPONG_RAW=1 mpirun --allow-run-as-root -np 2 --bind-to none --mca pml ucx --mca btl self \
+                --mca osc ^ucx -x PINGPONG_RAW -x UCX_TLS=rc_verbs,ud_verbs:aux,self \
+                -x UCX_UD_VERBS_ETH_DGID_CHECK=n \
+                sh -c "$2"' exec tools/mpi/rank-device "$@"' sh {pp} 300 8 > /tmp/run.out 2>&1 || F=1
+            sed "s/^/$1 /" /tmp/run.out
+        }}
+        for r in 0 1 2; do
+            run base 'true;'
+            run shim '[ "$OMPI_COMM_WORLD_RANK" = 0 ] && export LD_PRELOAD={so} IBJITTER_DELAY={D_US}us IBJITTER_STATS={d}/mpi.%p.json;'
+        done
+        exit $F
+        "#,
+        pp = pingpong.display(),
+        so = so.display(),
+        d = dir.display(),
+    );
+    let out = Vm::new().timeout(900).writable(&dir).run(&script);
+    out.assert_success();
+    // Per run (300 round trips), the 10th percentile: a constant delay shifts every round
+    // trip, stalls of the busy host only lengthen some. Best of the three runs.
+    let p10 = |tag: &str| -> f64 {
+        let mut runs: Vec<Vec<f64>> = Vec::new();
+        for l in out.output.lines() {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.len() == 4 && w[0] == tag && w[1] == "rtt_us" {
+                if w[2] == "0" {
+                    runs.push(Vec::new());
+                }
+                runs.last_mut()
+                    .expect("rtt_us 0 first")
+                    .push(w[3].parse().unwrap());
+            }
+        }
+        assert_eq!(runs.len(), 3, "{tag}: three runs expected:\n{}", out.output);
+        runs.iter_mut()
+            .map(|v| {
+                assert_eq!(v.len(), 300, "{tag}");
+                v.sort_by(f64::total_cmp);
+                v[30]
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let (base, with) = (p10("base"), p10("shim"));
+    assert_none(
+        grew_by_d("MPI ping-pong (UCX rc_verbs)", base, with)
+            .into_iter()
+            .collect(),
+    );
+    let all = stats(&dir, "mpi");
+    assert_eq!(all.len(), 3, "one stats file per shim run (rank 0 only)");
+    for s in all {
+        let posts = s["posts"]["post_send"].as_u64().unwrap();
+        // 310 round trips (10 warm-up) put at least one send each on rc_verbs; UCX adds its
+        // wire-up and flow-control sends.
+        assert!((310..=700).contains(&posts), "rank 0 posted {posts}: {s}");
+        assert_eq!(s["delays_injected"].as_u64(), Some(posts));
+    }
+}
+
+#[test]
+fn bad_configuration_leaves_programs_unharmed_with_one_warning() {
+    let so = shim_so();
+    let dir = scratch_dir("shim-badcfg");
+    std::fs::write(dir.join("garbage.tbl"), "1 2 3\nfour five\n").unwrap();
+    std::fs::write(dir.join("garbage.seed"), "seed me\n").unwrap();
+    let d = dir.display();
+    let cases = [
+        ("missing_table", format!("IBJITTER_TABLE={d}/missing.tbl")),
+        ("garbage_table", format!("IBJITTER_TABLE={d}/garbage.tbl")),
+        (
+            "missing_seed",
+            format!("IBJITTER_DELAY=1ms IBJITTER_SEED={d}/missing.seed"),
+        ),
+        (
+            "garbage_seed",
+            format!("IBJITTER_DELAY=1ms IBJITTER_SEED={d}/garbage.seed"),
+        ),
+    ];
+    let mut script = String::from(". tools/vm/lib.sh\nF=0\n");
+    script += "pair base 'tcp_listening 18516' 'ib_write_lat -d rxe1 -x 1 -p 18516 -n 500' \
+               'ib_write_lat -d rxe0 -x 1 -p 18516 -n 500 10.0.0.2' || F=1\n";
+    for (i, (name, env)) in cases.iter().enumerate() {
+        let port = 18517 + i;
+        script += &format!(
+            "pair {name} 'tcp_listening {port}' 'ib_write_lat -d rxe1 -x 1 -p {port} -n 500' \
+             'env LD_PRELOAD={so} {env} ib_write_lat -d rxe0 -x 1 -p {port} -n 500 10.0.0.2' || F=1\n",
+            so = so.display()
+        );
+    }
+    script += "exit $F\n";
+    let out = Vm::new().timeout(600).writable(&dir).run(&script);
+    out.assert_success();
+    let base = perftest_min(client(section(&out.output, "base")));
+    for (name, _) in &cases {
+        let c = client(section(&out.output, name));
+        let lines: Vec<&str> = c.lines().filter(|l| l.contains("ibjitter")).collect();
+        assert_eq!(lines.len(), 1, "{name}: {lines:?}");
+        assert!(
+            lines[0].starts_with("ibjitter: warning: ") && lines[0].ends_with("(pass-through)"),
+            "{name}: {}",
+            lines[0]
+        );
+        // Ran to completion (pair checked both exit codes) and undelayed: a 1 ms delay
+        // per post would add 500 µs to every reported half round trip.
+        let t = perftest_min(c);
+        assert!(
+            t < base + 250.0,
+            "{name}: t_min {t} µs vs {base} µs without the shim"
+        );
+    }
+}
+
+#[test]
+fn eight_threads_posting_concurrently_count_exactly() {
+    let so = shim_so();
+    let bin = mt_post();
+    let dir = scratch_dir("shim-threads");
+    let out = Vm::new().timeout(600).writable(&dir).run(&format!(
+        "env LD_PRELOAD={} IBJITTER_DIST=normal IBJITTER_DELAY=20us IBJITTER_JITTER=10us \
+         IBJITTER_STATS={}/mt.%p.json {} 8 2000",
+        so.display(),
+        dir.display(),
+        bin.display()
+    ));
+    out.assert_success();
+    assert!(
+        out.output
+            .contains("mt_post threads=8 posts_per_thread=2000 total=16000"),
+        "{}",
+        out.output
+    );
+    let s = one_stats(&dir, "mt");
+    let threads: Vec<u64> = s["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["post_send"].as_u64().unwrap())
+        .collect();
+    assert_eq!(threads, vec![2000; 8], "per-thread posts: {s}");
+    assert_eq!(s["posts"]["post_send"], 16000);
+    assert_eq!(s["draws"], 16000);
+}
+
+#[test]
+fn injected_delays_follow_a_lognormal_table() {
+    let so = shim_so();
+    let dir = scratch_dir("shim-dist");
+    let dist = Dist::LogNormal(LogNormal::new(0.5, 15_000.0, 5_000.0).unwrap());
+    let table = make_table(&dist, Kind::Absolute).unwrap();
+    let path = dir.join("lognormal.tbl");
+    table.write(std::fs::File::create(&path).unwrap()).unwrap();
+    let out = Vm::new().timeout(900).writable(&dir).run(&format!(
+        ". tools/vm/lib.sh\npair lat 'tcp_listening 18516' 'ib_write_lat -d rxe1 -x 1 -p 18516 -n 100000' \
+         'env LD_PRELOAD={} IBJITTER_TABLE={} IBJITTER_STATS={}/dist.%p.json ib_write_lat -d rxe0 -x 1 -p 18516 -n 100000 10.0.0.2'",
+        so.display(),
+        path.display(),
+        dir.display()
+    ));
+    out.assert_success();
+    let s = one_stats(&dir, "dist");
+    let draws = s["draws"].as_u64().unwrap();
+    assert!(draws >= 100_000, "{draws} draws");
+    let entries: Vec<u64> = table.entries.iter().map(|&e| e as u64).collect();
+    let table_mean = entries.iter().sum::<u64>() as f64 / entries.len() as f64;
+    let mean = s["sum_ns"].as_u64().unwrap() as f64 / draws as f64;
+    let ks = ks_distance(s["delay_ns"]["histogram"].as_array().unwrap(), &entries);
+    eprintln!(
+        "lognormal: {draws} draws, KS {ks:.4}, mean {mean:.0} ns vs table {table_mean:.0} ns"
+    );
+    assert!(ks <= 0.02, "KS distance {ks}");
+    assert!(
+        (mean / table_mean - 1.0).abs() <= 0.01,
+        "mean {mean} vs {table_mean}"
+    );
+}
+
+/// KS distance between the stats' HdrHistogram buckets ([highest value, count]) and the
+/// table's distribution, taking each bucket's whole value range into account.
+fn ks_distance(hist: &[Value], table: &[u64]) -> f64 {
+    let mut sorted = table.to_vec();
+    sorted.sort_unstable();
+    let cdf = |x: u64| sorted.partition_point(|&v| v <= x) as f64 / sorted.len() as f64;
+    let total: u64 = hist.iter().map(|b| b[1].as_u64().unwrap()).sum();
+    let (mut cum, mut worst) = (0u64, 0f64);
+    for b in hist {
+        let (hi, n) = (b[0].as_u64().unwrap(), b[1].as_u64().unwrap());
+        // 3 significant digits: a bucket spans a power of two no wider than hi/1024.
+        let width = if hi < 2048 {
+            1
+        } else {
+            1u64 << (63 - hi.leading_zeros() - 10)
+        };
+        let lo = hi + 1 - width;
+        let before = cum as f64 / total as f64;
+        cum += n;
+        let after = cum as f64 / total as f64;
+        worst = worst
+            .max((before - cdf(lo.saturating_sub(1))).abs())
+            .max((after - cdf(hi)).abs());
+    }
+    worst
+}
