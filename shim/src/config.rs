@@ -354,6 +354,20 @@ mod tests {
     }
 
     #[test]
+    fn dist_given_as_a_path() {
+        let path = table::resolve_named_dist("pareto").expect("pareto.dist installed");
+        let s = settings(&[
+            ("IBJITTER_DIST", path.to_str().unwrap()),
+            ("IBJITTER_DELAY", "50us"),
+            ("IBJITTER_JITTER", "5us"),
+        ]);
+        assert_eq!(s.warning, None);
+        let d = s.delays.unwrap();
+        assert!(d.source.contains("pareto.dist"), "{}", d.source);
+        assert!((d.mean() - 50_000.0).abs() < 2_000.0, "mean {}", d.mean());
+    }
+
+    #[test]
     fn uniform_jitter_without_dist() {
         let s = settings(&[("IBJITTER_DELAY", "10us"), ("IBJITTER_JITTER", "20us")]);
         let d = s.delays.unwrap();

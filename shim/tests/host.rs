@@ -597,3 +597,30 @@ fn loops_unit_spins_without_clock() {
     // 100k iterations take at least ~25 µs on any current CPU.
     assert!(out.result["elapsed_ns"].as_u64().unwrap() > 450 * 10_000);
 }
+
+#[test]
+fn quiet_silences_the_startup_line_but_not_warnings() {
+    if child_scenario().is_some() {
+        return child_basic(10);
+    }
+    let out = respawn(
+        "quiet_silences_the_startup_line_but_not_warnings",
+        "basic",
+        &[
+            ("IBJITTER_DELAY", "1us".into()),
+            ("IBJITTER_QUIET", "1".into()),
+        ],
+    );
+    assert_eq!(out.stderr_lines, Vec::<String>::new());
+    assert_eq!(out.result["patched"], true);
+    let out = respawn(
+        "quiet_silences_the_startup_line_but_not_warnings",
+        "basic",
+        &[
+            ("IBJITTER_DELAY", "1".into()),
+            ("IBJITTER_QUIET", "1".into()),
+        ],
+    );
+    assert_eq!(out.stderr_lines.len(), 1, "{:?}", out.stderr_lines);
+    assert!(out.stderr_lines[0].contains("missing unit"));
+}
