@@ -624,3 +624,65 @@ fn quiet_silences_the_startup_line_but_not_warnings() {
     assert_eq!(out.stderr_lines.len(), 1, "{:?}", out.stderr_lines);
     assert!(out.stderr_lines[0].contains("missing unit"));
 }
+
+#[test]
+fn contexts_and_qps_of_different_providers_reach_their_own() {
+    use std::sync::atomic::Ordering::Relaxed;
+    if child_scenario().is_some() {
+        let shim = load_shim();
+        let mut a = FakeContext::new(counting_post_send);
+        let mut b = FakeContext::new(counting_post_send_b);
+        // SAFETY: the stub returns the fake contexts.
+        let (ca, cb) = unsafe {
+            (
+                (shim.open_device)(a.ctx() as *mut _),
+                (shim.open_device)(b.ctx() as *mut _),
+            )
+        };
+        let mut qa = fake_qp(ca);
+        let mut qb = fake_qp(cb);
+        qb.wr_complete = Some(counting_wr_complete_b);
+        let (pa, pb): (*mut ibv_qp_ex, *mut ibv_qp_ex) = (&mut *qa, &mut *qb);
+        // SAFETY: the stub's ibv_create_qp returns the fake QP given as pd.
+        unsafe {
+            (shim.create_qp)(pa as *mut _, std::ptr::null_mut());
+            (shim.create_qp)(pb as *mut _, std::ptr::null_mut());
+        }
+        let post = |q: *mut ibv_qp_ex, n: usize| {
+            for _ in 0..n {
+                // SAFETY: fake QPs of patched fake contexts.
+                unsafe {
+                    ibv_post_send(&mut (*q).qp_base);
+                    ibv_wr_complete(q);
+                }
+            }
+        };
+        post(pa, 100);
+        post(pb, 70);
+        let before = (PROVIDER_POSTS.load(Relaxed), PROVIDER_B_POSTS.load(Relaxed));
+        // SAFETY: closing a fake context; B stays open and patched.
+        unsafe { (shim.close_device)(ca) };
+        let a_restored = a.post_send_ptr() == counting_post_send as *const () as usize;
+        post(pb, 30);
+        let after_b = PROVIDER_B_POSTS.load(Relaxed);
+        return emit(serde_json::json!({
+            "a": before.0, "b": before.1, "b_after_close_a": after_b, "a_restored": a_restored,
+            "b_patched": b.post_send_ptr() != counting_post_send_b as *const () as usize,
+        }));
+    }
+    let dir = scratch("mixed");
+    let out = respawn(
+        "contexts_and_qps_of_different_providers_reach_their_own",
+        "mixed",
+        &[("IBJITTER_DELAY", "100ns".into()), stats_env(&dir)],
+    );
+    let r = &out.result;
+    assert_eq!(r["a"], 200, "{r}");
+    assert_eq!(r["b"], 140, "{r}");
+    assert_eq!(r["b_after_close_a"], 200, "{r}");
+    assert_eq!(r["a_restored"], true);
+    assert_eq!(r["b_patched"], true);
+    let s = &read_stats(&dir)[0];
+    assert_eq!(s["posts"]["post_send"], 200);
+    assert_eq!(s["posts"]["wr_complete"], 200);
+}

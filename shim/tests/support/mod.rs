@@ -132,6 +132,23 @@ pub unsafe extern "C" fn counting_post_send(
     0
 }
 
+/// Calls into the second provider of the mixed-provider test.
+pub static PROVIDER_B_POSTS: AtomicU64 = AtomicU64::new(0);
+
+pub unsafe extern "C" fn counting_post_send_b(
+    _qp: *mut ibv_qp,
+    _wr: *mut ibv_send_wr,
+    _bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    PROVIDER_B_POSTS.fetch_add(1, Relaxed);
+    0
+}
+
+pub unsafe extern "C" fn counting_wr_complete_b(_qpx: *mut ibv_qp_ex) -> c_int {
+    PROVIDER_B_POSTS.fetch_add(1, Relaxed);
+    0
+}
+
 pub unsafe extern "C" fn counting_wr_complete(_qpx: *mut ibv_qp_ex) -> c_int {
     PROVIDER_POSTS.fetch_add(1, Relaxed);
     0
