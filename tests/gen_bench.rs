@@ -46,7 +46,7 @@ fn five_hundred_twelve_flows_of_write_and_send() {
     let o = out_dir.display();
     let out = Vm::new().timeout(600).writable(&out_dir).run(&format!(
         r#". tools/vm/lib.sh
-        {bin} serve --dev rxe1 > {o}/serve.log 2>&1 &
+        {bin} serve --dev rxe1 > {o}/serve.log 2>&1 & server=$!
         wait_until 20 tcp_listening 18515
         {bin} run 10.0.0.2 --dev rxe0 --flows 512 --threads 2 --op write --size 4K --duration 3s \
             --json {o}/write.json --timeseries {o}/write.csv --hdr-log {o}/write.hlog --no-progress
@@ -54,7 +54,7 @@ fn five_hundred_twelve_flows_of_write_and_send() {
         {bin} run 10.0.0.2 --dev rxe0 --flows 512 --threads 2 --op send --size 4K --depth 2 --duration 3s \
             --json {o}/send.json --no-progress
         echo "send_rc=$?"
-        kill %1; wait
+        kill $server; wait $server
         cat {o}/serve.log"#
     ));
     out.assert_success();

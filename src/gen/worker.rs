@@ -122,12 +122,14 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
         }
     };
 
-    // Closed loop starts with `depth` posts per flow; open loop waits for each flow's schedule.
+    // Closed loop starts with `depth` posts per flow, round by round: every flow's first
+    // operation goes out before any flow's second, so flows start as close together as posting
+    // allows (each post is a system call on some providers). Open loop follows its schedule.
     if p.rate.is_none() {
-        for i in 0..n {
-            for _ in 0..p.depth {
-                if state[i].posted >= max_posts || !post(i, &mut state[i], &mut stats[i], 0) {
-                    break;
+        for _ in 0..p.depth {
+            for i in 0..n {
+                if stats[i].error.is_none() && state[i].posted < max_posts {
+                    post(i, &mut state[i], &mut stats[i], 0);
                 }
             }
         }
