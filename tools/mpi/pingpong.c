@@ -6,6 +6,10 @@
  *                               and "rtt_us K V" lines for every round trip when PINGPONG_RAW=1
  *   pingpong -b [ITERS]         every rank runs MPI_Barrier ITERS times; rank 0 prints
  *                               "barrier ranks=P iters=N mean_us=X median_us=Y"
+ *   pingpong -w [ITERS] [SIZE]  a fixed workload in the manner of an iterative solver: each
+ *                               iteration exchanges SIZE bytes with both ring neighbours, then
+ *                               allreduces one double; rank 0 prints
+ *                               "workload ranks=P iters=N bytes=SIZE runtime_s=X"
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -35,6 +39,34 @@ static int barrier(int rank, int size, int iters) {
     }
     free(t);
     return 0;
+}
+
+static int workload(int rank, int size, int iters, long bytes) {
+    size_t n = bytes > 0 ? (size_t)bytes : 1;
+    char *out = calloc(2, n), *in = calloc(2, n);
+    if (!out || !in) return 1;
+    int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    double acc = rank, total = 0;
+    for (int i = -10; i < iters; i++) {   /* 10 warm-up iterations, not timed */
+        if (i == 0) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            total = MPI_Wtime();
+        }
+        MPI_Sendrecv(out, (int)bytes, MPI_CHAR, right, 1, in, (int)bytes, MPI_CHAR, left, 1,
+                     MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Sendrecv(out + n, (int)bytes, MPI_CHAR, left, 2, in + n, (int)bytes, MPI_CHAR, right,
+                     2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        double local = acc * 0.5 + in[0], sum;
+        MPI_Allreduce(&local, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        acc = sum / size;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    total = MPI_Wtime() - total;
+    if (rank == 0)
+        printf("workload ranks=%d iters=%d bytes=%ld runtime_s=%.6f\n", size, iters, bytes, total);
+    free(out);
+    free(in);
+    return acc < 0;   /* uses the result, so the reductions cannot be optimized away */
 }
 
 static int pingpong(int rank, int iters, long size) {
@@ -74,6 +106,8 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc > 1 && strcmp(argv[1], "-b") == 0) {
         rc = barrier(rank, size, argc > 2 ? atoi(argv[2]) : 1000);
+    } else if (argc > 1 && strcmp(argv[1], "-w") == 0) {
+        rc = workload(rank, size, argc > 2 ? atoi(argv[2]) : 1000, argc > 3 ? atol(argv[3]) : 8);
     } else {
         if (size < 2) {
             if (rank == 0) fprintf(stderr, "pingpong: needs at least 2 ranks\n");
