@@ -4,6 +4,7 @@
 //! - [`table`]: delay tables (netem's 512×8 `.dist` shape) — format, generators, fitting, stats.
 //! - [`verbs`]: safe wrappers over libibverbs, one module per verbs object.
 //! - [`gen`]: the traffic generator (many RC flows from one process, every operation timed).
+//! - [`incast`]: many senders to one receiver through the cluster's launcher, merged.
 //! - [`report`]: what a run measured, and `report::export` for its output formats.
 //! - [`pcap`]: wire-level analysis of RoCE / InfiniBand captures (`ibjitter pcap`).
 //!
@@ -14,6 +15,8 @@ pub mod table;
 
 #[cfg(feature = "verbs")]
 pub mod gen;
+#[cfg(feature = "verbs")]
+pub mod incast;
 #[cfg(feature = "verbs")]
 pub mod report;
 #[cfg(feature = "verbs")]

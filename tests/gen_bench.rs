@@ -128,7 +128,7 @@ fn pingpong_median_matches_ib_write_lat() {
         "t_typical: ibjitter {ours:?} us, ib_write_lat {theirs:?} us, ratio of best {ratio:.3}"
     );
     assert!(
-        ratio <= 1.3 && ratio >= 0.5,
+        (0.5..=1.3).contains(&ratio),
         "ping-pong median {ours:?} vs ib_write_lat {theirs:?}"
     );
 }

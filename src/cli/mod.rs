@@ -2,6 +2,7 @@
 //! calls lives in the library, so it can be tested without a process.
 use clap::{Parser, Subcommand};
 
+mod incast;
 mod pcap;
 mod run;
 mod serve;
@@ -23,6 +24,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Generate RC SEND / RDMA WRITE traffic over many flows, timing every operation
     Run(run::RunArgs),
+    /// Many senders into one receiver, launched through ssh/srun/mpirun, results merged
+    Incast(incast::IncastArgs),
     /// Per-flow and inter-packet-delay analysis of RoCEv2 / InfiniBand captures (pcap, pcapng)
     Pcap(pcap::PcapArgs),
 }
@@ -34,6 +37,7 @@ pub fn main() -> i32 {
         Command::Table(args) => table::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Run(args) => run::run(args),
+        Command::Incast(args) => incast::run(args),
         Command::Pcap(args) => pcap::run(args),
     }
 }

@@ -24,8 +24,8 @@ pub struct RunArgs {
     /// TCP port of the server's out-of-band exchange
     #[arg(long, short = 'p', default_value_t = 18515)]
     port: u16,
-    /// RDMA device (default: the first one)
-    #[arg(long = "dev", short = 'd')]
+    /// RDMA device (default: $IBJITTER_DEV, else the first one)
+    #[arg(long = "dev", short = 'd', env = "IBJITTER_DEV")]
     device: Option<String>,
     /// Device port
     #[arg(long, default_value_t = 1)]
@@ -66,9 +66,12 @@ pub struct RunArgs {
     /// Round trips like ib_write_lat/ib_send_lat instead of throughput
     #[arg(long, conflicts_with_all = ["rate", "load"])]
     pingpong: bool,
-    /// Write the report as JSON
+    /// Write the report as JSON ("-": to stdout, instead of the table)
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Include each flow's time series in the JSON (for merging several senders' reports)
+    #[arg(long)]
+    json_series: bool,
     /// Write per-flow throughput over time as CSV
     #[arg(long)]
     timeseries: Option<PathBuf>,
@@ -155,6 +158,7 @@ impl RunArgs {
             qp_timeout: self.qp_timeout,
             progress: !self.no_progress,
             seed: self.seed,
+            json_series: self.json_series,
             ..RunConfig::default()
         })
     }
@@ -192,7 +196,13 @@ pub fn run(a: RunArgs) -> i32 {
         eprintln!("ibjitter run: {e}");
         code = code.max(2);
     }
-    if let Err(e) = text::write(&out.report, a.per_flow, std::io::stdout().lock()) {
+    let to_stdout = a.json.as_deref() == Some(Path::new("-"));
+    let written = if to_stdout {
+        json::write(&out.report, std::io::stdout().lock())
+    } else {
+        text::write(&out.report, a.per_flow, std::io::stdout().lock())
+    };
+    if let Err(e) = written {
         eprintln!("ibjitter run: writing the report: {e}");
     }
     code
@@ -206,7 +216,7 @@ fn create(path: &Path) -> Result<BufWriter<File>, String> {
 
 fn write_files(a: &RunArgs, cfg: &RunConfig, out: &RunOutput) -> Result<(), String> {
     let failed = |path: &Path, e: std::io::Error| format!("writing {}: {e}", path.display());
-    if let Some(path) = &a.json {
+    if let Some(path) = a.json.as_deref().filter(|p| *p != Path::new("-")) {
         json::write(&out.report, create(path)?).map_err(|e| failed(path, e))?;
     }
     if let Some(path) = &a.timeseries {

@@ -10,8 +10,8 @@ use std::time::Duration;
 1 when a session failed; 2 when the device or the port cannot be used."
 )]
 pub struct ServeArgs {
-    /// RDMA device (default: the first one)
-    #[arg(long = "dev", short = 'd')]
+    /// RDMA device (default: $IBJITTER_DEV, else the first one)
+    #[arg(long = "dev", short = 'd', env = "IBJITTER_DEV")]
     device: Option<String>,
     /// TCP port for the out-of-band exchange
     #[arg(long, short = 'p', default_value_t = 18515)]
@@ -34,7 +34,8 @@ pub struct ServeArgs {
     /// QP local ACK timeout exponent (4.096 us x 2^N)
     #[arg(long, default_value_t = 18)]
     qp_timeout: u8,
-    /// How long a client group may take to gather at the start barrier
+    /// How long a client group may take to gather at the start barrier; then the clients that
+    /// are ready start without the missing ones
     #[arg(long, default_value = "120s", value_parser = units::duration)]
     start_timeout: Duration,
 }

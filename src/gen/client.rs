@@ -7,7 +7,7 @@ use super::stop::{self, Reason};
 use super::wire::{self, Message, RunRequest, PROTOCOL_VERSION};
 use super::worker::{self, WorkerOutput, WorkerParams};
 use super::{pingpong, Load, RunConfig, StopAt};
-use crate::report::{gbps, jain, FlowReport, Latency, Outcome, RunReport, Totals};
+use crate::report::{gbps, hist, jain, FlowReport, Latency, Outcome, RunReport, Totals};
 use crate::verbs::{self, ProtectionDomain, QpConfig};
 use hdrhistogram::Histogram;
 use std::io::{IsTerminal, Read, Write};
@@ -224,15 +224,14 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         .max()
         .unwrap_or(0) as f64
         / 1e9;
-    let report = build_report(
-        cfg,
-        ctx.name(),
-        &flows,
+    let run = Measured {
         setup_s,
-        measured_s.max(f64::MIN_POSITIVE),
+        measured_s: measured_s.max(f64::MIN_POSITIVE),
         rss,
-        server_received,
-    );
+        server_received_bytes: server_received,
+        start: start_time,
+    };
+    let report = build_report(cfg, ctx.name(), &flows, &run);
     Ok(RunOutput {
         report,
         flows,
@@ -262,25 +261,33 @@ fn resolve_rate(
     })
 }
 
+/// Connects to the server, retrying until `timeout`: in an incast the receiver may still be
+/// starting when the senders are launched.
 fn connect(server: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
-    let addrs: Vec<_> = (server, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {server}: {e}"))?
-        .collect();
-    let mut last = None;
-    for a in &addrs {
-        match TcpStream::connect_timeout(a, timeout) {
-            Ok(s) => {
-                let _ = s.set_nodelay(true);
-                return Ok(s);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let addrs: Vec<_> = (server, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {server}: {e}"))?
+            .collect();
+        let mut last = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, Duration::from_secs(5)) {
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok(s);
+                }
+                Err(e) => last = Some(e),
             }
-            Err(e) => last = Some(e),
         }
+        if Instant::now() >= deadline || stop::requested().is_some() {
+            return Err(format!(
+                "cannot connect to ibjitter serve at {server}:{port} (tried for {timeout:?}): {}",
+                last.map_or("no address".into(), |e| e.to_string())
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
-    Err(format!(
-        "cannot connect to ibjitter serve at {server}:{port}: {}",
-        last.map_or("no address".into(), |e| e.to_string())
-    ))
 }
 
 /// While the threads work: watch the server's connection (it only closes if the server dies)
@@ -341,15 +348,17 @@ fn farewell(stream: &mut TcpStream, ops: u64, bytes: u64) -> Option<u64> {
     }
 }
 
-fn build_report(
-    cfg: &RunConfig,
-    device: &str,
-    flows: &[FlowStats],
+/// What the run measured besides the flows themselves.
+struct Measured {
     setup_s: f64,
     measured_s: f64,
     rss: u64,
     server_received_bytes: Option<u64>,
-) -> RunReport {
+    start: std::time::SystemTime,
+}
+
+fn build_report(cfg: &RunConfig, device: &str, flows: &[FlowStats], run: &Measured) -> RunReport {
+    let &Measured { setup_s, measured_s, rss, server_received_bytes, start } = run;
     let mut all = new_histogram();
     for f in flows {
         all.add(&f.latency).expect("same histogram bounds");
@@ -369,6 +378,7 @@ fn build_report(
             status: f.error.clone().unwrap_or_else(|| "ok".into()),
             first_post_ns: f.first_post_ns,
             latency: Latency::of(&f.latency),
+            series: cfg.json_series.then(|| f.series.clone()),
         })
         .collect();
     let rates: Vec<f64> = per_flow.iter().map(|f| f.gbps).collect();
@@ -400,6 +410,10 @@ fn build_report(
         flows_started: flows.iter().filter(|f| f.first_post_ns.is_some()).count() as u32,
         setup_s,
         start_skew_us: skew,
+        start_unix_ns: start
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+        series_interval_s: cfg.interval.as_secs_f64(),
         duration_s: measured_s,
         outcome,
         total: Totals {
@@ -412,6 +426,7 @@ fn build_report(
         fairness: jain(&rates),
         rss_per_flow_bytes: rss / u64::from(cfg.flows.max(1)),
         server_received_bytes,
+        histogram: hist::encode(&all),
         flows: per_flow,
     }
 }

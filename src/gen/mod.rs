@@ -78,6 +78,8 @@ pub struct RunConfig {
     pub start_timeout: Duration,
     pub progress: bool,
     pub seed: u64,
+    /// Put each flow's time series into the JSON report (for merging several senders).
+    pub json_series: bool,
 }
 
 impl Default for RunConfig {
@@ -103,6 +105,7 @@ impl Default for RunConfig {
             start_timeout: Duration::from_secs(120),
             progress: false,
             seed: 1,
+            json_series: false,
         }
     }
 }

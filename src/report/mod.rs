@@ -4,10 +4,10 @@ pub mod export;
 pub mod plot;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Latency percentiles in nanoseconds, from one histogram.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Latency {
     pub count: u64,
     pub min_ns: u64,
@@ -42,7 +42,7 @@ impl Latency {
 }
 
 /// One flow (one RC QP) of a run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FlowReport {
     pub flow: u32,
     pub ops: u64,
@@ -54,10 +54,13 @@ pub struct FlowReport {
     /// When the flow posted its first operation, after the common start (ns).
     pub first_post_ns: Option<u64>,
     pub latency: Latency,
+    /// Bytes completed per `series_interval_s` since the start (with `--json-series`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<Vec<u64>>,
 }
 
 /// Totals over all flows.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Totals {
     pub ops: u64,
     pub bytes: u64,
@@ -67,7 +70,7 @@ pub struct Totals {
 }
 
 /// How a run ended; also decides the exit code (see the CLI's `run --help`).
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     Completed,
@@ -76,7 +79,7 @@ pub enum Outcome {
     Interrupted,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
     pub tool: String,
     pub device: String,
@@ -93,6 +96,11 @@ pub struct RunReport {
     pub setup_s: f64,
     /// Spread of the flows' first posts after the start signal.
     pub start_skew_us: f64,
+    /// Wall-clock time of the start signal (ns since the Unix epoch): flows of several
+    /// processes or hosts line up on it (as well as the hosts' clocks agree).
+    pub start_unix_ns: u64,
+    /// Interval of the per-flow `series`.
+    pub series_interval_s: f64,
     /// Measured time: from the start signal to the last completion.
     pub duration_s: f64,
     pub outcome: Outcome,
@@ -102,7 +110,33 @@ pub struct RunReport {
     /// Resident memory after setup, divided by the number of flows.
     pub rss_per_flow_bytes: u64,
     pub server_received_bytes: Option<u64>,
+    /// The latency of every operation: an HdrHistogram (V2, compressed, base64), so reports of
+    /// several senders merge exactly (`hist::decode`).
+    pub histogram: String,
     pub flows: Vec<FlowReport>,
+}
+
+/// HdrHistograms in reports: compressed V2 encoding in base64, the form HdrHistogram's own
+/// tools exchange.
+pub mod hist {
+    use base64::Engine;
+    use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
+    use hdrhistogram::Histogram;
+
+    pub fn encode(h: &Histogram<u64>) -> String {
+        let mut bytes = Vec::new();
+        V2DeflateSerializer::new().serialize(h, &mut bytes).expect("serializing to memory");
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    pub fn decode(text: &str) -> Result<Histogram<u64>, String> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|e| format!("histogram is not base64: {e}"))?;
+        Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .map_err(|e| format!("histogram does not decode: {e:?}"))
+    }
 }
 
 /// Jain's fairness index (Σx)² / (n·Σx²); 1.0 for an empty or all-zero set.
@@ -158,6 +192,18 @@ mod tests {
             Latency::of(&Histogram::<u64>::new(3).unwrap()),
             Latency::default()
         );
+    }
+
+    #[test]
+    fn histograms_survive_the_report() {
+        let mut h = crate::gen::stats::new_histogram();
+        for v in [1_000u64, 2_000, 50_000, 7_000_000] {
+            h.record(v).unwrap();
+        }
+        let back = hist::decode(&hist::encode(&h)).unwrap();
+        assert_eq!(back.len(), 4);
+        assert_eq!(Latency::of(&back), Latency::of(&h));
+        assert!(hist::decode("not base64!").is_err());
     }
 
     #[test]

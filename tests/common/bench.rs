@@ -185,7 +185,10 @@ pub fn mpi_pingpong() -> PathBuf {
 /// test executables live in `<target>/<profile>/deps/`.
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.ancestors().nth(3).expect("<target>/<profile>/deps/<test>").to_path_buf()
+    exe.ancestors()
+        .nth(3)
+        .expect("<target>/<profile>/deps/<test>")
+        .to_path_buf()
 }
 
 /// Builds `package` in release mode (timing comparisons need optimized code, and `cargo test`

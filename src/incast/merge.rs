@@ -1,0 +1,169 @@
+//! One report out of every sender's: flows numbered across senders, latency histograms added
+//! exactly, time series aligned on the senders' common start, fairness over all flows.
+use crate::gen::stats::new_histogram;
+use crate::report::{gbps, hist, jain, Latency, Outcome, RunReport, Totals};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// How one sender fared.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SenderSummary {
+    pub host: String,
+    /// "ok", or what went wrong ("exit status 3", "failed to launch: ...", "no report").
+    pub status: String,
+    pub exit_code: Option<i32>,
+    pub outcome: Option<Outcome>,
+    pub flows_requested: u32,
+    pub flows_started: u32,
+    pub gbps: f64,
+    /// The end of its stderr, when it failed.
+    #[serde(skip_serializing_if = "String::is_empty", default)]
+    pub stderr_tail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IncastFlow {
+    /// Numbered across all senders: sender k's flow i is `k * flows_per_sender + i`.
+    pub id: u32,
+    pub sender: String,
+    pub flow: u32,
+    pub ops: u64,
+    pub bytes: u64,
+    pub gbps: f64,
+    pub status: String,
+    pub latency: Latency,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IncastReport {
+    pub tool: String,
+    pub receiver: String,
+    pub flows_per_sender: u32,
+    pub flows_requested: u32,
+    pub flows_started: u32,
+    /// From the launch of the first process to the first operation of any flow.
+    pub launch_to_first_byte_s: f64,
+    /// Spread of every flow's first post, across hosts (wall clocks: as synchronized as the
+    /// hosts' clocks are; exact on the bench, where all hosts share one).
+    pub start_skew_us: f64,
+    pub duration_s: f64,
+    pub total: Totals,
+    pub fairness: f64,
+    pub senders: Vec<SenderSummary>,
+    pub flows: Vec<IncastFlow>,
+}
+
+/// Everything merged, plus the data the exports need.
+pub struct Merged {
+    pub report: IncastReport,
+    pub latency: Histogram<u64>,
+    pub series_interval_s: f64,
+    pub ids: Vec<u32>,
+    pub series: Vec<Vec<u64>>,
+}
+
+/// Merges the senders' reports (`None` where a sender produced none). `launch_unix_ns` is when
+/// the first process was launched.
+pub fn merge(
+    receiver: &str,
+    flows_per_sender: u32,
+    reports: &[Option<RunReport>],
+    mut senders: Vec<SenderSummary>,
+    launch_unix_ns: u64,
+) -> Merged {
+    let mut latency = new_histogram();
+    let mut flows = Vec::new();
+    let mut ids = Vec::new();
+    let mut series = Vec::new();
+    let interval_s = reports
+        .iter()
+        .flatten()
+        .map(|r| r.series_interval_s)
+        .next()
+        .unwrap_or(0.01);
+    let t0 = reports
+        .iter()
+        .flatten()
+        .map(|r| r.start_unix_ns)
+        .min()
+        .unwrap_or(0);
+    let mut firsts = Vec::new();
+    let mut duration_s: f64 = 0.0;
+    for (k, (report, summary)) in reports.iter().zip(senders.iter_mut()).enumerate() {
+        let Some(r) = report else { continue };
+        summary.flows_requested = r.flows_requested;
+        summary.flows_started = r.flows_started;
+        summary.gbps = r.total.gbps;
+        summary.outcome = Some(r.outcome);
+        match hist::decode(&r.histogram) {
+            Ok(h) => latency.add(&h).expect("same histogram bounds"),
+            Err(e) => {
+                summary.status = format!("{} (latency histogram unreadable: {e})", summary.status)
+            }
+        }
+        let offset_ns = r.start_unix_ns.saturating_sub(t0);
+        duration_s = duration_s.max(offset_ns as f64 / 1e9 + r.duration_s);
+        // Series start at this sender's start: shift them onto the common time axis.
+        let shift = (offset_ns as f64 / 1e9 / interval_s).round() as usize;
+        for f in &r.flows {
+            let id = k as u32 * flows_per_sender + f.flow;
+            if let Some(first) = f.first_post_ns {
+                firsts.push(r.start_unix_ns + first);
+            }
+            flows.push(IncastFlow {
+                id,
+                sender: summary.host.clone(),
+                flow: f.flow,
+                ops: f.ops,
+                bytes: f.bytes,
+                gbps: f.gbps,
+                status: f.status.clone(),
+                latency: f.latency.clone(),
+            });
+            let mut s = vec![0; shift];
+            s.extend(f.series.as_deref().unwrap_or(&[]));
+            ids.push(id);
+            series.push(s);
+        }
+    }
+    let (ops, bytes) = flows
+        .iter()
+        .fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
+    let duration_s = duration_s.max(f64::MIN_POSITIVE);
+    let rates: Vec<f64> = flows.iter().map(|f| f.gbps).collect();
+    let skew_us = match (firsts.iter().min(), firsts.iter().max()) {
+        (Some(a), Some(b)) => (b - a) as f64 / 1e3,
+        _ => 0.0,
+    };
+    let first_byte_s = firsts
+        .iter()
+        .min()
+        .map_or(0.0, |&f| f.saturating_sub(launch_unix_ns) as f64 / 1e9);
+    let report = IncastReport {
+        tool: format!("ibjitter {}", crate::VERSION),
+        receiver: receiver.to_string(),
+        flows_per_sender,
+        flows_requested: flows_per_sender * senders.len() as u32,
+        flows_started: firsts.len() as u32,
+        launch_to_first_byte_s: first_byte_s,
+        start_skew_us: skew_us,
+        duration_s,
+        total: Totals {
+            ops,
+            bytes,
+            gbps: gbps(bytes, duration_s),
+            mops: ops as f64 / duration_s / 1e6,
+            latency: Latency::of(&latency),
+        },
+        fairness: jain(&rates),
+        senders,
+        flows,
+    };
+    Merged {
+        report,
+        latency,
+        series_interval_s: interval_s,
+        ids,
+        series,
+    }
+}

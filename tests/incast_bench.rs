@@ -1,0 +1,118 @@
+//! `ibjitter incast` on the bench's emulated hosts (`softroce-vm --hosts 4 --bottleneck`):
+//! host h0 receives, h1..h3 send, through a bridge whose port toward h0 is rate-limited.
+mod common;
+use common::bench::{release_artifact, scratch_dir, Vm};
+use common::perftest::field;
+use serde_json::Value;
+use std::path::Path;
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn three_hundred_flows_through_a_bottleneck() {
+    let bin = release_artifact("ibjitter", "ibjitter")
+        .display()
+        .to_string();
+    let out_dir = scratch_dir("incast-300");
+    let o = out_dir.display();
+    let incast = format!(
+        "{bin} incast --receiver h0:10.0.0.1 --senders h1,h2,h3 --flows-per-sender 100 \
+         --launcher 'tools/vm/on-host {{host}}' --start-timeout 10s --plot"
+    );
+    let out = Vm::new().timeout(900).writable(&out_dir).run(&format!(
+        r#"{incast} --out {o}/bottleneck -- --op write --size 4K --duration 5s --threads 2
+        echo "bottleneck_rc=$?"
+        tc -s qdisc show dev vb0 | grep -m1 Sent
+        echo "vb0_tx=$(cat /sys/class/net/vb0/statistics/tx_packets)"
+        tc qdisc del dev vb0 root
+        {incast} --out {o}/open -- --op write --size 4K --duration 5s --threads 2
+        echo "open_rc=$?"
+        # A sender that cannot be launched (there is no host h9): the others still run.
+        {bin} incast --receiver h0:10.0.0.1 --senders h1,h9 --flows-per-sender 4 \
+            --launcher 'tools/vm/on-host {{host}}' --start-timeout 5s --out {o}/missing -- --duration 2s
+        echo "missing_rc=$?""#
+    ));
+    out.assert_success();
+    assert_eq!(
+        field(&out.output, "bottleneck_rc"),
+        Some(0.0),
+        "{}",
+        out.output
+    );
+    assert_eq!(field(&out.output, "open_rc"), Some(0.0), "{}", out.output);
+    // The RoCE traffic crossed the switch port toward the receiver.
+    assert!(
+        field(&out.output, "vb0_tx").unwrap() > 1000.0,
+        "{}",
+        out.output
+    );
+
+    let mut p99 = Vec::new();
+    for run in ["bottleneck", "open"] {
+        let r = read_json(&out_dir.join(run).join("incast.json"));
+        assert_eq!(r["flows_requested"], 300);
+        assert_eq!(r["flows_started"], 300, "{run}");
+        let flows = r["flows"].as_array().unwrap();
+        assert_eq!(flows.len(), 300);
+        for f in flows {
+            assert!(
+                f["ops"].as_u64().unwrap() > 0 && f["status"] == "ok",
+                "{run}: {f}"
+            );
+        }
+        let ids: std::collections::HashSet<u64> =
+            flows.iter().map(|f| f["id"].as_u64().unwrap()).collect();
+        assert_eq!(ids.len(), 300, "flow ids must be unique across senders");
+        let fairness = r["fairness"].as_f64().unwrap();
+        assert!(fairness > 0.0 && fairness <= 1.0 + 1e-9);
+        assert!(r["senders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["status"] == "ok"));
+        println!(
+            "{run}: {:.4} Gb/s, fairness {fairness:.4}, p99 {} us, launch to first byte {:.2} s, skew {:.1} ms",
+            r["total"]["gbps"].as_f64().unwrap(),
+            r["total"]["latency"]["p99_ns"].as_u64().unwrap() / 1000,
+            r["launch_to_first_byte_s"].as_f64().unwrap(),
+            r["start_skew_us"].as_f64().unwrap() / 1e3
+        );
+        p99.push(r["total"]["latency"]["p99_ns"].as_u64().unwrap());
+        for file in [
+            "timeseries.csv",
+            "latency.hlog",
+            "throughput.svg",
+            "latency.svg",
+        ] {
+            assert!(
+                out_dir.join(run).join(file).exists(),
+                "{run}/{file} missing"
+            );
+        }
+    }
+    assert!(
+        p99[0] > p99[1],
+        "p99 with the bottleneck ({} ns) should exceed p99 without ({} ns)",
+        p99[0],
+        p99[1]
+    );
+
+    assert_eq!(
+        field(&out.output, "missing_rc"),
+        Some(1.0),
+        "{}",
+        out.output
+    );
+    let r = read_json(&out_dir.join("missing/incast.json"));
+    let senders = r["senders"].as_array().unwrap();
+    assert_eq!(senders[0]["status"], "ok", "{r}");
+    assert_ne!(senders[1]["status"], "ok");
+    assert!(
+        senders[1]["stderr_tail"].as_str().unwrap().contains("h9"),
+        "{r}"
+    );
+    assert_eq!(r["flows_started"], 4, "the launched sender's flows ran");
+}
