@@ -358,7 +358,13 @@ struct Measured {
 }
 
 fn build_report(cfg: &RunConfig, device: &str, flows: &[FlowStats], run: &Measured) -> RunReport {
-    let &Measured { setup_s, measured_s, rss, server_received_bytes, start } = run;
+    let &Measured {
+        setup_s,
+        measured_s,
+        rss,
+        server_received_bytes,
+        start,
+    } = run;
     let mut all = new_histogram();
     for f in flows {
         all.add(&f.latency).expect("same histogram bounds");

@@ -125,7 +125,9 @@ pub mod hist {
 
     pub fn encode(h: &Histogram<u64>) -> String {
         let mut bytes = Vec::new();
-        V2DeflateSerializer::new().serialize(h, &mut bytes).expect("serializing to memory");
+        V2DeflateSerializer::new()
+            .serialize(h, &mut bytes)
+            .expect("serializing to memory");
         base64::engine::general_purpose::STANDARD.encode(bytes)
     }
 
