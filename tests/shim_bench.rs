@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The constant delay injected on one side, µs. Large against TCG's run-to-run noise in one VM
-/// (tens of µs), small enough to keep the runs short.
-const D_US: f64 = 500.0;
+/// and against the ~100 µs of Soft-RoCE kernel work that a busy-waiting vCPU holds back
+/// (ibv_rc_pingpong grew by D + 34..120 µs with D = 500 µs), small enough to keep runs short.
+const D_US: f64 = 1000.0;
 
 /// Builds the release libibjitter.so (a no-op when it is up to date).
 fn shim_so() -> PathBuf {
@@ -54,10 +55,10 @@ fn mt_post() -> PathBuf {
 }
 
 /// The text `pair NAME …` printed, from "=== NAME" to its "=== NAME: client rc=" line
-/// (client output first, then "--- server:").
+/// (client output first, then "--- server:"); of a retried pair, the last attempt.
 fn section<'a>(output: &'a str, name: &str) -> &'a str {
     let start = output
-        .find(&format!("=== {name}\n"))
+        .rfind(&format!("=== {name}\n"))
         .unwrap_or_else(|| panic!("no section {name}:\n{output}"));
     let rest = &output[start..];
     let end = rest
@@ -145,6 +146,9 @@ fn assert_none(complaints: Vec<String>) {
 /// Runs per program: without and with the shim, alternating. Each metric is the best of its
 /// runs, since the bench's noise (a busy host stalls the VM for milliseconds) only adds.
 const ROUNDS: usize = 3;
+/// ibv_rc_pingpong reports only an average, and whole runs of it land in slow modes (several
+/// ms per iteration, with or without the shim) on a busy host: more runs to pick the best of.
+const RC_ROUNDS: usize = 5;
 
 #[test]
 fn constant_delay_shows_in_unmodified_verbs_programs() {
@@ -159,10 +163,11 @@ fn constant_delay_shows_in_unmodified_verbs_programs() {
     };
     let rc = |n: &str, extra: &str, pre: &str| {
         format!(
-            "pair {n} 'tcp_listening 18515' 'ibv_rc_pingpong -d rxe1 -g 1 -e -n 200 {extra}' \
-             '{pre} ibv_rc_pingpong -d rxe0 -g 1 -e -n 200 {extra} 10.0.0.2' || F=1\n"
+            "pair {n} 'tcp_listening 18515' 'timeout 120 ibv_rc_pingpong -d rxe1 -g 1 -e -n 200 {extra}' \
+             'timeout 120 {pre} ibv_rc_pingpong -d rxe0 -g 1 -e -n 200 {extra} 10.0.0.2' || F=1\n"
         )
     };
+    // Every command under `timeout`: a client that fails leaves its server waiting forever.
     let pt = |n: &str, prog: &str, port: usize, extra: &str, pre: &str| {
         let ready = if extra.contains("-R") {
             "cm_ready"
@@ -170,52 +175,57 @@ fn constant_delay_shows_in_unmodified_verbs_programs() {
             "tcp_listening"
         };
         format!(
-            "pair {n} '{ready} {port}' '{prog} -d rxe1 -x 1 -p {port} -n 1000 {extra}' \
-             '{pre} {prog} -d rxe0 -x 1 -p {port} -n 1000 {extra} 10.0.0.2' || F=1\n"
+            "pair {n} '{ready} {port}' 'timeout 120 {prog} -d rxe1 -x 1 -p {port} -n 1000 {extra}' \
+             'timeout 120 {pre} {prog} -d rxe0 -x 1 -p {port} -n 1000 {extra} 10.0.0.2'"
         )
     };
     // The wildcard rdma_cm listener shows up a moment before the per-device one that accepts:
-    // connecting in between was rejected ("invalid service ID") and perftest crashed.
+    // connecting in between was rejected ("invalid service ID"). That and other rdma_cm
+    // hiccups of the bench (perftest then crashed or hung, with or without the shim) made
+    // -R runs fail about one in six: they run once, with one retry on a fresh port.
     let mut script =
         String::from(". tools/vm/lib.sh\nF=0\ncm_ready() { cm_listening \"$1\" && sleep 0.5; }\n");
-    for r in 0..ROUNDS {
+    for r in 0..RC_ROUNDS {
         script += &rc(&format!("rc_base_{r}"), "", "");
         script += &rc(&format!("rc_shim_{r}"), "", &shim("rc"));
         script += &rc(&format!("rcN_base_{r}"), "-N", "");
         script += &rc(&format!("rcN_shim_{r}"), "-N", &shim("rcN"));
+    }
+    for r in 0..ROUNDS {
         // Fresh ports each run: no waiting for a previous server's socket to go away.
         let port = |k: usize| 18516 + 8 * r + k;
-        script += &pt(&format!("wl_base_{r}"), "ib_write_lat", port(0), "", "");
-        script += &pt(
-            &format!("wl_shim_{r}"),
-            "ib_write_lat",
-            port(1),
-            "",
-            &shim("wl"),
-        );
-        script += &pt(&format!("sl_base_{r}"), "ib_send_lat", port(2), "", "");
-        script += &pt(
-            &format!("sl_shim_{r}"),
-            "ib_send_lat",
-            port(3),
-            "",
-            &shim("sl"),
-        );
-        script += &pt(&format!("wlR_base_{r}"), "ib_write_lat", port(4), "-R", "");
-        script += &pt(
-            &format!("wlR_shim_{r}"),
-            "ib_write_lat",
-            port(5),
-            "-R",
-            &shim("wlR"),
-        );
+        for (k, (name, prog, pre)) in [
+            ("wl_base", "ib_write_lat", String::new()),
+            ("wl_shim", "ib_write_lat", shim("wl")),
+            ("sl_base", "ib_send_lat", String::new()),
+            ("sl_shim", "ib_send_lat", shim("sl")),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            script += &pt(&format!("{name}_{r}"), prog, port(k), "", &pre);
+            script += " || F=1\n";
+        }
+    }
+    for (k, (name, pre)) in [("wlR_base_0", String::new()), ("wlR_shim_0", shim("wlR"))]
+        .into_iter()
+        .enumerate()
+    {
+        let first = pt(name, "ib_write_lat", 18600 + k, "-R", &pre);
+        let retry = pt(name, "ib_write_lat", 18700 + k, "-R", &pre);
+        script += &format!("{first} || {{ echo '(retry)'; {retry} || F=1; }}\n");
     }
     script += "exit $F\n";
     let out = Vm::new().timeout(900).writable(&dir).run(&script);
     out.assert_success();
     let o = &out.output;
+    let rounds = |name: &str| match name {
+        "wlR" => 1,
+        "rc" | "rcN" => RC_ROUNDS,
+        _ => ROUNDS,
+    };
     let best = |name: &str, side: &str, metric: fn(&str) -> f64| {
-        (0..ROUNDS)
+        (0..rounds(name))
             .map(|r| metric(client(section(o, &format!("{name}_{side}_{r}")))))
             .fold(f64::INFINITY, f64::min)
     };
@@ -229,7 +239,7 @@ fn constant_delay_shows_in_unmodified_verbs_programs() {
         ("rc", "post_send", "wr_complete"),
         ("rcN", "wr_complete", "post_send"),
     ] {
-        for r in 0..ROUNDS {
+        for r in 0..RC_ROUNDS {
             let c = client(section(o, &format!("{name}_shim_{r}")));
             let lines: Vec<&str> = c.lines().filter(|l| l.starts_with("ibjitter")).collect();
             assert_eq!(lines.len(), 1, "one startup line: {lines:?}");
@@ -240,9 +250,11 @@ fn constant_delay_shows_in_unmodified_verbs_programs() {
         );
         bad.extend(grew_by_d(&format!("ibv_rc_pingpong {name}"), base, with));
         let all = stats(&dir, name);
-        assert_eq!(all.len(), ROUNDS, "{name}: one stats file per shim run");
+        assert_eq!(all.len(), RC_ROUNDS, "{name}: one stats file per shim run");
         for s in all {
             assert_eq!(s["posts"][hook], 200, "{name}: {s}");
+            // Linked against libibverbs: RTLD_NEXT finds it.
+            assert_eq!(s["symbols_via_noload_fallback"], 0, "{name}: {s}");
             assert_eq!(s["posts"][other], 0, "{name}: {s}");
             assert_eq!(s["delays_injected"], 200, "{name}: {s}");
             assert_eq!(s["sum_ns"], 200 * (D_US as u64) * 1000, "{name}: {s}");
@@ -259,8 +271,16 @@ fn constant_delay_shows_in_unmodified_verbs_programs() {
             best(name, "shim", perftest_min),
         );
         bad.extend(grew_by_d(what, 2.0 * base, 2.0 * with));
-        let all = stats(&dir, name);
-        assert_eq!(all.len(), ROUNDS, "{name}: one stats file per shim run");
+        // A retried -R attempt may have left a stats file with no posts (rejected early).
+        let all: Vec<Value> = stats(&dir, name)
+            .into_iter()
+            .filter(|s| s["posts_total"].as_u64() != Some(0))
+            .collect();
+        assert_eq!(
+            all.len(),
+            rounds(name),
+            "{name}: one stats file per shim run"
+        );
         for s in all {
             let posts = s["posts"]["post_send"].as_u64().unwrap();
             if name == "wlR" {
@@ -343,6 +363,11 @@ fn mpi_pingpong_over_ucx_rc_verbs_grows_by_the_delay() {
         // wire-up and flow-control sends.
         assert!((310..=700).contains(&posts), "rank 0 posted {posts}: {s}");
         assert_eq!(s["delays_injected"].as_u64(), Some(posts));
+        // libibverbs lives in UCX's local scope here: RTLD_NEXT cannot see it.
+        assert!(
+            s["symbols_via_noload_fallback"].as_u64().unwrap() >= 1,
+            "{s}"
+        );
     }
 }
 

@@ -6,7 +6,10 @@
 use crate::verbs_abi::*;
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::*};
+
+/// How many real symbols were found only through the `RTLD_NOLOAD` fallback (in the stats).
+pub static NOLOAD_FALLBACKS: AtomicU64 = AtomicU64::new(0);
 
 struct Real {
     name: &'static CStr,
@@ -41,6 +44,9 @@ impl Real {
                 );
                 if !h.is_null() {
                     p = libc::dlvsym(h, self.name.as_ptr(), self.version.as_ptr());
+                    if !p.is_null() {
+                        NOLOAD_FALLBACKS.fetch_add(1, Relaxed);
+                    }
                     // NOLOAD took a reference; the library stays loaded by its other users.
                     libc::dlclose(h);
                 }

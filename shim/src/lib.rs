@@ -198,8 +198,12 @@ pub fn stats_json() -> Option<serde_json::Value> {
     Some(stats::to_json(&stats::snapshot(), &ctx))
 }
 
-/// Writes the stats file if `IBJITTER_STATS` asked for one.
+/// Writes the stats file if `IBJITTER_STATS` asked for one and the process opened a device
+/// (shells and launchers under `LD_PRELOAD` leave no empty files behind).
 pub fn write_stats() {
+    if !ANNOUNCED.load(Relaxed) {
+        return;
+    }
     let path = {
         let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
         match guard.as_ref().and_then(|l| l.settings.stats.clone()) {

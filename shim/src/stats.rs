@@ -188,6 +188,8 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
         "seed": ctx.seed,
         "seed_source": ctx.seed_source,
         "clock": ctx.clock,
+        // Real libibverbs symbols found only through dlopen("libibverbs.so.1", RTLD_NOLOAD).
+        "symbols_via_noload_fallback": crate::hooks::NOLOAD_FALLBACKS.load(Relaxed),
         "posts": { "post_send": snap.post_send, "wr_complete": snap.wr_complete },
         "posts_total": snap.post_send + snap.wr_complete,
         "threads": snap.per_thread.iter().map(|p| json!({"post_send": p[0], "wr_complete": p[1]})).collect::<Vec<_>>(),

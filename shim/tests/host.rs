@@ -216,6 +216,11 @@ fn constant_delay_is_injected_counted_and_restored() {
     let s = &s[0];
     assert_eq!(s["posts"]["post_send"], 1000);
     assert_eq!(s["posts"]["wr_complete"], 500);
+    // The stub libibverbs was dlopen'ed locally: only the RTLD_NOLOAD fallback finds it.
+    assert!(
+        s["symbols_via_noload_fallback"].as_u64().unwrap() >= 2,
+        "{s}"
+    );
     assert_eq!(s["draws"], 1500);
     assert_eq!(s["delays_injected"], 1500);
     assert_eq!(s["sum_ns"], 1500 * 20_000);
