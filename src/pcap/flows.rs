@@ -8,6 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 
 /// PSNs are 24-bit and wrap.
 const PSN_MOD: u32 = 1 << 24;
+/// Time-series intervals kept per flow (8 MiB of counters): a bogus timestamp far in the future
+/// must not allocate for every interval up to it.
+pub const MAX_SERIES_INTERVALS: usize = 1 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlowKey {
@@ -153,6 +156,8 @@ pub struct Totals {
     pub first_undecodable: Option<String>,
     pub first_ns: Option<u64>,
     pub last_ns: u64,
+    /// Payload packets later than [`MAX_SERIES_INTERVALS`] intervals, left out of the series.
+    pub beyond_series: u64,
 }
 
 /// Accumulates packets into flows.
@@ -256,11 +261,16 @@ impl Analyzer {
         }
         if let Some(interval) = self.options.interval_ns {
             if payload > 0 {
-                let k = (ts_ns.saturating_sub(start) / interval) as usize;
-                if k >= f.series.len() {
-                    f.series.resize(k + 1, 0);
+                let k = ts_ns.saturating_sub(start) / interval;
+                if k < MAX_SERIES_INTERVALS as u64 {
+                    let k = k as usize;
+                    if k >= f.series.len() {
+                        f.series.resize(k + 1, 0);
+                    }
+                    f.series[k] += payload;
+                } else {
+                    self.totals.beyond_series += 1;
                 }
-                f.series[k] += payload;
             }
         }
     }
@@ -323,6 +333,18 @@ mod tests {
         );
         assert_eq!(f.series, vec![300, 200, 200]);
         assert_eq!(f.opcodes.get(&0x0a), Some(&7));
+    }
+
+    #[test]
+    fn a_timestamp_far_in_the_future_does_not_grow_the_series() {
+        let mut a = Analyzer::new(Options {
+            interval_ns: Some(1000),
+            ..Options::default()
+        });
+        a.packet(0, &pkt(0x0a, 7, 0, 100), 178);
+        a.packet(u64::MAX / 2, &pkt(0x0a, 7, 1, 100), 178);
+        let r = a.finish();
+        assert_eq!((r.flows[0].series.len(), r.totals.beyond_series), (1, 1));
     }
 
     #[test]

@@ -6,11 +6,12 @@ use super::decode::Link;
 use pcap_parser::pcapng::Block;
 use pcap_parser::{create_reader, PcapBlockOwned, PcapError};
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::Read;
 use std::path::Path;
 
-/// Initial read buffer; grown (up to [`MAX_BUFFER`]) only for a record larger than it.
-const BUFFER: usize = 1 << 20;
+/// Initial read buffer (also the read size); grown (up to [`MAX_BUFFER`]) only for a record
+/// larger than it. Jumbo frames fit; larger buffers only cost set-up time on small files.
+const BUFFER: usize = 1 << 16;
 /// No sane capture record is larger than this (pcapng blocks are limited to 16 MiB in practice).
 const MAX_BUFFER: usize = 256 << 20;
 
@@ -53,7 +54,8 @@ where
 {
     let name = path.display();
     let file = File::open(path).map_err(|e| format!("{name}: {e}"))?;
-    read_frames(BufReader::with_capacity(1 << 16, file), f).map_err(|e| format!("{name}: {e}"))
+    // No BufReader: the parser reads whole buffers itself.
+    read_frames(file, f).map_err(|e| format!("{name}: {e}"))
 }
 
 /// [`for_each_frame`] over any reader (tests, fuzzing); errors without the file name.

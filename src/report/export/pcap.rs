@@ -73,6 +73,9 @@ pub struct PcapReport {
     pub first_undecodable: Option<String>,
     /// Set when the file ends inside a record.
     pub truncated: Option<String>,
+    /// Payload packets too late for the time series (a bogus timestamp, or a very long capture
+    /// at a short interval).
+    pub beyond_series: u64,
     /// Capture time of the first RoCE packet (s since the epoch).
     pub start_epoch_s: f64,
     pub duration_s: f64,
@@ -104,6 +107,7 @@ impl PcapReport {
             undecodable: a.totals.undecodable,
             first_undecodable: a.totals.first_undecodable.clone(),
             truncated: read.truncated.clone(),
+            beyond_series: a.totals.beyond_series,
             start_epoch_s: secs(start),
             duration_s: secs(a.totals.last_ns.saturating_sub(start)),
             flows,
@@ -160,6 +164,14 @@ pub fn summary<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
     }
     if let Some(t) = &r.truncated {
         writeln!(w, "  truncated: {t}")?;
+    }
+    if r.beyond_series > 0 {
+        writeln!(
+            w,
+            "  time series: {} packets beyond its {} intervals left out (use a longer --interval)",
+            r.beyond_series,
+            crate::pcap::flows::MAX_SERIES_INTERVALS
+        )?;
     }
     let data = r.flows.iter().filter(|f| f.data).count();
     let sum = |g: fn(&FlowReport) -> u64| r.flows.iter().map(g).sum::<u64>();
