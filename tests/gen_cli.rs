@@ -1,0 +1,51 @@
+//! Host-only: wrong arguments to `run`, `serve` and `incast` get a clear message and exit
+//! status 2 before anything touches a device or the network.
+use std::process::Command;
+
+fn ibjitter(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ibjitter"))
+        .args(args)
+        .output()
+        .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[track_caller]
+fn refused(args: &[&str], says: &str) {
+    let (code, err) = ibjitter(args);
+    assert_eq!(code, 2, "{args:?}: {err}");
+    assert!(err.contains(says), "{args:?}: expected {says:?} in: {err}");
+}
+
+#[test]
+fn run_refuses_bad_arguments() {
+    refused(&["run"], "SERVER");
+    refused(&["run", "h", "--flows", "0"], "--flows must be at least 1");
+    refused(&["run", "h", "--depth", "5000"], "--depth must be 1..=4096");
+    refused(&["run", "h", "--size", "8X"], "unknown size unit");
+    refused(&["run", "h", "--duration", "5"], "no unit");
+    refused(&["run", "h", "--load", "1.5"], "fraction in (0, 1]");
+    refused(
+        &["run", "h", "--rate", "10k", "--load", "0.5"],
+        "cannot be used with",
+    );
+    refused(
+        &["run", "h", "--iters", "10", "--duration", "1s"],
+        "cannot be used with",
+    );
+    refused(&["run", "h", "--op", "read"], "invalid value 'read'");
+}
+
+#[test]
+fn serve_and_incast_refuse_bad_arguments() {
+    refused(&["serve", "--start-timeout", "soon"], "expected a unit");
+    refused(&["incast", "--senders", "a,b"], "--receiver");
+    refused(&["incast", "--receiver", "r"], "--senders");
+    refused(
+        &["incast", "--receiver", "r", "--senders", "a,,b"],
+        "empty host name",
+    );
+}
