@@ -3,13 +3,7 @@
 mod common;
 use common::bench::{release_artifact, scratch_dir, Vm};
 use common::perftest::field;
-use serde_json::Value;
-use std::path::Path;
-
-fn read_json(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
+use common::read_json;
 
 #[test]
 fn three_hundred_flows_through_a_bottleneck() {

@@ -100,13 +100,7 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
         }
     }
 
-    let mut wcs = [WorkCompletion {
-        wr_id: 0,
-        status: 0,
-        opcode: 0,
-        byte_len: 0,
-        qp_num: 0,
-    }; 64];
+    let mut wcs = [WorkCompletion::EMPTY; 64];
     let mut stopping = false;
     let mut drain_until = 0;
     let mut echoes = Vec::with_capacity(flows.len());

@@ -62,13 +62,7 @@ fn note_error(wc: &WorkCompletion, received: &mut Received) {
 /// Counts incoming SENDs and gives each buffer straight back to the SRQ, until `stop`.
 pub fn sink_sends(cq: &CompletionQueue, pool: &RecvPool, stop: &AtomicBool) -> Received {
     let mut r = Received::default();
-    let mut wcs = [WorkCompletion {
-        wr_id: 0,
-        status: 0,
-        opcode: 0,
-        byte_len: 0,
-        qp_num: 0,
-    }; 64];
+    let mut wcs = [WorkCompletion::EMPTY; 64];
     while !stop.load(Ordering::Relaxed) {
         let n = poll(cq, &mut wcs, &mut r.errors);
         for wc in &wcs[..n] {
@@ -110,13 +104,7 @@ pub fn echo(
     stop: &AtomicBool,
 ) -> Received {
     let mut r = Received::default();
-    let mut wcs = [WorkCompletion {
-        wr_id: 0,
-        status: 0,
-        opcode: 0,
-        byte_len: 0,
-        qp_num: 0,
-    }; 64];
+    let mut wcs = [WorkCompletion::EMPTY; 64];
     let last = size as usize - 1;
     let mut seen = vec![0u8; flows.len()];
     let mut unreaped = vec![0u32; flows.len()];

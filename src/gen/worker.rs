@@ -76,13 +76,7 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
         StopAt::Iters(n) => n,
         StopAt::Duration(_) => u64::MAX,
     };
-    let mut wcs = [WorkCompletion {
-        wr_id: 0,
-        status: 0,
-        opcode: 0,
-        byte_len: 0,
-        qp_num: 0,
-    }; 64];
+    let mut wcs = [WorkCompletion::EMPTY; 64];
     let mut stopping = false;
     let mut drain_until = 0u64;
     let now_ns = || t0.elapsed().as_nanos() as u64;

@@ -23,6 +23,15 @@ pub struct WorkCompletion {
 }
 
 impl WorkCompletion {
+    /// A blank entry, to size the arrays completions are polled into.
+    pub const EMPTY: WorkCompletion = WorkCompletion {
+        wr_id: 0,
+        status: 0,
+        opcode: 0,
+        byte_len: 0,
+        qp_num: 0,
+    };
+
     pub fn ok(&self) -> bool {
         self.status == rdma_sys::ibv_wc_status::IBV_WC_SUCCESS
     }

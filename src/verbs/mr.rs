@@ -11,6 +11,34 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// Posts one receive of `local`, identified by `wr_id`, through `post` (ibv_post_recv on a
+/// QP, ibv_post_srq_recv on an SRQ: same work request, different queue).
+pub(crate) fn post_recv_with(
+    call: &'static str,
+    wr_id: u64,
+    local: Sge,
+    post: impl FnOnce(*mut rdma_sys::ibv_recv_wr, *mut *mut rdma_sys::ibv_recv_wr) -> i32,
+) -> super::Result<()> {
+    let mut sge = rdma_sys::ibv_sge {
+        addr: local.addr,
+        length: local.len,
+        lkey: local.lkey,
+    };
+    let mut wr = rdma_sys::ibv_recv_wr {
+        wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: &mut sge,
+        num_sge: 1,
+    };
+    let mut bad = std::ptr::null_mut();
+    // wr and sge live across the call; the provider copies them.
+    let rc = post(&mut wr, &mut bad);
+    if rc != 0 {
+        return Err(Error::code(call, rc));
+    }
+    Ok(())
+}
+
 pub struct MemoryRegion {
     raw: *mut rdma_sys::ibv_mr,
     buf: *mut u8,

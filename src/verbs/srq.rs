@@ -36,24 +36,10 @@ impl SharedReceiveQueue {
     }
     /// Posts one receive buffer identified by `wr_id`.
     pub fn post_recv(&self, wr_id: u64, local: Sge) -> Result<()> {
-        let mut sge = rdma_sys::ibv_sge {
-            addr: local.addr,
-            length: local.len,
-            lkey: local.lkey,
-        };
-        let mut wr = rdma_sys::ibv_recv_wr {
-            wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: wr and sge live across the call; the provider copies them.
-        let rc = unsafe { rdma_sys::ibv_post_srq_recv(self.raw, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(Error::code("ibv_post_srq_recv", rc));
-        }
-        Ok(())
+        // SAFETY: the SRQ is alive; the work request is valid for the call.
+        super::mr::post_recv_with("ibv_post_srq_recv", wr_id, local, |wr, bad| unsafe {
+            rdma_sys::ibv_post_srq_recv(self.raw, wr, bad)
+        })
     }
 }
 

@@ -3,3 +3,9 @@
 
 pub mod bench;
 pub mod perftest;
+
+/// Reads a JSON file a test run wrote, failing the test with the path on any error.
+pub fn read_json(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
