@@ -101,9 +101,16 @@ fn pingpong_median_matches_ib_write_lat() {
             wait_until 20 tcp_listening 18515
             {bin} run 10.0.0.2 --dev rxe0 --pingpong --iters 3000 --no-progress || exit 1
             wait
-        done"#
+        done
+        # SEND ping-pong (receives on the client's own QPs, the server's SRQ) over 4 flows.
+        {bin} serve --dev rxe1 --once > /tmp/serve.log 2>&1 &
+        wait_until 20 tcp_listening 18515
+        {bin} run 10.0.0.2 --dev rxe0 --pingpong --op send --flows 4 --iters 500 --no-progress > /tmp/send.txt || exit 1
+        wait
+        grep -q "outcome Completed" /tmp/send.txt && echo "send_pingpong=ok""#
     ));
     out.assert_success();
+    assert!(out.output.contains("send_pingpong=ok"), "{}", out.output);
     let (mut theirs, mut ours) = (Vec::new(), Vec::new());
     for section in out.output.split("@@ ").skip(1) {
         let t_typical = latency_rows(section)
