@@ -27,7 +27,10 @@ fn three_hundred_flows_through_a_bottleneck() {
         # A sender that cannot be launched (there is no host h9): the others still run.
         {bin} incast --receiver h0:10.0.0.1 --senders h1,h9 --flows-per-sender 4 \
             --launcher 'tools/vm/on-host {{host}}' --start-timeout 5s --out {o}/missing -- --duration 2s
-        echo "missing_rc=$?""#
+        echo "missing_rc=$?"
+        {bin} incast --receiver h0:10.0.0.1 --senders h1,h2,h3 --sweep 2,4 \
+            --launcher 'tools/vm/on-host {{host}}' --out {o}/sweep -- --size 4K --duration 1s
+        echo "sweep_rc=$?""#
     ));
     out.assert_success();
     assert_eq!(
@@ -109,4 +112,17 @@ fn three_hundred_flows_through_a_bottleneck() {
         "{r}"
     );
     assert_eq!(r["flows_started"], 4, "the launched sender's flows ran");
+
+    // --sweep: one incast per step and the table of them.
+    assert_eq!(field(&out.output, "sweep_rc"), Some(0.0), "{}", out.output);
+    let table = std::fs::read_to_string(out_dir.join("sweep/sweep.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert_eq!((rows[0][1], rows[0][2]), ("6", "6"), "{table}");
+    assert_eq!((rows[1][1], rows[1][2]), ("12", "12"), "{table}");
+    assert!(out_dir.join("sweep/flows-4/incast.json").exists());
 }
