@@ -130,7 +130,6 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
             f.remote = Some(remote);
         }
     }
-    let rss = rss_bytes();
     wire::send(&mut stream, &Message::Ready).map_err(|e| format!("sending to the server: {e}"))?;
 
     // Threads wait at a barrier; the server's Go releases them all at once.
@@ -227,7 +226,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
     let run = Measured {
         setup_s,
         measured_s: measured_s.max(f64::MIN_POSITIVE),
-        rss,
+        rss: peak_rss_bytes(),
         server_received_bytes: server_received,
         start: start_time,
     };
@@ -443,13 +442,14 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// This process's resident memory (VmRSS), in bytes.
-fn rss_bytes() -> u64 {
+/// This process's peak resident memory (VmHWM), in bytes: buffers, QPs, and the histograms
+/// and time series as they grew during the run.
+fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with("VmHWM:"))
                 .map(str::to_owned)
         })
         .and_then(|l| {

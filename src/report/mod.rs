@@ -107,7 +107,7 @@ pub struct RunReport {
     pub total: Totals,
     /// Jain's index over per-flow throughput: 1 = perfectly fair, 1/n = one flow has it all.
     pub fairness: f64,
-    /// Resident memory after setup, divided by the number of flows.
+    /// Peak resident memory of the process over the run, divided by the number of flows.
     pub rss_per_flow_bytes: u64,
     pub server_received_bytes: Option<u64>,
     /// The latency of every operation: an HdrHistogram (V2, compressed, base64), so reports of
