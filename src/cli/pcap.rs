@@ -31,8 +31,9 @@ pub struct PcapArgs {
     #[arg(long, default_value = "1us", value_parser = units::duration)]
     ipd_bin: Duration,
     /// Number of IPD table intervals before the open-ended last one
-    #[arg(long, default_value_t = ipd::DEFAULT_BINS)]
-    ipd_bins: usize,
+    #[arg(long, default_value_t = ipd::DEFAULT_BINS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    ipd_bins: u32,
     /// Write per-flow payload throughput per interval as CSV (time_s,flow,bytes,gbps; data flows)
     #[arg(long)]
     timeseries: Option<PathBuf>,
@@ -67,7 +68,7 @@ fn analyse(a: &PcapArgs) -> Result<(), String> {
     let keep_series = a.timeseries.is_some() || a.plot.is_some();
     let options = Options {
         ipd_bin_ns: a.ipd_bin.as_nanos().max(1) as u64,
-        ipd_bins: a.ipd_bins,
+        ipd_bins: a.ipd_bins as usize,
         interval_ns: keep_series.then(|| a.interval.as_nanos().max(1) as u64),
     };
     let (analysis, read) = analyze_file(&a.file, options)?;
