@@ -16,7 +16,7 @@ fn three_hundred_flows_through_a_bottleneck() {
         "{bin} incast --receiver h0:10.0.0.1 --senders h1,h2,h3 --flows-per-sender 100 \
          --launcher 'tools/vm/on-host {{host}}' --start-timeout 10s --plot"
     );
-    let out = Vm::new().timeout(900).writable(&out_dir).run(&format!(
+    let out = Vm::new().hosts(4).bottleneck("100mbit").timeout(900).writable(&out_dir).run(&format!(
         r#"{incast} --out {o}/bottleneck -- --op write --size 4K --duration 5s --threads 2
         echo "bottleneck_rc=$?"
         tc -s qdisc show dev vb0 | grep -m1 Sent

@@ -49,6 +49,8 @@ impl VmOutput {
 /// A bench VM to run one script in. Defaults: two rxe devices, 300 s limit.
 pub struct Vm {
     devices: u8,
+    hosts: Option<u8>,
+    bottleneck: Option<String>,
     timeout_s: u32,
     env: Vec<(String, String)>,
     writable: Vec<PathBuf>,
@@ -58,6 +60,8 @@ impl Default for Vm {
     fn default() -> Self {
         Vm {
             devices: 2,
+            hosts: None,
+            bottleneck: None,
             timeout_s: 300,
             env: Vec::new(),
             writable: Vec::new(),
@@ -71,6 +75,16 @@ impl Vm {
     }
     pub fn devices(mut self, n: u8) -> Self {
         self.devices = n;
+        self
+    }
+    /// N emulated hosts h0..h(N-1) behind one bridge instead of the two devices.
+    pub fn hosts(mut self, n: u8) -> Self {
+        self.hosts = Some(n);
+        self
+    }
+    /// With `hosts`: rate-limit the switch port toward h0 (a tc rate such as "100mbit").
+    pub fn bottleneck(mut self, rate: &str) -> Self {
+        self.bottleneck = Some(rate.into());
         self
     }
     pub fn timeout(mut self, secs: u32) -> Self {
@@ -97,6 +111,12 @@ impl Vm {
             .arg(self.timeout_s.to_string())
             .arg("-n")
             .arg(self.devices.to_string());
+        if let Some(n) = self.hosts {
+            cmd.arg("--hosts").arg(n.to_string());
+        }
+        if let Some(rate) = &self.bottleneck {
+            cmd.arg("--bottleneck").arg(rate);
+        }
         for dir in &self.writable {
             cmd.arg("-w").arg(dir);
         }
