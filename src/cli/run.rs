@@ -51,6 +51,11 @@ pub struct RunArgs {
     /// Operations (round trips with --pingpong) per flow
     #[arg(long, short = 'n')]
     iters: Option<u64>,
+    /// Leave operations posted in this first part of the run out of the latency figures
+    /// (they still count in throughput): with hundreds of flows, first operations wait for
+    /// everyone's start-up
+    #[arg(long, default_value = "0s", value_parser = parse_warmup)]
+    warmup: Duration,
     /// Threads; flows are spread over them, each with its own CQ
     #[arg(long, short = 't', default_value_t = 1)]
     threads: u32,
@@ -159,9 +164,19 @@ impl RunArgs {
             progress: !self.no_progress,
             seed: self.seed,
             json_series: self.json_series,
+            warmup: self.warmup,
             ..RunConfig::default()
         })
     }
+}
+
+/// A duration that may be zero (`units::duration` requires a positive one).
+fn parse_warmup(text: &str) -> Result<Duration, String> {
+    let ns = ibjitter::table::duration::parse_duration(text)?;
+    if ns < 0.0 {
+        return Err(format!("expected a duration of at least 0, found {text:?}"));
+    }
+    Ok(Duration::from_nanos(ns as u64))
 }
 
 pub fn run(a: RunArgs) -> i32 {

@@ -141,6 +141,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         rate,
         interval_ns: cfg.interval.as_nanos().max(1) as u64,
         hdr_interval_ns: cfg.hdr_interval.as_nanos().max(1) as u64,
+        warmup_ns: cfg.warmup.as_nanos() as u64,
         seed: cfg.seed,
     };
     let counters: Vec<Counters> = shards.iter().map(|_| Counters::default()).collect();
@@ -419,6 +420,7 @@ fn build_report(cfg: &RunConfig, device: &str, flows: &[FlowStats], run: &Measur
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64),
         series_interval_s: cfg.interval.as_secs_f64(),
+        warmup_s: cfg.warmup.as_secs_f64(),
         duration_s: measured_s,
         outcome,
         total: Totals {

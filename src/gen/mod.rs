@@ -71,6 +71,8 @@ pub struct RunConfig {
     pub interval: Duration,
     /// Interval of the HdrHistogram log.
     pub hdr_interval: Duration,
+    /// Operations posted in this first part of the run count in throughput, not in latency.
+    pub warmup: Duration,
     pub qp_timeout: u8,
     /// How long to wait for the server at each step of the exchange.
     pub setup_timeout: Duration,
@@ -100,6 +102,7 @@ impl Default for RunConfig {
             pingpong: false,
             interval: Duration::from_millis(10),
             hdr_interval: Duration::from_secs(1),
+            warmup: Duration::ZERO,
             qp_timeout: 18,
             setup_timeout: Duration::from_secs(30),
             start_timeout: Duration::from_secs(120),

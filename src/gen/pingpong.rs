@@ -6,7 +6,7 @@
 //! SEND: we keep a receive posted; the server answers each SEND with a SEND.
 use super::progress::Counters;
 use super::shard::Shard;
-use super::stats::{new_histogram, FlowStats};
+use super::stats::{FlowStats, Recorder};
 use super::stop;
 use super::worker::{WorkerOutput, WorkerParams, DRAIN_TIMEOUT};
 use super::{Op, StopAt};
@@ -47,7 +47,7 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
             round_trips: 0,
         })
         .collect();
-    let mut intervals = Vec::new();
+    let mut recorder = Recorder::new(p.interval_ns, p.hdr_interval_ns, p.warmup_ns);
     let (deadline_ns, max_trips) = match p.stop {
         StopAt::Duration(d) => (Some(d.as_nanos() as u64), u64::MAX),
         StopAt::Iters(n) => (None, n),
@@ -146,13 +146,7 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
             }
             fl.waiting = false;
             fl.round_trips += 1;
-            let rtt = now.saturating_sub(fl.posted_ns);
-            fs.complete(u64::from(p.size), rtt, now, p.interval_ns);
-            let k = (now / p.hdr_interval_ns) as usize;
-            if k >= intervals.len() {
-                intervals.resize_with(k + 1, new_histogram);
-            }
-            intervals[k].saturating_record(rtt.max(1));
+            recorder.complete(fs, u64::from(p.size), fl.posted_ns, now);
             counters.add(1, u64::from(p.size));
             if p.op == Op::Send {
                 if let Err(e) = post_recv(i) {
@@ -187,7 +181,7 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
     }
     WorkerOutput {
         flows: stats,
-        intervals,
+        intervals: recorder.intervals,
     }
 }
 

@@ -36,11 +36,14 @@ impl FlowStats {
         }
     }
 
-    /// Counts one completed operation of `bytes` that took `latency_ns`, completing at `now_ns`.
-    pub fn complete(&mut self, bytes: u64, latency_ns: u64, now_ns: u64, interval_ns: u64) {
+    /// Counts one completed operation of `bytes`, completing at `now_ns`; its latency goes into
+    /// the histogram unless it is None (warm-up).
+    pub fn complete(&mut self, bytes: u64, latency_ns: Option<u64>, now_ns: u64, interval_ns: u64) {
         self.ops += 1;
         self.bytes += bytes;
-        self.latency.saturating_record(latency_ns.max(1));
+        if let Some(latency) = latency_ns {
+            self.latency.saturating_record(latency.max(1));
+        }
         self.last_completion_ns = now_ns;
         let bucket = (now_ns / interval_ns) as usize;
         if bucket >= self.series.len() {
@@ -54,6 +57,42 @@ impl FlowStats {
     }
 }
 
+/// Where one thread's completions go: its flows' stats, and a histogram per HdrHistogram-log
+/// interval. Operations posted during the warm-up count in bytes and time series but not in
+/// latency: the first operation of each of hundreds of flows waits behind the set-up of all
+/// the others, and would otherwise be the p99.
+pub struct Recorder {
+    pub intervals: Vec<Histogram<u64>>,
+    interval_ns: u64,
+    hdr_interval_ns: u64,
+    warmup_ns: u64,
+}
+
+impl Recorder {
+    pub fn new(interval_ns: u64, hdr_interval_ns: u64, warmup_ns: u64) -> Recorder {
+        Recorder {
+            intervals: Vec::new(),
+            interval_ns,
+            hdr_interval_ns,
+            warmup_ns,
+        }
+    }
+
+    /// One operation of `bytes` posted (or due, open loop) at `posted_ns`, completed at `now_ns`.
+    pub fn complete(&mut self, flow: &mut FlowStats, bytes: u64, posted_ns: u64, now_ns: u64) {
+        let latency = now_ns.saturating_sub(posted_ns);
+        let measured = posted_ns >= self.warmup_ns;
+        flow.complete(bytes, measured.then_some(latency), now_ns, self.interval_ns);
+        if measured {
+            let k = (now_ns / self.hdr_interval_ns) as usize;
+            if k >= self.intervals.len() {
+                self.intervals.resize_with(k + 1, new_histogram);
+            }
+            self.intervals[k].saturating_record(latency.max(1));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,11 +102,22 @@ mod tests {
         let mut f = FlowStats::new(3);
         f.posted(5);
         f.posted(9);
-        f.complete(100, 2_000, 15, 10);
-        f.complete(100, 4_000, 35, 10);
+        f.complete(100, Some(2_000), 15, 10);
+        f.complete(100, Some(4_000), 35, 10);
         assert_eq!((f.ops, f.bytes, f.first_post_ns), (2, 200, Some(5)));
         assert_eq!(f.series, vec![0, 100, 0, 100]);
         assert_eq!(f.latency.len(), 2);
         assert!(f.latency.max() >= 4_000);
+    }
+
+    #[test]
+    fn warm_up_counts_bytes_but_not_latency() {
+        let mut r = Recorder::new(10, 100, 1_000);
+        let mut f = FlowStats::new(0);
+        r.complete(&mut f, 8, 500, 900_000); // posted during the warm-up
+        r.complete(&mut f, 8, 1_500, 2_500);
+        assert_eq!((f.ops, f.bytes, f.latency.len()), (2, 16, 1));
+        assert_eq!(f.latency.max(), f.latency.highest_equivalent(1_000));
+        assert_eq!(r.intervals.iter().map(|h| h.len()).sum::<u64>(), 1);
     }
 }

@@ -4,7 +4,7 @@
 use super::pacing::{Arrival, Pacer};
 use super::progress::Counters;
 use super::shard::Shard;
-use super::stats::{new_histogram, FlowStats};
+use super::stats::{FlowStats, Recorder};
 use super::stop;
 use super::{Op, StopAt};
 use crate::verbs::{wc_status_str, WorkCompletion};
@@ -24,6 +24,8 @@ pub struct WorkerParams {
     pub rate: Option<(f64, Arrival)>,
     pub interval_ns: u64,
     pub hdr_interval_ns: u64,
+    /// Operations posted before this (ns since the start) are not in the latency histograms.
+    pub warmup_ns: u64,
     pub seed: u64,
 }
 
@@ -67,7 +69,7 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
                 .map(|(rate, arrival)| Pacer::new(rate, arrival, p.seed ^ u64::from(f.id))),
         })
         .collect();
-    let mut intervals: Vec<Histogram<u64>> = Vec::new();
+    let mut recorder = Recorder::new(p.interval_ns, p.hdr_interval_ns, p.warmup_ns);
     let deadline_ns = match p.stop {
         StopAt::Duration(d) => Some(d.as_nanos() as u64),
         StopAt::Iters(_) => None,
@@ -152,13 +154,7 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
                 fs.error.get_or_insert_with(|| wc_status_str(wc.status));
                 continue;
             }
-            let latency = now.saturating_sub(st.slot_ns[slot as usize]);
-            fs.complete(u64::from(p.size), latency, now, p.interval_ns);
-            let k = (now / p.hdr_interval_ns) as usize;
-            if k >= intervals.len() {
-                intervals.resize_with(k + 1, new_histogram);
-            }
-            intervals[k].saturating_record(latency.max(1));
+            recorder.complete(fs, u64::from(p.size), st.slot_ns[slot as usize], now);
             done_ops += 1;
             done_bytes += u64::from(p.size);
             if p.rate.is_none() && !stopping && fs.error.is_none() && st.posted < max_posts {
@@ -208,6 +204,6 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
     }
     WorkerOutput {
         flows: stats,
-        intervals,
+        intervals: recorder.intervals,
     }
 }

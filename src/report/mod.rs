@@ -101,6 +101,9 @@ pub struct RunReport {
     pub start_unix_ns: u64,
     /// Interval of the per-flow `series`.
     pub series_interval_s: f64,
+    /// Operations posted in this first part of the run are not in the latency figures.
+    #[serde(default)]
+    pub warmup_s: f64,
     /// Measured time: from the start signal to the last completion.
     pub duration_s: f64,
     pub outcome: Outcome,

@@ -21,6 +21,13 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
         " flows started {}/{}, setup {:.2} s, start skew {:.1} us, measured {:.3} s, outcome {:?}",
         r.flows_started, r.flows_requested, r.setup_s, r.start_skew_us, r.duration_s, r.outcome
     )?;
+    if r.warmup_s > 0.0 {
+        writeln!(
+            w,
+            " latency of operations posted after a {:.3} s warm-up",
+            r.warmup_s
+        )?;
+    }
     writeln!(w, "{RULE}")?;
     if r.mode == "pingpong" {
         // perftest's latency columns, as half round trips (what ib_write_lat prints).
