@@ -4,18 +4,13 @@
 mod common;
 use common::bench::{release_artifact, scratch_dir, Vm};
 use common::perftest::field;
+use common::read_json;
 use serde_json::Value;
-use std::path::Path;
 
 fn ibjitter() -> String {
     release_artifact("ibjitter", "ibjitter")
         .display()
         .to_string()
-}
-
-fn read_json(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Shell functions for the scripts: `capture FILE` starts tcpdump on veth0 (RoCEv2 only, 128-byte
