@@ -113,8 +113,8 @@ pub fn run(a: IncastArgs) -> i32 {
         if !step.clean() {
             code = code.max(1);
         }
-        rows.push((n, step));
-        if rows.last().is_some_and(|(_, s)| s.interrupted) {
+        rows.push(SweepRow::of(n, &step));
+        if step.interrupted {
             code = 130;
             break;
         }
@@ -263,7 +263,33 @@ fn print_step(step: &Step, dir: &Path) {
     println!("  report: {}", dir.join("incast.json").display());
 }
 
-fn write_sweep(rows: &[(u32, Step)], path: &Path) -> Result<(), String> {
+/// One step of a sweep, as the thesis tabulated it by hand.
+struct SweepRow {
+    per_sender: u32,
+    requested: u32,
+    started: u32,
+    gbps: f64,
+    fairness: f64,
+    /// p50, p99, p99.9 in µs.
+    latency_us: [f64; 3],
+}
+
+impl SweepRow {
+    fn of(per_sender: u32, step: &Step) -> SweepRow {
+        let r = &step.merged.report;
+        let l = &r.total.latency;
+        SweepRow {
+            per_sender,
+            requested: r.flows_requested,
+            started: r.flows_started,
+            gbps: r.total.gbps,
+            fairness: r.fairness,
+            latency_us: [us(l.p50_ns), us(l.p99_ns), us(l.p999_ns)],
+        }
+    }
+}
+
+fn write_sweep(rows: &[SweepRow], path: &Path) -> Result<(), String> {
     let mut w = create(path)?;
     let io = &io(path);
     writeln!(
@@ -271,42 +297,28 @@ fn write_sweep(rows: &[(u32, Step)], path: &Path) -> Result<(), String> {
         "flows_per_sender,flows_requested,flows_started,total_gbps,fairness,p50_us,p99_us,p999_us"
     )
     .map_err(io)?;
-    for (n, s) in rows {
-        let r = &s.merged.report;
-        let l = &r.total.latency;
+    for r in rows {
+        let [p50, p99, p999] = r.latency_us;
         writeln!(
             w,
-            "{n},{},{},{:.6},{:.6},{:.3},{:.3},{:.3}",
-            r.flows_requested,
-            r.flows_started,
-            r.total.gbps,
-            r.fairness,
-            us(l.p50_ns),
-            us(l.p99_ns),
-            us(l.p999_ns)
+            "{},{},{},{:.6},{:.6},{p50:.3},{p99:.3},{p999:.3}",
+            r.per_sender, r.requested, r.started, r.gbps, r.fairness
         )
         .map_err(io)?;
     }
     Ok(())
 }
 
-fn print_sweep(rows: &[(u32, Step)]) {
+fn print_sweep(rows: &[SweepRow]) {
     println!(
         " {:>9} {:>9} {:>10} {:>9} {:>11} {:>11} {:>11}",
         "requested", "started", "Gb/s", "fairness", "p50[us]", "p99[us]", "p99.9[us]"
     );
-    for (_, s) in rows {
-        let r = &s.merged.report;
-        let l = &r.total.latency;
+    for r in rows {
+        let [p50, p99, p999] = r.latency_us;
         println!(
-            " {:>9} {:>9} {:>10.3} {:>9.4} {:>11.1} {:>11.1} {:>11.1}",
-            r.flows_requested,
-            r.flows_started,
-            r.total.gbps,
-            r.fairness,
-            us(l.p50_ns),
-            us(l.p99_ns),
-            us(l.p999_ns)
+            " {:>9} {:>9} {:>10.3} {:>9.4} {p50:>11.1} {p99:>11.1} {p999:>11.1}",
+            r.requested, r.started, r.gbps, r.fairness
         );
     }
 }

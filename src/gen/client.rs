@@ -7,7 +7,7 @@ use super::stop::{self, Reason};
 use super::wire::{self, Message, RunRequest, PROTOCOL_VERSION};
 use super::worker::{self, WorkerOutput, WorkerParams};
 use super::{pingpong, Load, RunConfig, StopAt};
-use crate::report::{gbps, hist, jain, FlowReport, Latency, Outcome, RunReport, Totals};
+use crate::report::{gbps, hist, jain, spread_us, FlowReport, Latency, Outcome, RunReport, Totals};
 use crate::verbs::{self, ProtectionDomain, QpConfig};
 use hdrhistogram::Histogram;
 use std::io::{IsTerminal, Read, Write};
@@ -370,10 +370,7 @@ fn build_report(cfg: &RunConfig, device: &str, flows: &[FlowStats], run: &Measur
         all.add(&f.latency).expect("same histogram bounds");
     }
     let firsts: Vec<u64> = flows.iter().filter_map(|f| f.first_post_ns).collect();
-    let skew = match (firsts.iter().min(), firsts.iter().max()) {
-        (Some(a), Some(b)) => (b - a) as f64 / 1e3,
-        _ => 0.0,
-    };
+    let skew = spread_us(&firsts);
     let per_flow: Vec<FlowReport> = flows
         .iter()
         .map(|f| FlowReport {
@@ -423,13 +420,7 @@ fn build_report(cfg: &RunConfig, device: &str, flows: &[FlowStats], run: &Measur
         warmup_s: cfg.warmup.as_secs_f64(),
         duration_s: measured_s,
         outcome,
-        total: Totals {
-            ops,
-            bytes,
-            gbps: gbps(bytes, measured_s),
-            mops: ops as f64 / measured_s / 1e6,
-            latency: Latency::of(&all),
-        },
+        total: Totals::new(ops, bytes, measured_s, &all),
         fairness: jain(&rates),
         rss_per_flow_bytes: rss / u64::from(cfg.flows.max(1)),
         server_received_bytes,

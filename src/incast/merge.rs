@@ -1,7 +1,7 @@
 //! One report out of every sender's: flows numbered across senders, latency histograms added
 //! exactly, time series aligned on the senders' common start, fairness over all flows.
 use crate::gen::stats::new_histogram;
-use crate::report::{gbps, hist, jain, Latency, Outcome, RunReport, Totals};
+use crate::report::{hist, jain, spread_us, Latency, Outcome, RunReport, Totals};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
@@ -131,10 +131,7 @@ pub fn merge(
         .fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
     let duration_s = duration_s.max(f64::MIN_POSITIVE);
     let rates: Vec<f64> = flows.iter().map(|f| f.gbps).collect();
-    let skew_us = match (firsts.iter().min(), firsts.iter().max()) {
-        (Some(a), Some(b)) => (b - a) as f64 / 1e3,
-        _ => 0.0,
-    };
+    let skew_us = spread_us(&firsts);
     let first_byte_s = firsts
         .iter()
         .min()
@@ -148,13 +145,7 @@ pub fn merge(
         launch_to_first_byte_s: first_byte_s,
         start_skew_us: skew_us,
         duration_s,
-        total: Totals {
-            ops,
-            bytes,
-            gbps: gbps(bytes, duration_s),
-            mops: ops as f64 / duration_s / 1e6,
-            latency: Latency::of(&latency),
-        },
+        total: Totals::new(ops, bytes, duration_s, &latency),
         fairness: jain(&rates),
         senders,
         flows,

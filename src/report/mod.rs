@@ -69,6 +69,27 @@ pub struct Totals {
     pub latency: Latency,
 }
 
+impl Totals {
+    /// `ops` operations moving `bytes` in `seconds`, with the latency of every operation.
+    pub fn new(ops: u64, bytes: u64, seconds: f64, latency: &Histogram<u64>) -> Totals {
+        Totals {
+            ops,
+            bytes,
+            gbps: gbps(bytes, seconds),
+            mops: ops as f64 / seconds / 1e6,
+            latency: Latency::of(latency),
+        }
+    }
+}
+
+/// The spread (latest − earliest) of instants given in ns, in µs; 0 when there are none.
+pub fn spread_us(instants: &[u64]) -> f64 {
+    match (instants.iter().min(), instants.iter().max()) {
+        (Some(a), Some(b)) => (b - a) as f64 / 1e3,
+        _ => 0.0,
+    }
+}
+
 /// How a run ended; also decides the exit code (see the CLI's `run --help`).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
