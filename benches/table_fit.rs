@@ -6,57 +6,18 @@
 //!
 //! Run: `cargo bench --bench table_fit` (release build).
 
-use ibjitter::table::dist::{std_normal_quantile, Dist, LogNormal};
+use ibjitter::table::dist::{iproute2_tables, Dist, LogNormal};
 use ibjitter::table::fit::{fit_lognormal, ks_distance};
-use ibjitter::table::format::SYSTEM_DIST_DIRS;
+use ibjitter::table::format::iproute2_dist;
 use ibjitter::table::generate::make_table;
 use ibjitter::table::stats::Stats;
 use ibjitter::table::{read, Kind};
-use rand_core::{Rng, SeedableRng};
-use rand_pcg::Pcg64;
-use std::path::Path;
 use std::time::Instant;
-
-fn synthetic(l: &LogNormal, n: usize, seed: u64) -> Vec<f64> {
-    let mut rng = Pcg64::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-            l.loc_ns + l.scale_ns * (l.shape * std_normal_quantile(u)).exp()
-        })
-        .collect()
-}
 
 fn netem_vs_iproute2() {
     println!("== netem-format tables vs iproute2's files (max |diff| per entry) ==");
-    for (name, dist) in [
-        (
-            "normal",
-            Dist::Normal {
-                mu_ns: 0.0,
-                sigma_ns: 1.0,
-            },
-        ),
-        (
-            "pareto",
-            Dist::Pareto {
-                mu_ns: 0.0,
-                sigma_ns: 1.0,
-            },
-        ),
-        (
-            "paretonormal",
-            Dist::ParetoNormal {
-                mu_ns: 0.0,
-                sigma_ns: 1.0,
-            },
-        ),
-    ] {
-        let Some(path) = SYSTEM_DIST_DIRS
-            .iter()
-            .map(|d| Path::new(d).join(format!("{name}.dist")))
-            .find(|p| p.is_file())
-        else {
+    for (name, dist) in iproute2_tables() {
+        let Some(path) = iproute2_dist(name) else {
             println!("{name:>13}: iproute2's {name}.dist not installed, skipped");
             continue;
         };
@@ -100,7 +61,7 @@ fn fit_figures() {
         (1.5, 10_000.0, 5_000.0),
     ] {
         let truth = LogNormal::new(shape, scale, loc).unwrap();
-        let xs = synthetic(&truth, 100_000, 42);
+        let xs = truth.samples(100_000, 42);
         let f = fit_lognormal(&xs).unwrap();
         let l = f.lognormal;
         println!(
@@ -114,7 +75,7 @@ fn fit_figures() {
     }
     println!("== fit: time for 1,000,000 samples (release) ==");
     let truth = LogNormal::new(0.6, 2_000.0, 5_000.0).unwrap();
-    let xs = synthetic(&truth, 1_000_000, 1);
+    let xs = truth.samples(1_000_000, 1);
     let mut times = Vec::new();
     let mut ks_times = Vec::new();
     for _ in 0..5 {

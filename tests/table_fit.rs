@@ -1,20 +1,7 @@
 //! `fit` recovers known lognormal parameters (issue 3: within 2% on 100k synthetic samples).
 
-use ibjitter::table::dist::{std_normal_quantile, LogNormal};
+use ibjitter::table::dist::LogNormal;
 use ibjitter::table::fit::{fit_lognormal, ks_distance};
-use rand_core::{Rng, SeedableRng};
-use rand_pcg::Pcg64;
-
-/// Samples of `l` by inverse CDF of uniform draws from a fixed-seed PCG.
-fn synthetic(l: &LogNormal, n: usize, seed: u64) -> Vec<f64> {
-    let mut rng = Pcg64::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-            l.loc_ns + l.scale_ns * (l.shape * std_normal_quantile(u)).exp()
-        })
-        .collect()
-}
 
 fn rel(a: f64, b: f64) -> f64 {
     (a / b - 1.0).abs()
@@ -28,7 +15,7 @@ fn recovers_shape_loc_scale_within_2_percent_on_100k() {
         .enumerate()
     {
         let truth = LogNormal::new(shape, scale, loc).unwrap();
-        let xs = synthetic(&truth, 100_000, 1000 + i as u64);
+        let xs = truth.samples(100_000, 1000 + i as u64);
         let f = fit_lognormal(&xs).unwrap();
         let l = f.lognormal;
         assert!(f.interior);
@@ -44,7 +31,7 @@ fn recovers_shape_loc_scale_within_2_percent_on_100k() {
 #[test]
 fn order_of_samples_does_not_matter() {
     let truth = LogNormal::new(0.7, 3_000.0, 2_000.0).unwrap();
-    let xs = synthetic(&truth, 40_000, 5);
+    let xs = truth.samples(40_000, 5);
     let mut sorted = xs.clone();
     sorted.sort_by(f64::total_cmp);
     let (a, b) = (fit_lognormal(&xs).unwrap(), fit_lognormal(&sorted).unwrap());
@@ -59,7 +46,7 @@ fn heavy_shape_where_a_subsample_shows_no_maximum() {
     // strided subsample used for bracketing has no interior maximum while all 100k samples
     // do. The fit must fall back to the full data rather than give up.
     let truth = LogNormal::new(1.5, 10_000.0, 5_000.0).unwrap();
-    let xs = synthetic(&truth, 100_000, 3);
+    let xs = truth.samples(100_000, 3);
     let f = fit_lognormal(&xs).unwrap();
     assert!(f.interior);
     assert!(rel(f.lognormal.shape, 1.5) < 0.02, "{:?}", f.lognormal);

@@ -1,47 +1,17 @@
 //! Our netem-format tables against the files iproute2 ships, and reading those files.
 
-use ibjitter::table::dist::Dist;
-use ibjitter::table::format::SYSTEM_DIST_DIRS;
+use ibjitter::table::dist::{iproute2_tables, Dist};
+use ibjitter::table::format::iproute2_dist;
 use ibjitter::table::generate::make_table;
 use ibjitter::table::{parse, read, Kind, ENTRIES};
-use std::path::{Path, PathBuf};
-
-fn system_dist(name: &str) -> Option<PathBuf> {
-    SYSTEM_DIST_DIRS
-        .iter()
-        .map(|d| Path::new(d).join(format!("{name}.dist")))
-        .find(|p| p.is_file())
-}
 
 #[test]
 fn ours_match_iproute2_within_one_per_entry() {
     let mut compared = 0;
-    for (name, dist) in [
-        (
-            "normal",
-            Dist::Normal {
-                mu_ns: 0.0,
-                sigma_ns: 1.0,
-            },
-        ),
-        (
-            "pareto",
-            Dist::Pareto {
-                mu_ns: 0.0,
-                sigma_ns: 1.0,
-            },
-        ),
-        (
-            "paretonormal",
-            Dist::ParetoNormal {
-                mu_ns: 0.0,
-                sigma_ns: 1.0,
-            },
-        ),
-    ] {
+    for (name, dist) in iproute2_tables() {
         let ours = make_table(&dist, Kind::Netem).unwrap();
         assert_eq!(ours.entries.len(), ENTRIES);
-        let Some(path) = system_dist(name) else {
+        let Some(path) = iproute2_dist(name) else {
             eprintln!("iproute2's {name}.dist not installed: comparison skipped");
             continue;
         };
@@ -64,7 +34,7 @@ fn ours_match_iproute2_within_one_per_entry() {
 #[test]
 fn reads_every_iproute2_table_including_experimental() {
     for name in ["normal", "pareto", "paretonormal", "experimental"] {
-        if let Some(path) = system_dist(name) {
+        if let Some(path) = iproute2_dist(name) {
             let t = read(&path, Kind::Netem).unwrap();
             assert_eq!(t.entries.len(), ENTRIES);
             assert!(!t.comments.is_empty(), "{name}: header comment kept");

@@ -104,6 +104,19 @@ impl LogNormal {
         self.loc_ns + self.scale_ns * (self.shape * std_normal_quantile(p)).exp()
     }
 
+    /// `n` random draws (inverse CDF of uniforms from a PCG seeded with `seed`): repeatable
+    /// samples of known parameters, for checking the fit and for benchmarks.
+    pub fn samples(&self, n: usize, seed: u64) -> Vec<f64> {
+        use rand_core::{Rng, SeedableRng};
+        let mut rng = rand_pcg::Pcg64::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                let u = ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+                self.quantile(u)
+            })
+            .collect()
+    }
+
     pub fn cdf(&self, x: f64) -> f64 {
         if x <= self.loc_ns {
             return 0.0;
@@ -119,6 +132,34 @@ impl LogNormal {
             format_ns(self.loc_ns)
         )
     }
+}
+
+/// iproute2's own netem tables and the distributions that make them (mu 0, sigma 1): the
+/// files ours must equal.
+pub fn iproute2_tables() -> [(&'static str, Dist); 3] {
+    [
+        (
+            "normal",
+            Dist::Normal {
+                mu_ns: 0.0,
+                sigma_ns: 1.0,
+            },
+        ),
+        (
+            "pareto",
+            Dist::Pareto {
+                mu_ns: 0.0,
+                sigma_ns: 1.0,
+            },
+        ),
+        (
+            "paretonormal",
+            Dist::ParetoNormal {
+                mu_ns: 0.0,
+                sigma_ns: 1.0,
+            },
+        ),
+    ]
 }
 
 /// A distribution a table can be made from.

@@ -309,27 +309,10 @@ mod tests {
     use super::*;
     use crate::table::dist::std_normal_quantile;
 
-    /// Lognormal samples from a fixed-seed generator (inverse-CDF of uniform draws).
-    pub(crate) fn synthetic(l: &LogNormal, n: usize, seed: u64) -> Vec<f64> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                // SplitMix64: enough for test data.
-                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                z ^= z >> 31;
-                let u = ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-                l.loc_ns + l.scale_ns * (l.shape * std_normal_quantile(u)).exp()
-            })
-            .collect()
-    }
-
     #[test]
     fn recovers_parameters_on_small_sample() {
         let truth = LogNormal::new(0.8, 3000.0, 5000.0).unwrap();
-        let xs = synthetic(&truth, 20_000, 7);
+        let xs = truth.samples(20_000, 7);
         let f = fit_lognormal(&xs).unwrap();
         assert!(f.interior);
         let l = f.lognormal;
@@ -342,7 +325,7 @@ mod tests {
     #[test]
     fn fit_is_a_local_maximum_of_the_full_likelihood() {
         let truth = LogNormal::new(0.5, 1500.0, 4500.0).unwrap();
-        let xs = synthetic(&truth, 5_000, 11);
+        let xs = truth.samples(5_000, 11);
         let f = fit_lognormal(&xs).unwrap();
         let ll = |l: &LogNormal| -> f64 {
             xs.iter()

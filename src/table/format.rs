@@ -354,9 +354,17 @@ pub fn resolve_named_dist(name: &str) -> Option<PathBuf> {
         }
     }
     dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("distributions"));
-    dirs.extend(SYSTEM_DIST_DIRS.iter().map(PathBuf::from));
     dirs.into_iter()
         .map(|d| d.join(&file))
+        .find(|p| p.is_file())
+        .or_else(|| iproute2_dist(stem))
+}
+
+/// iproute2's own copy of `<name>.dist`, from [`SYSTEM_DIST_DIRS`].
+pub fn iproute2_dist(name: &str) -> Option<PathBuf> {
+    SYSTEM_DIST_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(format!("{name}.dist")))
         .find(|p| p.is_file())
 }
 
@@ -555,12 +563,9 @@ mod tests {
     #[test]
     fn reads_iproute2_files_when_present() {
         for name in ["normal", "pareto", "paretonormal", "experimental"] {
-            for dir in SYSTEM_DIST_DIRS {
-                let p = Path::new(dir).join(format!("{name}.dist"));
-                if p.is_file() {
-                    let t = read(&p, Kind::Netem).unwrap();
-                    assert_eq!(t.entries.len(), ENTRIES);
-                }
+            if let Some(p) = iproute2_dist(name) {
+                let t = read(&p, Kind::Netem).unwrap();
+                assert_eq!(t.entries.len(), ENTRIES);
             }
         }
     }
