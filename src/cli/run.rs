@@ -33,6 +33,11 @@ pub struct RunArgs {
     /// GID index (default: the first RoCEv2 IPv4 GID, else 0)
     #[arg(long)]
     gid_index: Option<i32>,
+    /// Connect the flows through rdma_cm (address/route resolution and the CM handshake, from
+    /// the device's own address) instead of exchanging QP numbers over TCP; the server must
+    /// run `ibjitter serve --cm`
+    #[arg(long)]
+    cm: bool,
     /// Number of flows (RC queue pairs)
     #[arg(long, default_value_t = 1)]
     flows: u32,
@@ -147,6 +152,7 @@ impl RunArgs {
             device: self.device.clone(),
             ib_port: self.ib_port,
             gid_index: self.gid_index,
+            cm: self.cm,
             flows: self.flows,
             op: match self.op {
                 OpArg::Send => Op::Send,

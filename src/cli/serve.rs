@@ -25,6 +25,10 @@ pub struct ServeArgs {
     /// GID index (default: the first RoCEv2 IPv4 GID, else 0)
     #[arg(long)]
     gid_index: Option<i32>,
+    /// Also accept `run --cm` clients: an rdma_cm listener on the same port number (bound to
+    /// the device's IPv4 address unless --bind names one)
+    #[arg(long)]
+    cm: bool,
     /// Clients that start together: the start barrier waits for this many
     #[arg(long, default_value_t = 1)]
     clients: u32,
@@ -45,6 +49,7 @@ pub fn run(a: ServeArgs) -> i32 {
         device: a.device,
         ib_port: a.ib_port,
         gid_index: a.gid_index,
+        cm: a.cm,
         bind: a.bind,
         port: a.port,
         clients: a.clients.max(1),

@@ -8,11 +8,13 @@ use super::wire::{self, Message, RunRequest, PROTOCOL_VERSION};
 use super::worker::{self, WorkerOutput, WorkerParams};
 use super::{pingpong, Load, RunConfig, StopAt};
 use crate::report::{gbps, hist, jain, spread_us, FlowReport, Latency, Outcome, RunReport, Totals};
-use crate::verbs::{self, ProtectionDomain, QpConfig};
+use super::cm;
+use crate::verbs::cm::ConnParams;
+use crate::verbs::{self, CompletionQueue, ProtectionDomain, QpConfig, QueuePair};
 use hdrhistogram::Histogram;
 use std::io::{IsTerminal, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::{Barrier, OnceLock};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 /// A run's report plus the raw data the exports need.
@@ -30,7 +32,12 @@ pub struct RunOutput {
 pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
     let t_begin = Instant::now();
     stop::reset();
-    let ctx = verbs::open_device(cfg.device.as_deref()).map_err(|e| e.to_string())?;
+    let ctx = if cfg.cm {
+        verbs::cm::open_device(cfg.device.as_deref())
+    } else {
+        verbs::open_device(cfg.device.as_deref())
+    }
+    .map_err(|e| e.to_string())?;
     let port = ctx.port(cfg.ib_port).map_err(|e| e.to_string())?;
     if !port.active {
         return Err(format!("{} port {} is not active", ctx.name(), cfg.ib_port));
@@ -73,16 +80,51 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         timeout: cfg.qp_timeout,
         ..QpConfig::default()
     };
+    let mut stream = connect(&cfg.server, cfg.port, cfg.setup_timeout)?;
+    let interrupted = || stop::requested().is_some();
+    // --cm: an rdma_cm id per flow, resolved toward the address the control connection
+    // reached, from this device's own address.
+    let mut cm_flows = None;
+    if cfg.cm {
+        let server = stream
+            .peer_addr()
+            .map_err(|e| format!("control connection: {e}"))?;
+        let server = SocketAddr::new(server.ip(), cfg.port);
+        let source = verbs::cm::gid_ipv4(&gid).map(IpAddr::V4);
+        let (channel, cm_ids) = cm::resolve_flows(
+            &ctx,
+            source,
+            server,
+            cfg.flows,
+            cfg.setup_timeout,
+            &interrupted,
+        )?;
+        cm_flows = Some((channel, cm_ids.into_iter().map(Some).collect::<Vec<_>>()));
+    }
     let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
+    let mut make_qp = |flow: u32, cq: &Arc<CompletionQueue>| match &mut cm_flows {
+        Some((_, cm_ids)) => {
+            let id = cm_ids[flow as usize].take().expect("one QP per flow");
+            QueuePair::new_rc_cm(id, &pd, cq, cq, None, qp_cfg)
+        }
+        None => QueuePair::new_rc(&pd, cq, cq, None, qp_cfg),
+    };
     let mut shards = Vec::with_capacity(ids.len());
     for flow_ids in &ids {
-        let shard = Shard::new(&ctx, &pd, flow_ids, cfg.size, cqe as i32, qp_cfg, cfg.seed)
-            .map_err(|e| format!("setting up {} flows: {e}", cfg.flows))?;
+        let shard = Shard::new(
+            &ctx,
+            &pd,
+            flow_ids,
+            cfg.size,
+            cqe as i32,
+            cfg.seed,
+            &mut make_qp,
+        )
+        .map_err(|e| format!("setting up {} flows: {e}", cfg.flows))?;
         shards.push(shard);
     }
 
     // The exchange: our endpoints in flow order, the server's back in the same order.
-    let mut stream = connect(&cfg.server, cfg.port, cfg.setup_timeout)?;
     let mut ours = vec![None; cfg.flows as usize];
     for shard in &shards {
         for (i, f) in shard.flows.iter().enumerate() {
@@ -95,6 +137,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         size: cfg.size,
         depth: cfg.depth,
         pingpong: cfg.pingpong,
+        cm: cfg.cm,
         flows: ours
             .into_iter()
             .map(|e| e.expect("every flow has a shard"))
@@ -108,11 +151,13 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         },
     )
     .map_err(|e| format!("sending to the server: {e}"))?;
-    let theirs = match wire::recv(&mut stream, Some(cfg.setup_timeout), "Accept")
+    let (theirs, token) = match wire::recv(&mut stream, Some(cfg.setup_timeout), "Accept")
         .map_err(|e| e.to_string())?
     {
-        Message::Accept { flows } if flows.len() == cfg.flows as usize => flows,
-        Message::Accept { flows } => {
+        Message::Accept { flows, cm_token } if flows.len() == cfg.flows as usize => {
+            (flows, cm_token)
+        }
+        Message::Accept { flows, .. } => {
             return Err(format!(
                 "server accepted {} flows, we asked for {}",
                 flows.len(),
@@ -122,13 +167,38 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         Message::Reject { reason } => return Err(format!("server refused the run: {reason}")),
         other => return Err(format!("expected Accept from the server, got {other:?}")),
     };
-    for shard in &mut shards {
-        for f in &mut shard.flows {
-            let remote = theirs[f.id as usize];
-            f.qp.connect(&remote.qp, f.psn)
-                .map_err(|e| format!("connecting flow {}: {e}", f.id))?;
-            f.remote = Some(remote);
+    match (&cm_flows, token) {
+        (Some((channel, _)), Some(token)) => {
+            let params = ConnParams {
+                ack_timeout: cfg.qp_timeout,
+                retry_count: qp_cfg.retry_cnt,
+                rnr_retry: qp_cfg.rnr_retry,
+                srq: false,
+            };
+            let flows = shards.iter().flat_map(|s| &s.flows).map(|f| {
+                let id = f.qp.cm_id().expect("--cm QPs are made on rdma_cm ids");
+                (f.id, id)
+            });
+            cm::connect_flows(
+                channel,
+                flows,
+                token,
+                params,
+                cfg.setup_timeout,
+                &interrupted,
+            )?;
         }
+        (Some(_), None) => return Err("the server accepted --cm without a session token".into()),
+        (None, _) => {
+            for f in shards.iter().flat_map(|s| &s.flows) {
+                let remote = theirs[f.id as usize];
+                f.qp.connect(&remote.qp, f.psn)
+                    .map_err(|e| format!("connecting flow {}: {e}", f.id))?;
+            }
+        }
+    }
+    for f in shards.iter_mut().flat_map(|s| &mut s.flows) {
+        f.remote = Some(theirs[f.id as usize]);
     }
     wire::send(&mut stream, &Message::Ready).map_err(|e| format!("sending to the server: {e}"))?;
 
@@ -411,6 +481,7 @@ fn build_report(cfg: &RunConfig, device: &str, flows: &[FlowStats], run: &Measur
         threads: cfg.threads,
         flows_requested: cfg.flows,
         flows_started: flows.iter().filter(|f| f.first_post_ns.is_some()).count() as u32,
+        connection: if cfg.cm { "rdma_cm" } else { "tcp" }.into(),
         setup_s,
         start_skew_us: skew,
         start_unix_ns: start

@@ -7,6 +7,7 @@
 //! lets each thread drive its flows ([`worker`] for throughput, [`pingpong`] for round trips),
 //! then gathers [`stats::FlowStats`] into a [`crate::report::RunReport`].
 pub mod client;
+pub mod cm;
 pub mod pacing;
 pub mod pingpong;
 pub mod progress;
@@ -59,6 +60,8 @@ pub struct RunConfig {
     pub device: Option<String>,
     pub ib_port: u8,
     pub gid_index: Option<i32>,
+    /// Connect the flows through rdma_cm instead of exchanging QP numbers over TCP.
+    pub cm: bool,
     pub flows: u32,
     pub op: Op,
     pub size: u32,
@@ -92,6 +95,7 @@ impl Default for RunConfig {
             device: None,
             ib_port: 1,
             gid_index: None,
+            cm: false,
             flows: 1,
             op: Op::Write,
             size: 65536,

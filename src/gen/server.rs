@@ -1,13 +1,16 @@
 //! `ibjitter serve`: accepts clients, gives each client's flows a QP and a buffer, holds every
 //! client of a group at the start barrier until all are ready, then absorbs or echoes traffic.
+use super::cm::{Incoming, Listener};
 use super::responder::{self, EchoFlow, Received, RecvPool};
 use super::shard::{initial_psn, slot_size};
 use super::wire::{self, FlowEndpoint, Message, Op, RunRequest, PROTOCOL_VERSION};
+use crate::verbs::cm::{self as verbs_cm, ConnParams};
 use crate::verbs::{
     self, CompletionQueue, Context, Endpoint, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
     RemoteBuffer, SharedReceiveQueue,
 };
-use std::net::{TcpListener, TcpStream};
+use crossbeam::channel::Receiver;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -17,6 +20,9 @@ pub struct ServeConfig {
     pub device: Option<String>,
     pub ib_port: u8,
     pub gid_index: Option<i32>,
+    /// Also accept flows connected through rdma_cm (`run --cm`), on the same port number in
+    /// rdma_cm's own port space.
+    pub cm: bool,
     pub bind: String,
     pub port: u16,
     /// Clients that start together (the start barrier's size).
@@ -34,6 +40,7 @@ impl Default for ServeConfig {
             device: None,
             ib_port: 1,
             gid_index: None,
+            cm: false,
             bind: "0.0.0.0".into(),
             port: 18515,
             clients: 1,
@@ -56,6 +63,8 @@ struct Shared {
     mtu: u32,
     max_srq_wr: u32,
     barrier: StartBarrier,
+    /// The rdma_cm listener, with `cm`.
+    cm: Option<Listener>,
 }
 
 /// Releases a group of `size` sessions together.
@@ -115,7 +124,13 @@ impl std::fmt::Display for ServeError {
 /// Opens the device, listens, and serves until stopped (or after one group with `once`).
 pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     let setup = ServeError::Setup;
-    let ctx = verbs::open_device(cfg.device.as_deref()).map_err(|e| setup(e.to_string()))?;
+    // rdma_cm QPs must live on librdmacm's context of the device, so with --cm every QP does.
+    let ctx = if cfg.cm {
+        verbs_cm::open_device(cfg.device.as_deref())
+    } else {
+        verbs::open_device(cfg.device.as_deref())
+    }
+    .map_err(|e| setup(e.to_string()))?;
     let port = ctx.port(cfg.ib_port).map_err(|e| setup(e.to_string()))?;
     if !port.active {
         return Err(setup(format!(
@@ -137,10 +152,18 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     let pd = ProtectionDomain::new(&ctx).map_err(|e| setup(e.to_string()))?;
     let listener = TcpListener::bind((cfg.bind.as_str(), cfg.port))
         .map_err(|e| setup(format!("cannot listen on {}:{}: {e}", cfg.bind, cfg.port)))?;
+    let cm = if cfg.cm {
+        let addr = cm_address(&cfg, &gid).map_err(setup)?;
+        Some(Listener::start(&ctx, addr).map_err(setup)?)
+    } else {
+        None
+    };
     eprintln!(
-        "ibjitter serve: listening on {}:{}, device {} port {} GID index {gid_index}, {} client(s) per start",
+        "ibjitter serve: listening on {}:{}{}, device {} port {} GID index {gid_index}, {} client(s) per start",
         cfg.bind,
         cfg.port,
+        cm.as_ref()
+            .map_or(String::new(), |l| format!(" and rdma_cm {}", l.addr)),
         ctx.name(),
         cfg.ib_port,
         cfg.clients
@@ -159,6 +182,7 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         gid_index,
         mtu: port.active_mtu,
         max_srq_wr: limits.max_srq_wr.max(1) as u32,
+        cm,
     });
     let mut sessions = Vec::new();
     let mut failures = 0;
@@ -200,6 +224,33 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// Where the rdma_cm listener binds: `--bind` if it names an address, else the device's own
+/// IPv4 address (from its GID), so requests are taken on this device only.
+fn cm_address(cfg: &ServeConfig, gid: &[u8; 16]) -> Result<SocketAddr, String> {
+    let bind: IpAddr = cfg
+        .bind
+        .parse()
+        .map_err(|_| format!("--cm needs --bind to be an IP address, not {:?}", cfg.bind))?;
+    let ip = match verbs_cm::gid_ipv4(gid) {
+        Some(v4) if bind.is_unspecified() => IpAddr::V4(v4),
+        _ => bind,
+    };
+    Ok(SocketAddr::new(ip, cfg.port))
+}
+
+/// A session token nobody can guess by accident: a connection request must name its session.
+fn session_token(id: usize) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_usize(id);
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
 fn session(mut stream: TcpStream, sh: &Shared, id: usize) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     let cfg = &sh.cfg;
@@ -219,7 +270,14 @@ fn session(mut stream: TcpStream, sh: &Shared, id: usize) -> Result<(), String> 
         }
         other => return Err(format!("expected Hello, got {other:?}")),
     };
-    if let Err(reason) = wire::validate(&run) {
+    let check = wire::validate(&run).and_then(|()| {
+        if run.cm && sh.cm.is_none() {
+            Err("this server does not take rdma_cm connections: start it with `ibjitter serve --cm`".into())
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(reason) = check {
         let _ = wire::send(
             &mut stream,
             &Message::Reject {
@@ -228,7 +286,7 @@ fn session(mut stream: TcpStream, sh: &Shared, id: usize) -> Result<(), String> 
         );
         return Err(reason);
     }
-    let res = match Resources::new(sh, &run) {
+    let mut res = match Resources::new(sh, &run) {
         Ok(r) => r,
         Err(e) => {
             let reason = format!("server could not set up {} flows: {e}", run.flows.len());
@@ -241,13 +299,26 @@ fn session(mut stream: TcpStream, sh: &Shared, id: usize) -> Result<(), String> 
             return Err(reason);
         }
     };
+    // --cm: the client connects each flow through rdma_cm with this session's token; the
+    // listener hands us the requests and we make and accept a QP for each.
+    let cm = match &sh.cm {
+        Some(listener) if run.cm => {
+            let token = session_token(id);
+            Some((token, listener.register(token)))
+        }
+        _ => None,
+    };
     wire::send(
         &mut stream,
         &Message::Accept {
             flows: res.endpoints(sh),
+            cm_token: cm.as_ref().map(|(token, _)| *token),
         },
     )
     .map_err(|e| e.to_string())?;
+    if let Some((_, (requests, _registration))) = &cm {
+        res.accept_cm(sh, requests, run.flows.len())?;
+    }
     match wire::recv(&mut stream, Some(cfg.setup_timeout), "Ready").map_err(|e| e.to_string())? {
         Message::Ready => {}
         other => return Err(format!("expected Ready, got {other:?}")),
@@ -301,6 +372,7 @@ struct Resources {
     clients: Vec<FlowEndpoint>,
     slot: usize,
     pool: usize,
+    qp_cfg: QpConfig,
 }
 
 /// The SEND receive pool: enough for every flow's depth, within the device limit and 256 MiB.
@@ -347,7 +419,9 @@ impl Resources {
         };
         let mut qps = Vec::with_capacity(flows);
         let mut psns = Vec::with_capacity(flows);
-        for (i, client) in run.flows.iter().enumerate() {
+        // With rdma_cm the QPs come with the connection requests (accept_cm).
+        let exchanged = if run.cm { &[][..] } else { &run.flows[..] };
+        for (i, client) in exchanged.iter().enumerate() {
             let qp = QueuePair::new_rc(&sh.pd, &cq, &cq, srq.as_ref(), qp_cfg)?;
             let psn = initial_psn(0x5e4e_u64 ^ u64::from(client.qp.qpn), i as u32);
             qp.connect(&client.qp, psn)?;
@@ -363,17 +437,63 @@ impl Resources {
             clients: run.flows.clone(),
             slot,
             pool,
+            qp_cfg,
         })
     }
 
+    /// Makes and accepts a QP for each of the session's `flows` rdma_cm requests, within the
+    /// set-up timeout.
+    fn accept_cm(
+        &mut self,
+        sh: &Shared,
+        requests: &Receiver<Incoming>,
+        flows: usize,
+    ) -> Result<(), String> {
+        let params = ConnParams {
+            ack_timeout: self.qp_cfg.timeout,
+            retry_count: self.qp_cfg.retry_cnt,
+            rnr_retry: self.qp_cfg.rnr_retry,
+            srq: self.srq.is_some(),
+        };
+        let mut slots: Vec<Option<QueuePair>> = (0..flows).map(|_| None).collect();
+        let deadline = Instant::now() + sh.cfg.setup_timeout;
+        for accepted in 0..flows {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Incoming { flow, id } = requests.recv_timeout(left).map_err(|_| {
+                format!(
+                    "rdma_cm: {accepted} of {flows} flows connected after {:?}",
+                    sh.cfg.setup_timeout
+                )
+            })?;
+            let Some(slot) = slots.get_mut(flow as usize).filter(|s| s.is_none()) else {
+                let _ = id.reject("flow index out of range or already connected");
+                return Err(format!("rdma_cm: bad or repeated flow index {flow}"));
+            };
+            let qp = QueuePair::new_rc_cm(
+                id,
+                &sh.pd,
+                &self.cq,
+                &self.cq,
+                self.srq.as_ref(),
+                self.qp_cfg,
+            )
+            .map_err(|e| format!("flow {flow}: {e}"))?;
+            let cm_id = qp.cm_id().expect("made on an rdma_cm id");
+            cm_id
+                .accept(params)
+                .map_err(|e| format!("flow {flow}: {e}"))?;
+            *slot = Some(qp);
+        }
+        self.qps = slots.into_iter().map(|q| q.expect("all accepted")).collect();
+        Ok(())
+    }
+
     fn endpoints(&self, sh: &Shared) -> Vec<FlowEndpoint> {
-        self.qps
-            .iter()
-            .enumerate()
-            .map(|(i, qp)| FlowEndpoint {
+        (0..self.clients.len())
+            .map(|i| FlowEndpoint {
                 qp: Endpoint {
-                    qpn: qp.qpn(),
-                    psn: self.psns[i],
+                    qpn: self.qps.get(i).map_or(0, |qp| qp.qpn()),
+                    psn: self.psns.get(i).copied().unwrap_or(0),
                     lid: sh.lid,
                     gid: sh.gid,
                 },

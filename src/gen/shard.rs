@@ -2,7 +2,7 @@
 //! known many-QP failure), one registered buffer, and its flows' QPs.
 use super::wire::FlowEndpoint;
 use crate::verbs::{
-    self, CompletionQueue, Context, Endpoint, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
+    self, CompletionQueue, Context, Endpoint, MemoryRegion, ProtectionDomain, QueuePair,
     RemoteBuffer,
 };
 use rand_core::{Rng, SeedableRng};
@@ -42,7 +42,8 @@ pub fn initial_psn(seed: u64, flow: u32) -> u32 {
 }
 
 impl Shard {
-    /// Makes a CQ, a buffer with a send and a receive slot per flow, and one RC QP per flow id.
+    /// Makes a CQ, a buffer with a send and a receive slot per flow, and one RC QP per flow id
+    /// (`make_qp(flow id, the shard's CQ)`: plain verbs or on an rdma_cm id).
     /// `cq_entries` must cover every completion that can be outstanding at once.
     pub fn new(
         ctx: &Arc<Context>,
@@ -50,15 +51,15 @@ impl Shard {
         ids: &[u32],
         size: u32,
         cq_entries: i32,
-        qp_cfg: QpConfig,
         seed: u64,
+        make_qp: &mut dyn FnMut(u32, &Arc<CompletionQueue>) -> verbs::Result<QueuePair>,
     ) -> verbs::Result<Shard> {
         let cq = CompletionQueue::new(ctx, cq_entries)?;
         let slot = slot_size(size);
         let mr = MemoryRegion::new(pd, 2 * slot * ids.len())?;
         let mut flows = Vec::with_capacity(ids.len());
         for (i, &id) in ids.iter().enumerate() {
-            let qp = QueuePair::new_rc(pd, &cq, &cq, None, qp_cfg)?;
+            let qp = make_qp(id, &cq)?;
             flows.push(ClientFlow {
                 id,
                 qp,

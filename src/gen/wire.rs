@@ -5,6 +5,8 @@
 //!   Hello {run, our QPs} ------->   checks the run, makes its QPs, connects them
 //!        <----------------------- Accept {its QPs}   (or Reject {reason})
 //!   connects its QPs
+//!   (--cm: the server makes no QP yet; Accept carries a session token, the client connects
+//!    each flow through rdma_cm with the token in the request, see `gen::cm`)
 //!   Ready ---------------------->   waits for every expected client (the start barrier)
 //!        <----------------------- Go          (sent to all clients at once)
 //!   ... traffic ...
@@ -17,7 +19,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 /// Bumped whenever a message changes shape; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// No message is larger (1,000 flows of endpoints take about 200 KiB).
 pub const MAX_MESSAGE: usize = 64 << 20;
 pub const MAX_FLOWS: u32 = 65_536;
@@ -54,6 +56,8 @@ pub struct RunRequest {
     pub size: u32,
     pub depth: u32,
     pub pingpong: bool,
+    /// Flows connect through rdma_cm; the QP fields of `flows` are then unused.
+    pub cm: bool,
     pub flows: Vec<FlowEndpoint>,
 }
 
@@ -66,6 +70,8 @@ pub enum Message {
     },
     Accept {
         flows: Vec<FlowEndpoint>,
+        /// With `cm`: what each flow's rdma_cm connection request must carry.
+        cm_token: Option<u64>,
     },
     Reject {
         reason: String,
@@ -197,6 +203,7 @@ mod tests {
             size: 65536,
             depth: 4,
             pingpong: false,
+            cm: false,
             flows: vec![ep; flows],
         }
     }

@@ -55,7 +55,7 @@ pub fn run_step(cfg: &IncastConfig, flows_per_sender: u32, dir: &Path) -> Result
             .map_err(|e| format!("{}: {e}", path.display()))
     };
     let launch_unix_ns = unix_ns(SystemTime::now());
-    let serve_args: Vec<String> = [
+    let mut serve_args: Vec<String> = [
         cfg.bin.as_str(),
         "serve",
         "--once",
@@ -68,6 +68,10 @@ pub fn run_step(cfg: &IncastConfig, flows_per_sender: u32, dir: &Path) -> Result
     ]
     .map(String::from)
     .into();
+    // Senders connecting through rdma_cm need a receiver that listens for it.
+    if cfg.run_args.iter().any(|a| a == "--cm") {
+        serve_args.push("--cm".into());
+    }
     let serve_line = launcher::command_line(&cfg.launcher, &cfg.receiver_host, &serve_args);
     let mut server = launcher::spawn(&serve_line, log("serve.log")?, log("serve.err")?)
         .map_err(|e| format!("cannot launch the receiver ({serve_line}): {e}"))?;

@@ -113,6 +113,10 @@ pub struct RunReport {
     pub threads: u32,
     pub flows_requested: u32,
     pub flows_started: u32,
+    /// How the flows' QPs were connected: "tcp" (QP numbers exchanged out of band) or
+    /// "rdma_cm".
+    #[serde(default)]
+    pub connection: String,
     /// From process start to the common start signal: device, QPs, exchange, barrier.
     pub setup_s: f64,
     /// Spread of the flows' first posts after the start signal.

@@ -6,6 +6,14 @@ use std::mem::MaybeUninit;
 pub struct Context {
     raw: *mut rdma_sys::ibv_context,
     name: String,
+    owner: Owner,
+}
+
+/// Who closes the device: us, or librdmacm (whose contexts stay open for the process).
+enum Owner {
+    Us,
+    /// From `rdma_get_devices`; the list is kept until the context is dropped.
+    Rdmacm(*mut *mut rdma_sys::ibv_context),
 }
 
 // SAFETY: libibverbs contexts are thread-safe.
@@ -37,7 +45,23 @@ pub struct DeviceLimits {
 
 impl Context {
     pub(super) fn from_raw(raw: *mut rdma_sys::ibv_context, name: String) -> Context {
-        Context { raw, name }
+        Context {
+            raw,
+            name,
+            owner: Owner::Us,
+        }
+    }
+    /// One of librdmacm's contexts (`list` from `rdma_get_devices`, freed on drop).
+    pub(super) fn from_rdmacm(
+        raw: *mut rdma_sys::ibv_context,
+        name: String,
+        list: *mut *mut rdma_sys::ibv_context,
+    ) -> Context {
+        Context {
+            raw,
+            name,
+            owner: Owner::Rdmacm(list),
+        }
     }
     pub fn as_raw(&self) -> *mut rdma_sys::ibv_context {
         self.raw
@@ -123,7 +147,12 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: every object made from this context holds an Arc to it, so none is left.
-        unsafe { rdma_sys::ibv_close_device(self.raw) };
+        match self.owner {
+            Owner::Us => unsafe {
+                rdma_sys::ibv_close_device(self.raw);
+            },
+            Owner::Rdmacm(list) => unsafe { rdma_sys::rdma_free_devices(list) },
+        }
     }
 }
 

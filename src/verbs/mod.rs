@@ -2,8 +2,10 @@
 //! owning its object and destroying it on drop. Objects hold an `Arc` of what they were made
 //! from, so drop order is always right (QP before CQ before PD before context).
 //!
-//! Only what the traffic generator needs: RC queue pairs, SEND/RDMA WRITE, CQ polling, SRQ.
+//! Only what the traffic generator needs: RC queue pairs, SEND/RDMA WRITE, CQ polling, SRQ,
+//! and rdma_cm connection setup ([`cm`]).
 
+pub mod cm;
 mod context;
 mod cq;
 mod device;

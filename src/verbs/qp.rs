@@ -1,4 +1,5 @@
 //! Reliable-connected queue pairs: creation, the INIT → RTR → RTS walk, posting.
+use super::cm::CmId;
 use super::{CompletionQueue, Error, ProtectionDomain, Result, Sge, SharedReceiveQueue};
 use rdma_sys::{ibv_qp_attr_mask as Mask, ibv_qp_state as State};
 use serde::{Deserialize, Serialize};
@@ -57,6 +58,8 @@ impl Default for QpConfig {
 
 pub struct QueuePair {
     raw: *mut rdma_sys::ibv_qp,
+    /// The rdma_cm id that made and connects this QP (`--cm`); destroyed after the QP.
+    cm: Option<CmId>,
     cfg: QpConfig,
     _pd: Arc<ProtectionDomain>,
     _send_cq: Arc<CompletionQueue>,
@@ -77,21 +80,7 @@ impl QueuePair {
         srq: Option<&Arc<SharedReceiveQueue>>,
         cfg: QpConfig,
     ) -> Result<QueuePair> {
-        let mut init = rdma_sys::ibv_qp_init_attr {
-            qp_context: std::ptr::null_mut(),
-            send_cq: send_cq.as_raw(),
-            recv_cq: recv_cq.as_raw(),
-            srq: srq.map_or(std::ptr::null_mut(), |s| s.as_raw()),
-            cap: rdma_sys::ibv_qp_cap {
-                max_send_wr: cfg.max_send_wr,
-                max_recv_wr: if srq.is_some() { 0 } else { cfg.max_recv_wr },
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: cfg.max_inline,
-            },
-            qp_type: rdma_sys::ibv_qp_type::IBV_QPT_RC,
-            sq_sig_all: 0,
-        };
+        let mut init = init_attr(send_cq, recv_cq, srq, &cfg);
         // SAFETY: init is fully initialized; CQs/SRQ outlive the QP through the Arcs kept.
         let raw = unsafe { rdma_sys::ibv_create_qp(pd.as_raw(), &mut init) };
         if raw.is_null() {
@@ -99,6 +88,7 @@ impl QueuePair {
         }
         let qp = QueuePair {
             raw,
+            cm: None,
             cfg,
             _pd: pd.clone(),
             _send_cq: send_cq.clone(),
@@ -122,6 +112,39 @@ impl QueuePair {
             "ibv_modify_qp(INIT)",
         )?;
         Ok(qp)
+    }
+
+    /// Creates an RC QP on an rdma_cm id (`rdma_create_qp`: it starts in INIT); the id's
+    /// connect or accept then moves it to RTS. The PD must be on the id's device context.
+    pub fn new_rc_cm(
+        id: CmId,
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        srq: Option<&Arc<SharedReceiveQueue>>,
+        cfg: QpConfig,
+    ) -> Result<QueuePair> {
+        let mut init = init_attr(send_cq, recv_cq, srq, &cfg);
+        // SAFETY: as in new_rc; librdmacm stores the QP in the id.
+        let rc = unsafe { rdma_sys::rdma_create_qp(id.as_raw(), pd.as_raw(), &mut init) };
+        if rc != 0 {
+            return Err(Error::last("rdma_create_qp"));
+        }
+        Ok(QueuePair {
+            // SAFETY: rdma_create_qp succeeded, so the id holds the new QP.
+            raw: unsafe { (*id.as_raw()).qp },
+            cm: Some(id),
+            cfg,
+            _pd: pd.clone(),
+            _send_cq: send_cq.clone(),
+            _recv_cq: recv_cq.clone(),
+            _srq: srq.cloned(),
+        })
+    }
+
+    /// The rdma_cm id of a QP made with [`QueuePair::new_rc_cm`].
+    pub fn cm_id(&self) -> Option<&CmId> {
+        self.cm.as_ref()
     }
 
     pub fn qpn(&self) -> u32 {
@@ -271,8 +294,37 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        // SAFETY: outstanding work requests are flushed by the provider.
-        unsafe { rdma_sys::ibv_destroy_qp(self.raw) };
+        // SAFETY: outstanding work requests are flushed by the provider. The cm id (a field)
+        // is destroyed after this, once its QP is gone.
+        match &self.cm {
+            Some(id) => unsafe { rdma_sys::rdma_destroy_qp(id.as_raw()) },
+            None => unsafe {
+                rdma_sys::ibv_destroy_qp(self.raw);
+            },
+        }
+    }
+}
+
+fn init_attr(
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    srq: Option<&Arc<SharedReceiveQueue>>,
+    cfg: &QpConfig,
+) -> rdma_sys::ibv_qp_init_attr {
+    rdma_sys::ibv_qp_init_attr {
+        qp_context: std::ptr::null_mut(),
+        send_cq: send_cq.as_raw(),
+        recv_cq: recv_cq.as_raw(),
+        srq: srq.map_or(std::ptr::null_mut(), |s| s.as_raw()),
+        cap: rdma_sys::ibv_qp_cap {
+            max_send_wr: cfg.max_send_wr,
+            max_recv_wr: if srq.is_some() { 0 } else { cfg.max_recv_wr },
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: cfg.max_inline,
+        },
+        qp_type: rdma_sys::ibv_qp_type::IBV_QPT_RC,
+        sq_sig_all: 0,
     }
 }
 

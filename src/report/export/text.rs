@@ -18,8 +18,14 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
     )?;
     writeln!(
         w,
-        " flows started {}/{}, setup {:.2} s, start skew {:.1} us, measured {:.3} s, outcome {:?}",
-        r.flows_started, r.flows_requested, r.setup_s, r.start_skew_us, r.duration_s, r.outcome
+        " flows started {}/{} ({}), setup {:.2} s, start skew {:.1} us, measured {:.3} s, outcome {:?}",
+        r.flows_started,
+        r.flows_requested,
+        r.connection,
+        r.setup_s,
+        r.start_skew_us,
+        r.duration_s,
+        r.outcome
     )?;
     if r.warmup_s > 0.0 {
         writeln!(
