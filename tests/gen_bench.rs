@@ -229,3 +229,84 @@ fn injected_delay_shows_in_pingpong_round_trips() {
         assert_eq!(stats["posts_total"], 1000, "{stats}");
     }
 }
+
+#[test]
+fn rdma_cm_connects_every_flow() {
+    let bin = ibjitter();
+    let out_dir = scratch_dir("gen-cm");
+    let o = out_dir.display();
+    // One `serve --cm` takes rdma_cm clients (WRITE, SEND through its SRQ, ping-pong), a
+    // stranger's connection request, and a TCP-exchange client; then a server without --cm
+    // refuses a --cm client.
+    let out = Vm::new().timeout(600).writable(&out_dir).run(&format!(
+        r#". tools/vm/lib.sh
+        {bin} serve --dev rxe1 --cm > {o}/serve.log 2>&1 & server=$!
+        wait_until 20 tcp_listening 18515 && wait_until 20 cm_listening 18515 || exit 1
+        {bin} run 10.0.0.2 --dev rxe0 --cm --flows 128 --threads 2 --op write --size 4K \
+            --duration 4s --json {o}/write.json --no-progress > /dev/null & client=$!
+        sleep 2.5
+        rdma res show cm_id > {o}/cm_ids.txt
+        wait $client; echo "write_rc=$?"
+        {bin} run 10.0.0.2 --dev rxe0 --cm --flows 128 --threads 2 --op send --size 4K --depth 2 \
+            --duration 3s --json {o}/send.json --no-progress > /dev/null
+        echo "send_rc=$?"
+        {bin} run 10.0.0.2 --dev rxe0 --cm --pingpong --iters 1000 --json {o}/pp.json --no-progress > /dev/null
+        echo "pp_rc=$?"
+        timeout 10 rping -c -a 10.0.0.2 -p 18515 -C 1 > {o}/rping.log 2>&1
+        echo "rping_rc=$?"
+        {bin} run 10.0.0.2 --dev rxe0 --flows 4 --duration 1s --json {o}/tcp.json --no-progress > /dev/null
+        echo "tcp_rc=$?"
+        kill $server; wait $server
+        {bin} serve --dev rxe1 --once > /dev/null 2>&1 &
+        wait_until 20 tcp_listening 18515
+        {bin} run 10.0.0.2 --dev rxe0 --cm --flows 2 --duration 1s --no-progress 2> {o}/refused.err
+        echo "refused_rc=$?"
+        wait
+        cat {o}/serve.log"#
+    ));
+    out.assert_success();
+    for (name, flows) in [("write", 128), ("send", 128), ("pp", 1)] {
+        assert_eq!(
+            field(&out.output, &format!("{name}_rc")),
+            Some(0.0),
+            "{}",
+            out.output
+        );
+        let report = read_json(&out_dir.join(format!("{name}.json")));
+        assert_every_flow_moved(&report, flows);
+        assert_eq!(report["connection"], "rdma_cm");
+    }
+    // Mid-run, the kernel's rdma_cm lists every flow as a connected id on both devices.
+    let ids = std::fs::read_to_string(out_dir.join("cm_ids.txt")).unwrap();
+    let connected = |dev: &str, addr: &str| {
+        ids.lines()
+            .filter(|l| l.starts_with(&format!("link {dev}/1 ")))
+            .filter(|l| l.contains("state CONNECT ") && l.contains(addr))
+            .count()
+    };
+    assert_eq!(
+        connected("rxe0", "dst-addr 10.0.0.2:18515"),
+        128,
+        "client ids:\n{ids}"
+    );
+    assert_eq!(
+        connected("rxe1", "src-addr 10.0.0.2:18515"),
+        128,
+        "server ids:\n{ids}"
+    );
+    let send = read_json(&out_dir.join("send.json"));
+    assert_eq!(send["server_received_bytes"], send["total"]["bytes"]);
+    let pp = read_json(&out_dir.join("pp.json"));
+    assert_eq!(pp["total"]["ops"], 1000);
+
+    // A connection request without our private data is refused; the server carries on.
+    let rping = std::fs::read_to_string(out_dir.join("rping.log")).unwrap();
+    assert_ne!(field(&out.output, "rping_rc"), Some(0.0), "{rping}");
+    assert!(rping.contains("REJECTED"), "{rping}");
+    assert_eq!(field(&out.output, "tcp_rc"), Some(0.0), "{}", out.output);
+    assert_eq!(read_json(&out_dir.join("tcp.json"))["connection"], "tcp");
+
+    let refused = std::fs::read_to_string(out_dir.join("refused.err")).unwrap();
+    assert_eq!(field(&out.output, "refused_rc"), Some(2.0), "{refused}");
+    assert!(refused.contains("serve --cm"), "{refused}");
+}
