@@ -35,7 +35,15 @@ fn three_hundred_flows_through_a_bottleneck() {
         echo "missing_rc=$?"
         {bin} incast --receiver h0:10.0.0.1 --senders h1,h2,h3 --sweep 2,4 \
             --launcher 'tools/vm/on-host {{host}}' --out {o}/sweep -- --size 4K --duration 1s
-        echo "sweep_rc=$?""#
+        echo "sweep_rc=$?"
+        # --cm: every sender connects through rdma_cm from its own host's address.
+        rx() {{ cat /sys/class/net/vb$1/statistics/rx_packets; }}
+        before="$(rx 1) $(rx 2) $(rx 3)"
+        {bin} incast --receiver h0:10.0.0.1 --senders h1,h2,h3 --flows-per-sender 8 \
+            --launcher 'tools/vm/on-host {{host}}' --out {o}/cm -- --cm --size 4K --duration 2s
+        echo "cm_rc=$?"
+        set -- $before
+        echo "cm_vb1=$(( $(rx 1) - $1 )) cm_vb2=$(( $(rx 2) - $2 )) cm_vb3=$(( $(rx 3) - $3 ))""#
     ));
     out.assert_success();
     assert_eq!(
@@ -130,4 +138,20 @@ fn three_hundred_flows_through_a_bottleneck() {
     assert_eq!((rows[0][1], rows[0][2]), ("6", "6"), "{table}");
     assert_eq!((rows[1][1], rows[1][2]), ("12", "12"), "{table}");
     assert!(out_dir.join("sweep/flows-4/incast.json").exists());
+
+    // --cm through the launcher: the receiver was started with --cm, and each sender's flows
+    // left through its own switch port (rdma_cm bound to the host's address, not loopback).
+    assert_eq!(field(&out.output, "cm_rc"), Some(0.0), "{}", out.output);
+    let r = read_json(&out_dir.join("cm/incast.json"));
+    assert_eq!(r["flows_started"], 24, "{r}");
+    let serve = std::fs::read_to_string(out_dir.join("cm/serve.err")).unwrap();
+    assert!(serve.contains("rdma_cm 10.0.0.1:18515"), "{serve}");
+    for port in ["cm_vb1", "cm_vb2", "cm_vb3"] {
+        let packets = field(&out.output, port).expect("counter line");
+        assert!(
+            packets > 1000.0,
+            "{port}: {packets} packets\n{}",
+            out.output
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! `ibjitter run`: sets up every flow, meets the server, starts all flows together, watches
 //! for Ctrl-C and a lost peer while the threads work, and gathers what they measured.
+use super::cm;
 use super::progress::{self, Counters};
 use super::shard::Shard;
 use super::stats::{new_histogram, FlowStats};
@@ -8,7 +9,6 @@ use super::wire::{self, Message, RunRequest, PROTOCOL_VERSION};
 use super::worker::{self, WorkerOutput, WorkerParams};
 use super::{pingpong, Load, RunConfig, StopAt};
 use crate::report::{gbps, hist, jain, spread_us, FlowReport, Latency, Outcome, RunReport, Totals};
-use super::cm;
 use crate::verbs::cm::ConnParams;
 use crate::verbs::{self, CompletionQueue, ProtectionDomain, QpConfig, QueuePair};
 use hdrhistogram::Histogram;

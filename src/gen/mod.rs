@@ -1,6 +1,7 @@
 //! The traffic generator: many RC flows (QPs) from one process, started together, every
 //! operation timed. `serve` is the receiving side, `run` the sending side; they meet over
-//! the out-of-band TCP exchange in [`wire`].
+//! the out-of-band TCP exchange in [`wire`], and with `--cm` connect their QPs through
+//! rdma_cm ([`cm`]).
 //!
 //! Pipeline of a run: [`client`] opens the device and builds one [`shard`] per thread (its own
 //! CQ, buffers and flows), exchanges endpoints with [`server`], waits for the common start, and

@@ -484,7 +484,10 @@ impl Resources {
                 .map_err(|e| format!("flow {flow}: {e}"))?;
             *slot = Some(qp);
         }
-        self.qps = slots.into_iter().map(|q| q.expect("all accepted")).collect();
+        self.qps = slots
+            .into_iter()
+            .map(|q| q.expect("all accepted"))
+            .collect();
         Ok(())
     }
 
