@@ -86,15 +86,7 @@ impl QueuePair {
         if raw.is_null() {
             return Err(Error::last("ibv_create_qp"));
         }
-        let qp = QueuePair {
-            raw,
-            cm: None,
-            cfg,
-            _pd: pd.clone(),
-            _send_cq: send_cq.clone(),
-            _recv_cq: recv_cq.clone(),
-            _srq: srq.cloned(),
-        };
+        let qp = QueuePair::holding(raw, None, cfg, pd, send_cq, recv_cq, srq);
         let mut attr = zeroed_attr();
         attr.qp_state = State::IBV_QPS_INIT;
         attr.pkey_index = 0;
@@ -130,16 +122,38 @@ impl QueuePair {
         if rc != 0 {
             return Err(Error::last("rdma_create_qp"));
         }
-        Ok(QueuePair {
-            // SAFETY: rdma_create_qp succeeded, so the id holds the new QP.
-            raw: unsafe { (*id.as_raw()).qp },
-            cm: Some(id),
+        // SAFETY: rdma_create_qp succeeded, so the id holds the new QP.
+        let raw = unsafe { (*id.as_raw()).qp };
+        Ok(QueuePair::holding(
+            raw,
+            Some(id),
+            cfg,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+        ))
+    }
+
+    /// Wraps a new QP, keeping what it was made from alive as long as it is.
+    fn holding(
+        raw: *mut rdma_sys::ibv_qp,
+        cm: Option<CmId>,
+        cfg: QpConfig,
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        srq: Option<&Arc<SharedReceiveQueue>>,
+    ) -> QueuePair {
+        QueuePair {
+            raw,
+            cm,
             cfg,
             _pd: pd.clone(),
             _send_cq: send_cq.clone(),
             _recv_cq: recv_cq.clone(),
             _srq: srq.cloned(),
-        })
+        }
     }
 
     /// The rdma_cm id of a QP made with [`QueuePair::new_rc_cm`].
