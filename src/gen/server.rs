@@ -391,7 +391,13 @@ impl Resources {
             0
         };
         let echo = if run.pingpong { flows * 16 } else { 0 };
-        let cq = CompletionQueue::new(&sh.ctx, (pool + echo + 16) as i32)?;
+        let entries = (pool + echo + 16) as i32;
+        // The SEND sink sleeps on CQ events when idle; the ping-pong echo spins (it is timed).
+        let cq = if run.op == Op::Send && !run.pingpong {
+            CompletionQueue::with_events(&sh.ctx, entries)?
+        } else {
+            CompletionQueue::new(&sh.ctx, entries)?
+        };
         let srq = if run.op == Op::Send {
             Some(SharedReceiveQueue::new(&sh.pd, pool as u32)?)
         } else {

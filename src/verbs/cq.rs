@@ -2,9 +2,12 @@
 use super::{Context, Error, Result};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub struct CompletionQueue {
     raw: *mut rdma_sys::ibv_cq,
+    /// The completion channel of a CQ made with [`CompletionQueue::with_events`].
+    channel: *mut rdma_sys::ibv_comp_channel,
     _ctx: Arc<Context>,
 }
 
@@ -38,25 +41,87 @@ impl WorkCompletion {
 }
 
 impl CompletionQueue {
+    /// A CQ that is only polled.
     pub fn new(ctx: &Arc<Context>, entries: i32) -> Result<Arc<CompletionQueue>> {
-        // SAFETY: no completion channel, no context pointer.
+        Self::create(ctx, entries, std::ptr::null_mut())
+    }
+
+    /// A CQ that can also be waited on ([`CompletionQueue::arm`], [`CompletionQueue::wait`]),
+    /// for a consumer that should sleep rather than spin while nothing completes.
+    pub fn with_events(ctx: &Arc<Context>, entries: i32) -> Result<Arc<CompletionQueue>> {
+        // SAFETY: ctx is an open context.
+        let channel = unsafe { rdma_sys::ibv_create_comp_channel(ctx.as_raw()) };
+        if channel.is_null() {
+            return Err(Error::last("ibv_create_comp_channel"));
+        }
+        Self::create(ctx, entries, channel).inspect_err(|_| unsafe {
+            // SAFETY: the channel has no CQ yet.
+            rdma_sys::ibv_destroy_comp_channel(channel);
+        })
+    }
+
+    fn create(
+        ctx: &Arc<Context>,
+        entries: i32,
+        channel: *mut rdma_sys::ibv_comp_channel,
+    ) -> Result<Arc<CompletionQueue>> {
+        // SAFETY: the channel is null or belongs to ctx; no context pointer.
         let raw = unsafe {
-            rdma_sys::ibv_create_cq(
-                ctx.as_raw(),
-                entries,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
+            rdma_sys::ibv_create_cq(ctx.as_raw(), entries, std::ptr::null_mut(), channel, 0)
         };
         if raw.is_null() {
             return Err(Error::last("ibv_create_cq"));
         }
         Ok(Arc::new(CompletionQueue {
             raw,
+            channel,
             _ctx: ctx.clone(),
         }))
     }
+
+    /// Asks for an event at the next completion. A completion that arrived before arming
+    /// raises none: poll once more after arming, before waiting.
+    pub fn arm(&self) -> Result<()> {
+        if self.channel.is_null() {
+            return Err(Error::other("ibv_req_notify_cq", "CQ made without events"));
+        }
+        // SAFETY: raw is a live CQ with a completion channel.
+        let rc = unsafe { rdma_sys::ibv_req_notify_cq(self.raw, 0) };
+        if rc != 0 {
+            return Err(Error::code("ibv_req_notify_cq", rc));
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the event of an armed CQ; false when none came.
+    pub fn wait(&self, timeout: Duration) -> Result<bool> {
+        if self.channel.is_null() {
+            return Err(Error::other("ibv_get_cq_event", "CQ made without events"));
+        }
+        let mut pfd = libc::pollfd {
+            // SAFETY: the channel is live.
+            fd: unsafe { (*self.channel).fd },
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
+            return Ok(false);
+        }
+        let mut cq = std::ptr::null_mut();
+        let mut cq_context = std::ptr::null_mut();
+        // SAFETY: the channel is readable, so this does not block; the event is acknowledged
+        // at once (destroying the CQ waits for every event to be).
+        unsafe {
+            if rdma_sys::ibv_get_cq_event(self.channel, &mut cq, &mut cq_context) != 0 {
+                return Err(Error::last("ibv_get_cq_event"));
+            }
+            rdma_sys::ibv_ack_cq_events(cq, 1);
+        }
+        Ok(true)
+    }
+
     pub fn as_raw(&self) -> *mut rdma_sys::ibv_cq {
         self.raw
     }
@@ -89,7 +154,13 @@ impl CompletionQueue {
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
-        // SAFETY: QPs using this CQ hold an Arc to it, so they are gone.
-        unsafe { rdma_sys::ibv_destroy_cq(self.raw) };
+        // SAFETY: QPs using this CQ hold an Arc to it, so they are gone; the channel goes
+        // after its only CQ.
+        unsafe {
+            rdma_sys::ibv_destroy_cq(self.raw);
+            if !self.channel.is_null() {
+                rdma_sys::ibv_destroy_comp_channel(self.channel);
+            }
+        }
     }
 }
