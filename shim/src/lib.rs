@@ -37,6 +37,9 @@ static WAITS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
 /// The active settings and the startup message (not used on the post path).
 static STATE: Mutex<Option<Loaded>> = Mutex::new(None);
 static ANNOUNCED: AtomicBool = AtomicBool::new(false);
+/// This process is a fork() child of the one that loaded the shim (its stats file must not
+/// overwrite the parent's).
+static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
 /// Set once the configuration is installed.
 static LOADED: AtomicBool = AtomicBool::new(false);
 
@@ -207,7 +210,7 @@ pub fn write_stats() {
     let path = {
         let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
         match guard.as_ref().and_then(|l| l.settings.stats.clone()) {
-            Some(p) => stats::expand_path(&p),
+            Some(p) => stats::expand_path(&p, FORKED_CHILD.load(Relaxed)),
             None => return,
         }
     };
@@ -248,6 +251,7 @@ extern "C" fn on_load() {
 }
 
 extern "C" fn on_fork_child() {
+    FORKED_CHILD.store(true, Relaxed);
     rng::atfork_child();
     stats::reset();
 }

@@ -203,7 +203,23 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
     })
 }
 
-/// `%p` in the stats path → pid.
-pub fn expand_path(pattern: &str) -> String {
-    pattern.replace("%p", &std::process::id().to_string())
+/// `%p` in the stats path → pid. A forked child whose path has no `%p` would overwrite its
+/// parent's file: it writes `NAME.<pid>.EXT` (or `NAME.<pid>`) beside it instead.
+pub fn expand_path(pattern: &str, forked_child: bool) -> String {
+    let pid = std::process::id().to_string();
+    if pattern.contains("%p") || !forked_child {
+        return pattern.replace("%p", &pid);
+    }
+    let path = std::path::Path::new(pattern);
+    match (path.file_stem(), path.extension()) {
+        (Some(stem), Some(ext)) => path
+            .with_file_name(format!(
+                "{}.{pid}.{}",
+                stem.to_string_lossy(),
+                ext.to_string_lossy()
+            ))
+            .display()
+            .to_string(),
+        _ => format!("{pattern}.{pid}"),
+    }
 }

@@ -577,6 +577,35 @@ fn forked_child_gets_fresh_stream_and_own_counts() {
 }
 
 #[test]
+fn forked_child_without_pid_in_the_stats_path_keeps_the_parents_file() {
+    if child_scenario().is_some() {
+        // The same parent/child posting as forked_child_gets_fresh_stream_and_own_counts.
+        return forked_child_gets_fresh_stream_and_own_counts();
+    }
+    let dir = scratch("fork-nopid");
+    let out = respawn(
+        "forked_child_without_pid_in_the_stats_path_keeps_the_parents_file",
+        "fork",
+        &[
+            ("IBJITTER_DELAY", "100ns".into()),
+            ("IBJITTER_STATS", format!("{}/stats.json", dir.display())),
+        ],
+    );
+    assert_eq!(out.result["child_status"], 0);
+    let parent: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).unwrap()).unwrap();
+    assert_eq!(parent["posts_total"], 200, "the parent's file is its own");
+    let s = read_stats(&dir);
+    assert_eq!(s.len(), 2, "{s:?}");
+    let child = s
+        .iter()
+        .find(|v| v["posts_total"] == 30)
+        .expect("child's stats");
+    let child_file = dir.join(format!("stats.{}.json", child["pid"]));
+    assert!(child_file.exists(), "{}", child_file.display());
+}
+
+#[test]
 fn loops_unit_spins_without_clock() {
     if child_scenario().is_some() {
         return child_basic(300);
