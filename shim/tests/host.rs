@@ -110,11 +110,23 @@ fn stats_env(dir: &Path) -> (&'static str, String) {
 /// Child: open a fake context through the shim, post `n` sends and `n/2` wr_completes,
 /// close, report pointers and timing.
 fn child_basic(n: u64) {
+    child_posts(n, false)
+}
+
+/// `child_basic`, with the context opened by `ibv_open_device` or `ibv_import_device`.
+fn child_posts(n: u64, import: bool) {
     let shim = load_shim();
     let mut fc = FakeContext::new(counting_post_send);
     let (orig_ps, orig_cqe) = (fc.post_send_ptr(), fc.create_qp_ex_ptr());
-    // SAFETY: the stub returns the fake context we pass as the device.
-    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    // SAFETY: the stub returns the fake context we pass as the device (or set for import).
+    let ctx = unsafe {
+        if import {
+            (shim.set_imported_context)(fc.ctx());
+            (shim.import_device)(3)
+        } else {
+            (shim.open_device)(fc.ctx() as *mut _)
+        }
+    };
     assert_eq!(ctx, fc.ctx());
     let patched = fc.post_send_ptr() != orig_ps && fc.create_qp_ex_ptr() != orig_cqe;
     let mut q = fake_qp(ctx);
@@ -227,6 +239,29 @@ fn constant_delay_is_injected_counted_and_restored() {
     // HdrHistogram reports a bucket's highest equivalent value (3 significant digits).
     let p50 = s["delay_ns"]["percentiles"]["p50"].as_u64().unwrap();
     assert!((20_000..=20_020).contains(&p50), "p50 {p50}");
+}
+
+#[test]
+fn imported_context_is_patched_like_an_opened_one() {
+    if child_scenario().is_some() {
+        return child_posts(1000, true);
+    }
+    let dir = scratch("import");
+    let out = respawn(
+        "imported_context_is_patched_like_an_opened_one",
+        "import",
+        &[("IBJITTER_DELAY", "1us".into()), stats_env(&dir)],
+    );
+    let r = &out.result;
+    assert_eq!(
+        (&r["patched"], &r["wr_patched"], &r["restored"]),
+        (&Value::Bool(true), &Value::Bool(true), &Value::Bool(true)),
+        "{r}"
+    );
+    assert_eq!(r["provider_posts"], 1500);
+    let s = &read_stats(&dir)[0];
+    assert_eq!(s["posts"]["post_send"], 1000);
+    assert_eq!(s["delays_injected"], 1500);
 }
 
 #[test]

@@ -93,6 +93,9 @@ fn sym<T: Copy>(h: *mut c_void, name: &str) -> T {
 /// environment of this process).
 pub struct Shim {
     pub open_device: unsafe extern "C" fn(*mut c_void) -> *mut ibv_context,
+    pub import_device: unsafe extern "C" fn(c_int) -> *mut ibv_context,
+    /// The stub's: what its ibv_import_device returns.
+    pub set_imported_context: unsafe extern "C" fn(*mut ibv_context),
     pub close_device: unsafe extern "C" fn(*mut ibv_context) -> c_int,
     pub create_qp: unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp,
 }
@@ -100,10 +103,12 @@ pub struct Shim {
 impl Shim {
     /// Loads the stub libibverbs first, then `so`.
     pub fn load(so: &Path, stub: &Path) -> Shim {
-        dlopen(stub);
+        let stub = dlopen(stub);
         let h = dlopen(so);
         Shim {
             open_device: sym(h, "ibv_open_device"),
+            import_device: sym(h, "ibv_import_device"),
+            set_imported_context: sym(stub, "stub_set_imported_context"),
             close_device: sym(h, "ibv_close_device"),
             create_qp: sym(h, "ibv_create_qp"),
         }

@@ -3,7 +3,10 @@
  * the test, returned as is; ibv_create_qp likewise returns its pd argument (a fake QP).
  * Unversioned definitions satisfy the shim's dlvsym(..., "IBVERBS_1.1") lookups. */
 void *ibv_open_device(void *device) { return device; }
-void *ibv_import_device(int cmd_fd) { (void)cmd_fd; return 0; }
+/* ibv_import_device returns the fake context the test set beforehand. */
+static void *imported_context;
+void stub_set_imported_context(void *context) { imported_context = context; }
+void *ibv_import_device(int cmd_fd) { (void)cmd_fd; return imported_context; }
 int ibv_close_device(void *context) { (void)context; return 0; }
 void *ibv_create_qp(void *pd, void *attr) { (void)attr; return pd; }
 void *ibv_qp_to_qp_ex(void *qp) { return qp; }
