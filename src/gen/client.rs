@@ -3,7 +3,7 @@
 use super::cm;
 use super::progress::{self, Counters};
 use super::shard::Shard;
-use super::stats::{new_histogram, FlowStats};
+use super::stats::{merge_into, new_histogram, FlowStats};
 use super::stop::{self, Reason};
 use super::wire::{self, Message, RunRequest, PROTOCOL_VERSION};
 use super::worker::{self, WorkerOutput, WorkerParams};
@@ -437,7 +437,7 @@ fn build_report(cfg: &RunConfig, device: &str, flows: &[FlowStats], run: &Measur
     } = run;
     let mut all = new_histogram();
     for f in flows {
-        all.add(&f.latency).expect("same histogram bounds");
+        merge_into(&mut all, &f.latency);
     }
     let firsts: Vec<u64> = flows.iter().filter_map(|f| f.first_post_ns).collect();
     let skew = spread_us(&firsts);

@@ -22,7 +22,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    pub fn of(h: &Histogram<u64>) -> Latency {
+    pub fn of<T: hdrhistogram::Counter>(h: &Histogram<T>) -> Latency {
         if h.is_empty() {
             return Latency::default();
         }
