@@ -257,6 +257,9 @@ fn rdma_cm_connects_every_flow() {
         {bin} run 10.0.0.2 --dev rxe0 --flows 4 --duration 1s --json {o}/tcp.json --no-progress > /dev/null
         echo "tcp_rc=$?"
         kill $server; wait $server
+        # No host at this address: rdma_cm cannot resolve it, and says what to give instead.
+        {bin} run 10.0.0.99 --dev rxe0 --cm --flows 2 --duration 1s --no-progress 2> {o}/unreachable.err
+        echo "unreachable_rc=$?"
         {bin} serve --dev rxe1 --once > /dev/null 2>&1 &
         wait_until 20 tcp_listening 18515
         {bin} run 10.0.0.2 --dev rxe0 --cm --flows 2 --duration 1s --no-progress 2> {o}/refused.err
@@ -305,6 +308,14 @@ fn rdma_cm_connects_every_flow() {
     assert!(rping.contains("REJECTED"), "{rping}");
     assert_eq!(field(&out.output, "tcp_rc"), Some(0.0), "{}", out.output);
     assert_eq!(read_json(&out_dir.join("tcp.json"))["connection"], "tcp");
+
+    let unreachable = std::fs::read_to_string(out_dir.join("unreachable.err")).unwrap();
+    assert_eq!(
+        field(&out.output, "unreachable_rc"),
+        Some(2.0),
+        "{unreachable}"
+    );
+    assert!(unreachable.contains("RDMA network"), "{unreachable}");
 
     let refused = std::fs::read_to_string(out_dir.join("refused.err")).unwrap();
     assert_eq!(field(&out.output, "refused_rc"), Some(2.0), "{refused}");

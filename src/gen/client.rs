@@ -80,16 +80,16 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         timeout: cfg.qp_timeout,
         ..QpConfig::default()
     };
-    let mut stream = connect(&cfg.server, cfg.port, cfg.setup_timeout)?;
     let interrupted = || stop::requested().is_some();
-    // --cm: an rdma_cm id per flow, resolved toward the address the control connection
-    // reached, from this device's own address.
+    // --cm: an rdma_cm id per flow, resolved toward the server's address from this device's
+    // own address; the control connection then goes to that same address. Nothing here
+    // needs the server up yet, and the server's wait for Hello starts only once all is made.
     let mut cm_flows = None;
+    let mut server_host = cfg.server.clone();
     if cfg.cm {
-        let server = stream
-            .peer_addr()
-            .map_err(|e| format!("control connection: {e}"))?;
-        let server = SocketAddr::new(server.ip(), cfg.port);
+        let ip = server_ip(&cfg.server)?;
+        server_host = ip.to_string();
+        let server = SocketAddr::new(ip, cfg.port);
         let source = verbs::cm::gid_ipv4(&gid).map(IpAddr::V4);
         let (channel, cm_ids) = cm::resolve_flows(
             &ctx,
@@ -124,6 +124,7 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         shards.push(shard);
     }
 
+    let mut stream = connect(&server_host, cfg.port, cfg.setup_timeout)?;
     // The exchange: our endpoints in flow order, the server's back in the same order.
     let mut ours = vec![None; cfg.flows as usize];
     for shard in &shards {
@@ -329,6 +330,21 @@ fn resolve_rate(
             Some((total_ops / f64::from(cfg.flows), arrival))
         }
     })
+}
+
+/// The server's address for rdma_cm: the name's first IPv4 address, else its first address.
+fn server_ip(server: &str) -> Result<IpAddr, String> {
+    let addrs: Vec<IpAddr> = (server, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {server}: {e}"))?
+        .map(|a| a.ip())
+        .collect();
+    addrs
+        .iter()
+        .find(|ip| ip.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{server} has no address"))
 }
 
 /// Connects to the server, retrying until `timeout`: in an incast the receiver may still be

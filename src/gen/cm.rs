@@ -128,7 +128,14 @@ pub fn resolve_flows(
                 }
                 routed += 1;
             }
-            _ => return Err(failure(ev.context, &ev)),
+            _ => {
+                return Err(format!(
+                    "{}; with --cm the server's address must be its address on the RDMA network, reachable from {}{}",
+                    failure(ev.context, &ev),
+                    ctx.name(),
+                    source.map_or(String::new(), |ip| format!(" ({ip})"))
+                ))
+            }
         }
     }
     Ok((channel, ids))

@@ -4,7 +4,7 @@ use super::cm::{Incoming, Listener};
 use super::responder::{self, EchoFlow, Received, RecvPool};
 use super::shard::{initial_psn, slot_size};
 use super::wire::{self, FlowEndpoint, Message, Op, RunRequest, PROTOCOL_VERSION};
-use crate::verbs::cm::{self as verbs_cm, ConnParams};
+use crate::verbs::cm::{self as verbs_cm, ConnParams, EventChannel};
 use crate::verbs::{
     self, CompletionQueue, Context, Endpoint, MemoryRegion, ProtectionDomain, QpConfig, QueuePair,
     RemoteBuffer, SharedReceiveQueue,
@@ -238,6 +238,19 @@ fn cm_address(cfg: &ServeConfig, gid: &[u8; 16]) -> Result<SocketAddr, String> {
     Ok(SocketAddr::new(ip, cfg.port))
 }
 
+/// How often a set-up wait looks at the client's control connection.
+const CLIENT_CHECK: Duration = Duration::from_millis(200);
+
+/// The client closed its control connection (it gave up or died).
+fn closed(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let gone = matches!(stream.peek(&mut [0u8; 1]), Ok(0));
+    let _ = stream.set_nonblocking(false);
+    gone
+}
+
 /// A session token nobody can guess by accident: a connection request must name its session.
 fn session_token(id: usize) -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -316,8 +329,10 @@ fn session(mut stream: TcpStream, sh: &Shared, id: usize) -> Result<(), String> 
         },
     )
     .map_err(|e| e.to_string())?;
-    if let Some((_, (requests, _registration))) = &cm {
-        res.accept_cm(sh, requests, run.flows.len())?;
+    if let Some((_, (requests, registration))) = cm {
+        res.accept_cm(sh, &requests, run.flows.len(), &stream)?;
+        // Set up: a later request with this token is refused at once, not queued unread.
+        drop(registration);
     }
     match wire::recv(&mut stream, Some(cfg.setup_timeout), "Ready").map_err(|e| e.to_string())? {
         Message::Ready => {}
@@ -373,6 +388,8 @@ struct Resources {
     slot: usize,
     pool: usize,
     qp_cfg: QpConfig,
+    /// With rdma_cm: where this session's ids report (after the QPs: dropped last).
+    cm_channel: Option<Arc<EventChannel>>,
 }
 
 /// The SEND receive pool: enough for every flow's depth, within the device limit and 256 MiB.
@@ -444,17 +461,23 @@ impl Resources {
             slot,
             pool,
             qp_cfg,
+            cm_channel: None,
         })
     }
 
     /// Makes and accepts a QP for each of the session's `flows` rdma_cm requests, within the
-    /// set-up timeout.
+    /// set-up timeout, giving up early if the client's control connection closes. Each id
+    /// moves to this session's own event channel first: from then on only this thread
+    /// touches it (the listener thread reading its events could race our QP's destruction).
     fn accept_cm(
         &mut self,
         sh: &Shared,
         requests: &Receiver<Incoming>,
         flows: usize,
+        client: &TcpStream,
     ) -> Result<(), String> {
+        self.cm_channel = Some(EventChannel::new().map_err(|e| e.to_string())?);
+        let channel = self.cm_channel.as_ref().expect("just made");
         let params = ConnParams {
             ack_timeout: self.qp_cfg.timeout,
             retry_count: self.qp_cfg.retry_cnt,
@@ -463,14 +486,26 @@ impl Resources {
         };
         let mut slots: Vec<Option<QueuePair>> = (0..flows).map(|_| None).collect();
         let deadline = Instant::now() + sh.cfg.setup_timeout;
-        for accepted in 0..flows {
+        let mut accepted = 0;
+        while accepted < flows {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Incoming { flow, id } = requests.recv_timeout(left).map_err(|_| {
-                format!(
+            if left.is_zero() {
+                return Err(format!(
                     "rdma_cm: {accepted} of {flows} flows connected after {:?}",
                     sh.cfg.setup_timeout
-                )
-            })?;
+                ));
+            }
+            let Ok(Incoming { flow, id }) = requests.recv_timeout(left.min(CLIENT_CHECK)) else {
+                if closed(client) {
+                    return Err(format!(
+                        "client left after {accepted} of {flows} flows connected"
+                    ));
+                }
+                continue;
+            };
+            let id = id
+                .migrate(channel)
+                .map_err(|e| format!("flow {flow}: {e}"))?;
             let Some(slot) = slots.get_mut(flow as usize).filter(|s| s.is_none()) else {
                 let _ = id.reject("flow index out of range or already connected");
                 return Err(format!("rdma_cm: bad or repeated flow index {flow}"));
@@ -489,6 +524,7 @@ impl Resources {
                 .accept(params)
                 .map_err(|e| format!("flow {flow}: {e}"))?;
             *slot = Some(qp);
+            accepted += 1;
         }
         self.qps = slots
             .into_iter()

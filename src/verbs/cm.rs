@@ -104,7 +104,18 @@ impl EventChannel {
         if raw.is_null() {
             return Err(Error::last("rdma_create_event_channel"));
         }
-        Ok(Arc::new(EventChannel { raw }))
+        let channel = EventChannel { raw };
+        // Non-blocking: librdmacm may swallow an event and read again, which would otherwise
+        // block past our timeout (a listener could then never see its stop flag).
+        // SAFETY: fd is the channel's own descriptor.
+        unsafe {
+            let fd = (*raw).fd;
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+                return Err(Error::last("fcntl(rdma_cm event channel, O_NONBLOCK)"));
+            }
+        }
+        Ok(Arc::new(channel))
     }
 
     /// The next event, waiting at most `timeout`; `None` when nothing came (or a signal
@@ -131,9 +142,14 @@ impl EventChannel {
             return Ok(None);
         }
         let mut ev = std::ptr::null_mut();
-        // SAFETY: the channel has an event ready; it is copied and acknowledged below.
+        // SAFETY: the channel is non-blocking; an event read is copied and acknowledged below.
         if unsafe { rdma_sys::rdma_get_cm_event(self.raw, &mut ev) } != 0 {
-            return Err(Error::last("rdma_get_cm_event"));
+            let err = Error::last("rdma_get_cm_event");
+            return if err.errno == libc::EAGAIN {
+                Ok(None)
+            } else {
+                Err(err)
+            };
         }
         // SAFETY: ev is valid until acknowledged; the connection parameters are the union
         // member for every connected-mode event.
@@ -220,6 +236,24 @@ impl CmId {
 
     pub fn as_raw(&self) -> *mut rdma_sys::rdma_cm_id {
         self.raw
+    }
+
+    /// Moves the id's events to `channel` (waiting until those read on the old one are
+    /// acknowledged), so that only the new channel's owner ever touches the id: librdmacm
+    /// itself changes an id's QP while it reads some events.
+    pub fn migrate(self, channel: &Arc<EventChannel>) -> Result<CmId> {
+        // SAFETY: both are live; the id now reports to `channel`, whose Arc it holds.
+        let rc = unsafe { rdma_sys::rdma_migrate_id(self.raw, channel.raw) };
+        check(rc, "rdma_migrate_id")?;
+        // The id lives on under the new channel: not destroyed here, only the old channel's
+        // reference is let go.
+        let old = std::mem::ManuallyDrop::new(self);
+        // SAFETY: the Arc is read out exactly once and `old` is never dropped.
+        drop(unsafe { std::ptr::read(&old._channel) });
+        Ok(CmId {
+            raw: old.raw,
+            _channel: channel.clone(),
+        })
     }
 
     /// The device context the id is bound to (null until an address is bound or resolved).
