@@ -121,24 +121,9 @@ impl EventChannel {
     /// The next event, waiting at most `timeout`; `None` when nothing came (or a signal
     /// interrupted the wait, so callers can check for Ctrl-C).
     pub fn next(self: &Arc<Self>, timeout: Duration) -> Result<Option<Event>> {
-        let mut pfd = libc::pollfd {
-            // SAFETY: raw is a live channel.
-            fd: unsafe { (*self.raw).fd },
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if ready < 0 {
-            let err = Error::last("poll(rdma_cm event channel)");
-            return if err.errno == libc::EINTR {
-                Ok(None)
-            } else {
-                Err(err)
-            };
-        }
-        if ready == 0 {
+        // SAFETY: raw is a live channel.
+        let fd = unsafe { (*self.raw).fd };
+        if !super::readable(fd, timeout, "poll(rdma_cm event channel)")? {
             return Ok(None);
         }
         let mut ev = std::ptr::null_mut();

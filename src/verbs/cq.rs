@@ -98,15 +98,9 @@ impl CompletionQueue {
         if self.channel.is_null() {
             return Err(Error::other("ibv_get_cq_event", "CQ made without events"));
         }
-        let mut pfd = libc::pollfd {
-            // SAFETY: the channel is live.
-            fd: unsafe { (*self.channel).fd },
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
+        // SAFETY: the channel is live.
+        let fd = unsafe { (*self.channel).fd };
+        if !super::readable(fd, timeout, "poll(completion channel)")? {
             return Ok(false);
         }
         let mut cq = std::ptr::null_mut();

@@ -74,6 +74,30 @@ impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Waits until `fd` (an event channel's descriptor) is readable, at most `timeout`; false on
+/// timeout or when a signal interrupted the wait (so callers can look for Ctrl-C).
+pub(crate) fn readable(fd: i32, timeout: std::time::Duration, call: &'static str) -> Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd.
+    match unsafe { libc::poll(&mut pfd, 1, ms) } {
+        n if n > 0 => Ok(true),
+        0 => Ok(false),
+        _ => {
+            let err = Error::last(call);
+            if err.errno == libc::EINTR {
+                Ok(false)
+            } else {
+                Err(err)
+            }
+        }
+    }
+}
+
 /// libibverbs' name for a completion status ("success", "transport retry counter exceeded", ...).
 pub fn wc_status_str(status: u32) -> String {
     // SAFETY: ibv_wc_status_str returns a static string for any value.
