@@ -5,11 +5,11 @@ use super::progress::{self, Counters};
 use super::shard::Shard;
 use super::stats::{merge_into, new_histogram, FlowStats};
 use super::stop::{self, Reason};
-use super::wire::{self, Message, RunRequest, PROTOCOL_VERSION};
+use super::wire::{self, FlowEndpoint, Message, RunRequest, PROTOCOL_VERSION};
 use super::worker::{self, WorkerOutput, WorkerParams};
 use super::{pingpong, Load, RunConfig, StopAt};
 use crate::report::{gbps, hist, jain, spread_us, FlowReport, Latency, Outcome, RunReport, Totals};
-use crate::verbs::cm::ConnParams;
+use crate::verbs::cm::{ConnParams, EventChannel};
 use crate::verbs::{self, CompletionQueue, ProtectionDomain, QpConfig, QueuePair};
 use hdrhistogram::Histogram;
 use std::io::{IsTerminal, Read, Write};
@@ -168,36 +168,8 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         Message::Reject { reason } => return Err(format!("server refused the run: {reason}")),
         other => return Err(format!("expected Accept from the server, got {other:?}")),
     };
-    match (&cm_flows, token) {
-        (Some((channel, _)), Some(token)) => {
-            let params = ConnParams {
-                ack_timeout: cfg.qp_timeout,
-                retry_count: qp_cfg.retry_cnt,
-                rnr_retry: qp_cfg.rnr_retry,
-                srq: false,
-            };
-            let flows = shards.iter().flat_map(|s| &s.flows).map(|f| {
-                let id = f.qp.cm_id().expect("--cm QPs are made on rdma_cm ids");
-                (f.id, id)
-            });
-            cm::connect_flows(
-                channel,
-                flows,
-                token,
-                params,
-                cfg.setup_timeout,
-                &interrupted,
-            )?;
-        }
-        (Some(_), None) => return Err("the server accepted --cm without a session token".into()),
-        (None, _) => {
-            for f in shards.iter().flat_map(|s| &s.flows) {
-                let remote = theirs[f.id as usize];
-                f.qp.connect(&remote.qp, f.psn)
-                    .map_err(|e| format!("connecting flow {}: {e}", f.id))?;
-            }
-        }
-    }
+    let channel = cm_flows.as_ref().map(|(channel, _)| channel);
+    connect_qps(&shards, &theirs, channel, token, cfg, &qp_cfg)?;
     for f in shards.iter_mut().flat_map(|s| &mut s.flows) {
         f.remote = Some(theirs[f.id as usize]);
     }
@@ -309,6 +281,40 @@ pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
         intervals,
         start_time,
     })
+}
+
+/// Connects every flow's QP to the server's: through rdma_cm (`channel`, with the session's
+/// `token`), or with the endpoints it sent (`theirs`, in flow order).
+fn connect_qps(
+    shards: &[Shard],
+    theirs: &[FlowEndpoint],
+    channel: Option<&Arc<EventChannel>>,
+    token: Option<u64>,
+    cfg: &RunConfig,
+    qp_cfg: &QpConfig,
+) -> Result<(), String> {
+    let mut flows = shards.iter().flat_map(|s| &s.flows);
+    match (channel, token) {
+        (Some(channel), Some(token)) => {
+            let params = ConnParams {
+                ack_timeout: cfg.qp_timeout,
+                retry_count: qp_cfg.retry_cnt,
+                rnr_retry: qp_cfg.rnr_retry,
+                srq: false,
+            };
+            let ids = flows.map(|f| {
+                let id = f.qp.cm_id().expect("--cm QPs are made on rdma_cm ids");
+                (f.id, id)
+            });
+            let interrupted = || stop::requested().is_some();
+            cm::connect_flows(channel, ids, token, params, cfg.setup_timeout, &interrupted)
+        }
+        (Some(_), None) => Err("the server accepted --cm without a session token".into()),
+        (None, _) => flows.try_for_each(|f| {
+            f.qp.connect(&theirs[f.id as usize].qp, f.psn)
+                .map_err(|e| format!("connecting flow {}: {e}", f.id))
+        }),
+    }
 }
 
 /// Open-loop rate per flow, if any: `--rate` directly, or `--load` of the link shared by all flows.
