@@ -16,9 +16,11 @@ fn ibjitter() -> String {
 /// Shell functions for the scripts: `capture FILE` starts tcpdump on veth0 (RoCEv2 only, 128-byte
 /// snap length: the decoder reads lengths from the UDP header) and waits until it listens;
 /// `uncapture NAME` stops it and prints `NAME_dropped=N` (dropped by the kernel) and
-/// `NAME_unwritten=N` (received by the filter but not written). tcpdump hands packets over in
-/// blocks retired after its 1 s buffer timeout and drops the unretired ones when interrupted,
-/// hence the wait before SIGINT.
+/// `NAME_captured=N` (written to the file). tcpdump hands packets over in blocks retired after
+/// its 1 s buffer timeout and drops the unretired ones when interrupted, hence the wait before
+/// SIGINT. (Its "received by filter" is no loss measure: it also counts packets libpcap
+/// flushed while installing the filter — one run showed 4,002 received for the 4,000 captured
+/// that were all of the expected ones.)
 const CAPTURE: &str = r#"
 capture() {
     tcpdump -i veth0 -w "$1" -s 128 -B 16384 udp port 4791 2> /tmp/tcpdump.log & TD=$!
@@ -29,7 +31,7 @@ uncapture() {
     cat /tmp/tcpdump.log
     n() { sed -n "s/^\([0-9]*\) packets\{0,1\} $1\$/\1/p" /tmp/tcpdump.log; }
     echo "$1_dropped=$(n 'dropped by kernel')"
-    echo "$1_unwritten=$(( $(n 'received by filter') - $(n captured) ))"
+    echo "$1_captured=$(n captured)"
 }
 "#;
 
@@ -217,10 +219,11 @@ fn injected_constant_delay_shows_in_the_request_to_request_gap() {
             let run = format!("{mode}.{i}");
             assert_eq!(field(text, &format!("{run}_pcap_rc")), Some(0.0), "{text}");
             assert_eq!(field(text, &format!("{run}_dropped")), Some(0.0), "{text}");
-            assert_eq!(
-                field(text, &format!("{run}_unwritten")),
-                Some(0.0),
-                "{text}"
+            // Nothing lost: ib_write_lat -n 1000 is 1,000 WRITEs each way and their ACKs.
+            let captured = field(text, &format!("{run}_captured")).unwrap_or(0.0);
+            assert!(
+                captured >= 4000.0,
+                "{run}: {captured} packets captured\n{text}"
             );
             let r = read_json(&out_dir.join(format!("{run}.json")));
             // The client's flow: rxe0's WRITEs to the server's QP (it also carries rxe0's
