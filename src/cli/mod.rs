@@ -1,6 +1,6 @@
 //! Command-line parsing (clap) and dispatch. Each subcommand has its own file; the logic it
 //! calls lives in the library, so it can be tested without a process.
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 mod incast;
 mod pcap;
@@ -40,4 +40,18 @@ pub fn main() -> i32 {
         Command::Incast(args) => incast::run(args),
         Command::Pcap(args) => pcap::run(args),
     }
+}
+
+/// Which RDMA device, port and GID `run` and `serve` use.
+#[derive(Args)]
+struct RdmaArgs {
+    /// RDMA device (default: $IBJITTER_DEV, else the first one)
+    #[arg(long = "dev", short = 'd', env = "IBJITTER_DEV")]
+    device: Option<String>,
+    /// Device port
+    #[arg(long, default_value_t = 1)]
+    ib_port: u8,
+    /// GID index (default: the first RoCEv2 IPv4 GID, else 0)
+    #[arg(long)]
+    gid_index: Option<i32>,
 }

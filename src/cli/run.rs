@@ -1,5 +1,5 @@
 //! `ibjitter run`: argument parsing and output files; the generator is `ibjitter::gen`.
-use super::units;
+use super::{units, RdmaArgs};
 use clap::{Args, ValueEnum};
 use ibjitter::gen::client::{self, RunOutput};
 use ibjitter::gen::pacing::Arrival;
@@ -24,15 +24,8 @@ pub struct RunArgs {
     /// TCP port of the server's out-of-band exchange
     #[arg(long, short = 'p', default_value_t = 18515)]
     port: u16,
-    /// RDMA device (default: $IBJITTER_DEV, else the first one)
-    #[arg(long = "dev", short = 'd', env = "IBJITTER_DEV")]
-    device: Option<String>,
-    /// Device port
-    #[arg(long, default_value_t = 1)]
-    ib_port: u8,
-    /// GID index (default: the first RoCEv2 IPv4 GID, else 0)
-    #[arg(long)]
-    gid_index: Option<i32>,
+    #[command(flatten)]
+    rdma: RdmaArgs,
     /// Connect the flows through rdma_cm (address/route resolution and the CM handshake, from
     /// the device's own address) instead of exchanging QP numbers over TCP; the server must
     /// run `ibjitter serve --cm`
@@ -149,9 +142,9 @@ impl RunArgs {
         Ok(RunConfig {
             server: self.server.clone(),
             port: self.port,
-            device: self.device.clone(),
-            ib_port: self.ib_port,
-            gid_index: self.gid_index,
+            device: self.rdma.device.clone(),
+            ib_port: self.rdma.ib_port,
+            gid_index: self.rdma.gid_index,
             cm: self.cm,
             flows: self.flows,
             op: match self.op {

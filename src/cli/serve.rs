@@ -1,5 +1,5 @@
 //! `ibjitter serve`: argument parsing; the server is `ibjitter::gen::server`.
-use super::units;
+use super::{units, RdmaArgs};
 use clap::Args;
 use ibjitter::gen::server::{serve, ServeConfig, ServeError};
 use std::time::Duration;
@@ -10,21 +10,14 @@ use std::time::Duration;
 1 when a session failed; 2 when the device or the port cannot be used."
 )]
 pub struct ServeArgs {
-    /// RDMA device (default: $IBJITTER_DEV, else the first one)
-    #[arg(long = "dev", short = 'd', env = "IBJITTER_DEV")]
-    device: Option<String>,
+    #[command(flatten)]
+    rdma: RdmaArgs,
     /// TCP port for the out-of-band exchange
     #[arg(long, short = 'p', default_value_t = 18515)]
     port: u16,
     /// Address to listen on
     #[arg(long, default_value = "0.0.0.0")]
     bind: String,
-    /// Device port
-    #[arg(long, default_value_t = 1)]
-    ib_port: u8,
-    /// GID index (default: the first RoCEv2 IPv4 GID, else 0)
-    #[arg(long)]
-    gid_index: Option<i32>,
     /// Also accept `run --cm` clients: an rdma_cm listener on the same port number (bound to
     /// the device's IPv4 address unless --bind names one)
     #[arg(long)]
@@ -46,9 +39,9 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> i32 {
     let cfg = ServeConfig {
-        device: a.device,
-        ib_port: a.ib_port,
-        gid_index: a.gid_index,
+        device: a.rdma.device,
+        ib_port: a.rdma.ib_port,
+        gid_index: a.rdma.gid_index,
         cm: a.cm,
         bind: a.bind,
         port: a.port,
