@@ -136,6 +136,7 @@ fn quick_reproduction_means_match_and_grow_by_the_table_mean() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
+    common::bench::record_vm_seconds(started.elapsed().as_secs_f64());
     println!(
         "--- tools/reproduce --quick ({:.0} s) ---\n{stdout}\n--- stderr ---\n{stderr}",
         started.elapsed().as_secs_f64()

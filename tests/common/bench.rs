@@ -130,6 +130,7 @@ impl Vm {
         let out = cmd
             .output()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", launcher.display()));
+        record_vm_seconds(started.elapsed().as_secs_f64());
         let result = VmOutput {
             status: out.status.code().unwrap_or(-1),
             output: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -153,6 +154,30 @@ impl Vm {
             ),
             _ => result,
         }
+    }
+}
+
+/// Appends "TEST<TAB>SECONDS" to `<target>/bench-vm-seconds.tsv` for one VM run of the calling
+/// test (`tools/test` empties the file first and prints the table at the end). A test that
+/// runs several VMs writes several lines; tools/test adds them up.
+pub fn record_vm_seconds(secs: f64) {
+    use std::io::Write;
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/shim_bench-0123abcd → shim_bench
+    let stem = exe.file_stem().unwrap_or_default().to_string_lossy();
+    let binary = stem.rsplit_once('-').map_or(&*stem, |(name, _)| name);
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("?");
+    let path = target_dir().join("bench-vm-seconds.tsv");
+    // One short write per line with O_APPEND: lines of concurrent tests never interleave.
+    let line = format!("{binary}::{test}\t{secs:.1}\n");
+    let written = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("warning: cannot record VM time in {}: {e}", path.display());
     }
 }
 
