@@ -1,11 +1,21 @@
 //! `tools/reproduce --quick` in the Soft-RoCE bench: the study's validation (background.md §1)
 //! reduced to two congestion levels (heavy, severe: delays large against the bench's noise),
 //! the packet (ib_write_lat, 4 repetitions) and library (MPI ping-pong, 3; MPI_Barrier, 1)
-//! experiments. It asserts the robust part of what the full
-//! run shows: a lognormal table and the uniform table of the same mean give the same mean
-//! latency (within 20 %), and injected runs exceed the clean runs of the same VM by the mean
-//! delay injected (± 25 %). The shapes that need more runs (medians, barrier divergence,
-//! variation vs mean) are reported by the full run, not asserted here.
+//! experiments. It asserts the robust part of what the full run shows, each with a statistic
+//! the bench's noise does not move:
+//! - the constant ("uniform") table shifts the *fastest* round trips (ib_write_lat's t_min,
+//!   the ping-pong's 10th percentile) by exactly the delay injected per round trip;
+//! - a lognormal table and the uniform table of the same mean give the same mean latency
+//!   (within 20 %), with bench stalls (round trips no injected delay can explain) left out
+//!   and counted;
+//! - the mean round trip grows by at least 0.75 times the delay injected (every delay is on
+//!   the path) and less than 1.75 times. Under TCG the mean grows by up to ~35 % *more*
+//!   than the delay (+20..+60 µs at the packet level; most likely what a busy-waiting vCPU
+//!   costs the rest of the VM), so the mean is not held to ± 25 %; the exact shift is the
+//!   fastest round trips' job.
+//!
+//! The shapes that need more runs (medians, barrier divergence, variation vs mean) are
+//! reported by the full run, not asserted here.
 mod common;
 
 use common::bench::{repo_root, scratch_dir};
@@ -55,12 +65,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Round trips per MPI ping-pong run in `tools/reproduce --quick`.
+const QUICK_PP_ITERS: f64 = 300.0;
+
 const LEVELS: [&str; 2] = ["congestion-heavy", "congestion-severe"];
 
 /// Checks one experiment's CSV; returns the complaints. `delays_per_rtt`: how many injected
-/// delays one measured round trip waits for; `scale`: measured value → round trip. Every
-/// figure is the median over the repetitions, as in the report: the bench's host is shared,
-/// and a stall of a few ms in one run moves that run's mean by tens of µs.
+/// delays one measured round trip waits for; `scale`: measured value → round trip. Figures
+/// are medians over the repetitions (mean latency) or minima (the fastest round trips: the
+/// bench's noise only lengthens round trips, so the least-disturbed run shows the shift).
 fn check(dir: &Path, csv: &str, reps: usize, delays_per_rtt: f64, scale: f64) -> Vec<String> {
     let rows = read_csv(&dir.join(csv));
     let mut bad = Vec::new();
@@ -79,13 +92,41 @@ fn check(dir: &Path, csv: &str, reps: usize, delays_per_rtt: f64, scale: f64) ->
     let mean = |rs: &[&HashMap<String, String>]| -> f64 {
         median(rs.iter().map(|r| num(r, "mean_us")).collect())
     };
-    let clean = of("clean", "none");
-    assert_eq!(clean.len(), reps, "{csv}: one clean run per repetition");
-    let clean = mean(&clean);
+    let fastest = |rs: &[&HashMap<String, String>]| -> f64 {
+        rs.iter()
+            .map(|r| num(r, "low_us"))
+            .fold(f64::INFINITY, f64::min)
+    };
+    // Stalls (ping-pong only): round trips longer than the run's largest delays + 10 ms.
+    let stalls: u64 = ok
+        .iter()
+        .filter(|r| !r["stalls"].is_empty())
+        .map(|r| num(r, "stalls") as u64)
+        .sum();
+    eprintln!("{csv}: {stalls} stalled round trips left out of the means");
+    let clean_rows = of("clean", "none");
+    assert_eq!(
+        clean_rows.len(),
+        reps,
+        "{csv}: one clean run per repetition"
+    );
+    let (clean, clean_fastest) = (mean(&clean_rows), fastest(&clean_rows));
     for level in LEVELS {
         let (logn, unif) = (of(level, "lognormal"), of(level, "uniform"));
         assert_eq!(logn.len(), reps, "{csv} {level}: lognormal runs");
         assert_eq!(unif.len(), reps, "{csv} {level}: uniform runs");
+        let table_mean = num(unif[0], "table_mean_us");
+        let want = delays_per_rtt * table_mean;
+
+        // The constant table shifts the fastest round trips by exactly `want`.
+        let shift = scale * (fastest(&unif) - clean_fastest);
+        eprintln!("{csv} {level} uniform: fastest round trips +{shift:.1} µs, expected {want:.1}");
+        if (shift - want).abs() > 0.15 * want {
+            bad.push(format!(
+                "{csv} {level} uniform: the fastest round trips moved by {shift:.1} µs, expected {want:.1} ± 15 %"
+            ));
+        }
+
         let (ml, mu) = (mean(&logn), mean(&unif));
         let gap = (ml - mu).abs() / mu;
         eprintln!(
@@ -100,7 +141,6 @@ fn check(dir: &Path, csv: &str, reps: usize, delays_per_rtt: f64, scale: f64) ->
         }
         for (table, rs) in [("lognormal", &logn), ("uniform", &unif)] {
             let added = scale * (mean(rs) - clean);
-            let table_mean = num(rs[0], "table_mean_us");
             // What the shim says it drew: a heavy-tailed table's sample mean over a few
             // thousand draws strays by some %, never by much.
             let drawn = median(rs.iter().map(|r| num(r, "drawn_mean_us")).collect());
@@ -108,16 +148,21 @@ fn check(dir: &Path, csv: &str, reps: usize, delays_per_rtt: f64, scale: f64) ->
                 (drawn - table_mean).abs() < 0.15 * table_mean,
                 "{csv} {level} {table}: the shim drew a mean of {drawn:.1} µs from a table of mean {table_mean:.1} µs"
             );
-            let want = delays_per_rtt * table_mean;
             eprintln!(
-                "{csv} {level} {table}: round trip +{added:.1} µs, expected {want:.1} (drawn mean {drawn:.1} µs)"
+                "{csv} {level} {table}: mean round trip +{added:.1} µs, injected {want:.1} (drawn mean {drawn:.1} µs)"
             );
-            if (added - want).abs() > 0.25 * want {
+            if !(0.75 * want..=1.75 * want).contains(&added) {
                 bad.push(format!(
-                    "{csv} {level} {table}: round trip grew by {added:.1} µs, expected {want:.1} ± 25 %"
+                    "{csv} {level} {table}: mean round trip grew by {added:.1} µs, outside [0.75, 1.75] x {want:.1}"
                 ));
             }
         }
+    }
+    let round_trips = ok.len() as f64 * QUICK_PP_ITERS;
+    if stalls as f64 > 0.01 * round_trips {
+        bad.push(format!(
+            "{csv}: {stalls} stalled round trips (> 1 %): the bench is not measuring latency"
+        ));
     }
     bad
 }
