@@ -8,19 +8,16 @@
 //! - [`report`]: what a run measured, and `report::export` for its output formats.
 //! - [`pcap`]: wire-level analysis of RoCE / InfiniBand captures (`ibjitter pcap`).
 //!
-//! The LD_PRELOAD injector lives in the `shim/` crate and uses [`table`] to read its tables.
+//! The LD_PRELOAD injector lives in the `shim/` crate and depends on `ibjitter-table` alone.
 
-pub mod pcap;
-pub mod table;
-
-#[cfg(feature = "verbs")]
 pub mod gen;
-#[cfg(feature = "verbs")]
 pub mod incast;
-#[cfg(feature = "verbs")]
+pub mod pcap;
 pub mod report;
-#[cfg(feature = "verbs")]
 pub mod verbs;
+
+/// Delay tables: the `ibjitter-table` crate (crates/ibjitter-table), which the shim uses alone.
+pub use ibjitter_table as table;
 
 /// Version string stamped into reports: crate version plus the git commit it was built from.
 pub const VERSION: &str = env!("IBJITTER_VERSION");

@@ -1,6 +1,6 @@
 //! Configuration from the environment, read once at load. Any problem becomes one warning
 //! line and pass-through: the host program must never be harmed by a typo.
-use ibjitter_lib::table::{self, Kind, ENTRIES};
+use ibjitter_table::{self as table, Kind, ENTRIES};
 use std::path::{Path, PathBuf};
 
 /// Seed used when `IBJITTER_SEED` is unset ("ibjitter" in ASCII).

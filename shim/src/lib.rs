@@ -24,7 +24,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
 
-const ENTRIES: usize = ibjitter_lib::table::ENTRIES;
+const ENTRIES: usize = ibjitter_table::ENTRIES;
 /// Mode bit: draw and wait.
 const INJECT: u8 = 1;
 /// Mode bit: count (IBJITTER_STATS).

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed};
 
 /// Threads 0..EXCLUSIVE_SLOTS own a slot; later threads share the last one (atomic adds).
 pub const EXCLUSIVE_SLOTS: usize = 64;
-const ENTRIES: usize = ibjitter_lib::table::ENTRIES;
+const ENTRIES: usize = ibjitter_table::ENTRIES;
 
 /// Which interposed pointer a post came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

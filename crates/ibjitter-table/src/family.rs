@@ -172,7 +172,7 @@ pub fn uniform_name(prefix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::stats::Stats;
+    use crate::stats::Stats;
 
     #[test]
     fn members_keep_the_mean_and_spread_grows_as_scale_shrinks() {

@@ -307,7 +307,7 @@ pub fn ks_distance(samples: &[f64], dist: &LogNormal) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::dist::std_normal_quantile;
+    use crate::dist::std_normal_quantile;
 
     #[test]
     fn recovers_parameters_on_small_sample() {

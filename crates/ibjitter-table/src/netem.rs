@@ -123,7 +123,7 @@ pub fn normal_entry_probability(k: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::dist::std_normal_quantile;
+    use crate::dist::std_normal_quantile;
 
     #[test]
     fn normal_is_the_quantized_inverse_cdf() {

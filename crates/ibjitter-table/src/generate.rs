@@ -163,9 +163,9 @@ pub fn make_table(dist: &Dist, kind: Kind) -> Result<Table, TableError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::dist::LogNormal;
-    use crate::table::format::parse;
-    use crate::table::stats::Stats;
+    use crate::dist::LogNormal;
+    use crate::format::parse;
+    use crate::stats::Stats;
 
     #[test]
     fn absolute_lognormal_round_trips_and_records_how() {

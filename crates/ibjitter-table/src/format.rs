@@ -353,7 +353,8 @@ pub fn resolve_named_dist(name: &str) -> Option<PathBuf> {
             dirs.push(PathBuf::from(dir));
         }
     }
-    dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("distributions"));
+    // The checkout's distributions/ (this crate lives in crates/ibjitter-table).
+    dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../distributions"));
     dirs.into_iter()
         .map(|d| d.join(&file))
         .find(|p| p.is_file())

@@ -1,7 +1,9 @@
 //! Delay tables: 4096 integers in 512 lines of 8, the shape of tc netem's `.dist` files.
 //!
 //! - [`format`]: reading and writing tables (std only; the LD_PRELOAD shim uses just this).
-//! - [`duration`]: durations with units (`6.1us`) to and from nanoseconds.
+//! - [`duration`]: durations with units (`6.1us`) to and from nanoseconds (std only).
+//!
+//! With the `generate` feature (default):
 //! - [`dist`]: distributions and their quantile functions.
 //! - [`netem`]: iproute2's constructions of netem's normal/pareto/paretonormal tables.
 //! - [`generate`]: tables from distributions, with headers saying how they were made.
@@ -10,14 +12,21 @@
 //! - [`fit`]: maximum-likelihood lognormal with location (what `scipy.stats.lognorm.fit` does).
 //! - [`family`]: the research's mean-preserving lognormal family.
 
+#[cfg(feature = "generate")]
 pub mod dist;
 pub mod duration;
+#[cfg(feature = "generate")]
 pub mod family;
+#[cfg(feature = "generate")]
 pub mod fit;
 pub mod format;
+#[cfg(feature = "generate")]
 pub mod generate;
+#[cfg(feature = "generate")]
 pub mod netem;
+#[cfg(feature = "generate")]
 pub mod samples;
+#[cfg(feature = "generate")]
 pub mod stats;
 
 pub use format::{

@@ -3,7 +3,7 @@
 //! An absolute table holds a distribution's quantiles at the 4096 stratum midpoints
 //! `(k + 0.5) / 4096`, so the table's empirical distribution *is* the target, not a random
 //! sample of it. `normal`, `pareto` and `paretonormal` have netem's meanings: `mu + sigma * z`
-//! where `z` is netem's standardized shape (see [`crate::table::netem`]).
+//! where `z` is netem's standardized shape (see [`crate::netem`]).
 
 use super::duration::format_ns;
 use super::TableError;
