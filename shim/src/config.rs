@@ -139,37 +139,32 @@ fn parse_u64(t: &str) -> Option<u64> {
     }
 }
 
-/// Parses a duration: a number with a unit (ns, us/usec/µs, ms/msec, s/sec), or, in loops
-/// mode, a plain loop count. A plain number in ns mode is refused: tc reads it as µs, most
-/// readers as ns, so we ask instead of guessing.
+/// Parses IBJITTER_DELAY/JITTER: a duration in the table crate's one grammar (a number and a
+/// unit: ns, us/µs/usec, ms/msec, s/sec, e.g. `1.5ms`, `250 ns`, `1e3us`), non-negative. A bare
+/// `0` needs no unit. A bare non-zero number is refused: tc reads it as µs, most readers as
+/// ns, so we ask instead of guessing. In loops mode the value is a plain loop count.
 pub fn parse_duration(v: &str, unit: Unit) -> Result<f64, String> {
     let t = v.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
-        .unwrap_or(t.len());
-    let (num, suffix) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{t:?}: expected a duration such as 100us"))?;
-    if !n.is_finite() || n < 0.0 {
-        return Err(format!("{t:?}: expected a non-negative duration"));
-    }
-    let scale = match (unit, suffix.trim()) {
-        (Unit::Loops, "") => 1.0,
-        (Unit::Loops, _) => {
+    let bare: Option<f64> = t.parse().ok().filter(|n: &f64| n.is_finite());
+    let n = match (unit, bare) {
+        (Unit::Loops, Some(n)) => n,
+        (Unit::Loops, None) => {
             return Err(format!(
                 "{t:?}: with IBJITTER_UNIT=loops give a plain loop count"
             ))
         }
-        (Unit::Ns, "ns" | "nsec") => 1.0,
-        (Unit::Ns, "us" | "usec" | "µs") => 1e3,
-        (Unit::Ns, "ms" | "msec") => 1e6,
-        (Unit::Ns, "s" | "sec") => 1e9,
-        (Unit::Ns, "") if n == 0.0 => 1.0,
-        (Unit::Ns, "") => return Err(format!("{t:?}: missing unit (write e.g. {n}us or {n}ns)")),
-        (Unit::Ns, other) => return Err(format!("{t:?}: unknown unit {other:?} (ns, us, ms, s)")),
+        (Unit::Ns, Some(0.0)) => 0.0,
+        (Unit::Ns, Some(n)) => {
+            return Err(format!("{t:?}: missing unit (write e.g. {n}us or {n}ns)"))
+        }
+        (Unit::Ns, None) => {
+            table::duration::parse_duration(t).map_err(|e| format!("{t:?}: {e}"))?
+        }
     };
-    Ok(n * scale)
+    if n < 0.0 {
+        return Err(format!("{t:?}: expected a non-negative duration"));
+    }
+    Ok(n)
 }
 
 type Var<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -287,6 +282,13 @@ mod tests {
             .unwrap_err()
             .contains("missing unit"));
         assert!(parse_duration("1furlong", Unit::Ns).is_err());
+        // The table grammar's forms: exponents, µ/μ, any ASCII case.
+        assert_eq!(parse_duration("1e3us", Unit::Ns), Ok(1e6));
+        assert_eq!(parse_duration("6.1µs", Unit::Ns), Ok(6100.0));
+        assert_eq!(parse_duration("2MS", Unit::Ns), Ok(2e6));
+        assert!(parse_duration("1e400ms", Unit::Ns).is_err());
+        assert!(parse_duration("inf", Unit::Ns).is_err());
+        assert!(parse_duration("-1", Unit::Loops).is_err());
         assert!(parse_duration("-3us", Unit::Ns).is_err());
         assert_eq!(parse_duration("300", Unit::Loops), Ok(300.0));
         assert!(parse_duration("3us", Unit::Loops).is_err());

@@ -108,6 +108,12 @@ pub fn format_ns(ns: f64) -> String {
     format!("{ns}ns")
 }
 
+/// [`format_ns`] of `ns` rounded to a thousandth of a nanosecond: computed figures (a mean, an
+/// sd) in headers, without float noise in the last digits.
+pub fn format_ns_rounded(ns: f64) -> String {
+    format_ns((ns * 1000.0).round() / 1000.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@
 //! the injector draws from.
 
 use super::dist::{std_normal_quantile, Dist, LogNormal};
-use super::duration::format_ns;
+use super::duration::{format_ns, format_ns_rounded};
 use super::format::{Kind, Table, ENTRIES};
 use super::generate::{make_table, stratum_probability};
 use super::TableError;
@@ -99,7 +99,7 @@ pub fn family(base: &LogNormal, fractions: &[f64], source: &str) -> Result<Famil
             "mean-preserving family of {source} ({}): scale at {}% of its scale, shape by bisection so the table mean equals the base table's mean {}",
             base.describe(),
             percent(f),
-            format_ns(round3(target))
+            format_ns_rounded(target)
         )
     };
     let mut base_table = make_table(&Dist::LogNormal(base), Kind::Absolute)?;
@@ -143,10 +143,6 @@ pub fn family(base: &LogNormal, fractions: &[f64], source: &str) -> Result<Famil
         members,
         uniform,
     })
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
 }
 
 /// A fraction as a percentage for names and headers: `0.75` → `75`, `0.125` → `12.5`.

@@ -3,7 +3,7 @@
 //! Every table records in its header how it was made.
 
 use super::dist::Dist;
-use super::duration::format_ns;
+use super::duration::{format_ns, format_ns_rounded};
 use super::format::{Kind, Table, ENTRIES};
 use super::netem;
 use super::stats::Stats;
@@ -40,15 +40,11 @@ pub fn summary_line(entries: &[i64]) -> String {
     let s = Stats::of_i64(entries);
     format!(
         "table: mean={} sd={} min={} max={}",
-        format_ns(round3(s.mean)),
-        format_ns(round3(s.sd)),
+        format_ns_rounded(s.mean),
+        format_ns_rounded(s.sd),
         format_ns(s.min),
         format_ns(s.max)
     )
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
 }
 
 /// An absolute table from quantiles in nanoseconds: rounded to the nearest ns, negative values
@@ -135,8 +131,8 @@ pub fn make_table(dist: &Dist, kind: Kind) -> Result<Table, TableError> {
                             .to_string(),
                         format!(
                             "mu={} sigma={} give the distribution back",
-                            format_ns(round3(n.mean)),
-                            format_ns(round3(n.sd))
+                            format_ns_rounded(n.mean),
+                            format_ns_rounded(n.sd)
                         ),
                     ];
                     if n.clamped > 0 {
