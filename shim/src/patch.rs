@@ -5,6 +5,9 @@
 //! the same original — one provider, the usual case — it sits in one atomic; only a process
 //! mixing providers falls back to scanning a fixed table. Registration takes a mutex (open,
 //! close and QP creation only) and never allocates.
+use crate::inject;
+use crate::real::{address, FnSlot, QP_TO_QP_EX};
+use crate::say;
 use crate::stats::Hook;
 use crate::verbs_abi::*;
 use std::ffi::{c_int, c_void};
@@ -17,54 +20,77 @@ pub const MAX_CONTEXTS: usize = 256;
 /// Most QPs tracked when QPs with different `wr_complete` originals coexist.
 pub const MAX_QPS: usize = 4096;
 
-/// A `SINGLE_*` value meaning "originals differ: scan".
+/// The original of every patched object while they all agree (one provider: the usual
+/// case); "mixed" once two differ, and the wrappers then look the object up.
+struct Single<F>(FnSlot<F>);
+
+/// A [`Single`] address meaning "originals differ: scan".
 const MIXED: *mut c_void = std::ptr::dangling_mut::<c_void>();
+
+impl<F: Copy> Single<F> {
+    const fn new() -> Single<F> {
+        Single(FnSlot::empty())
+    }
+
+    /// The common original, None while there is none yet or once they differ.
+    #[inline(always)]
+    fn get(&self) -> Option<F> {
+        if self.0.raw(Acquire) == MIXED {
+            return None;
+        }
+        self.0.get(Acquire)
+    }
+
+    fn is(&self, orig: *mut c_void) -> bool {
+        self.0.raw(Acquire) == orig
+    }
+
+    /// Records `orig` as the original of one more object: stays single while all agree.
+    fn note(&self, orig: *mut c_void) {
+        let cur = self.0.raw(Acquire);
+        if cur.is_null() {
+            self.0.set_raw(orig, Release);
+        } else if cur != orig {
+            self.0.set_raw(MIXED, Release);
+        }
+    }
+}
 
 struct CtxEntry {
     ctx: AtomicPtr<ibv_context>,
-    post_send: AtomicPtr<c_void>,
-    create_qp_ex: AtomicPtr<c_void>,
+    post_send: FnSlot<PostSendFn>,
+    create_qp_ex: FnSlot<CreateQpExFn>,
 }
 
 struct QpEntry {
     qp: AtomicPtr<ibv_qp_ex>,
     ctx: AtomicPtr<ibv_context>,
-    wr_complete: AtomicPtr<c_void>,
+    wr_complete: FnSlot<WrCompleteFn>,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
 const CTX_EMPTY: CtxEntry = CtxEntry {
     ctx: AtomicPtr::new(null_mut()),
-    post_send: AtomicPtr::new(null_mut()),
-    create_qp_ex: AtomicPtr::new(null_mut()),
+    post_send: FnSlot::empty(),
+    create_qp_ex: FnSlot::empty(),
 };
 #[allow(clippy::declare_interior_mutable_const)]
 const QP_EMPTY: QpEntry = QpEntry {
     qp: AtomicPtr::new(null_mut()),
     ctx: AtomicPtr::new(null_mut()),
-    wr_complete: AtomicPtr::new(null_mut()),
+    wr_complete: FnSlot::empty(),
 };
 
 static CONTEXTS: [CtxEntry; MAX_CONTEXTS] = [CTX_EMPTY; MAX_CONTEXTS];
 static QPS: [QpEntry; MAX_QPS] = [QP_EMPTY; MAX_QPS];
-static SINGLE_POST_SEND: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
-static SINGLE_WR_COMPLETE: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+static SINGLE_POST_SEND: Single<PostSendFn> = Single::new();
+static SINGLE_WR_COMPLETE: Single<WrCompleteFn> = Single::new();
 static NQPS: AtomicUsize = AtomicUsize::new(0);
 static LOCK: Mutex<()> = Mutex::new(());
 
 fn lock() -> std::sync::MutexGuard<'static, ()> {
     // A panic while holding it cannot leave the tables inconsistent in a harmful way.
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Records `orig` as the original of one more object: stays "single" while all agree.
-fn note_single(single: &AtomicPtr<c_void>, orig: *mut c_void) {
-    let cur = single.load(Acquire);
-    if cur.is_null() {
-        single.store(orig, Release);
-    } else if cur != orig {
-        single.store(MIXED, Release);
-    }
 }
 
 /// The context's registry entry (under or outside the lock).
@@ -79,7 +105,7 @@ fn find_ctx(ctx: *mut ibv_context) -> Option<&'static CtxEntry> {
 /// # Safety
 /// `ctx` must be null or a live `ibv_context` not yet used by other threads for posting.
 pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
-    if ctx.is_null() || !crate::wants_patching() {
+    if ctx.is_null() || !inject::wants_patching() {
         return false;
     }
     let _g = lock();
@@ -87,39 +113,35 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
         return false;
     }
     let Some(slot) = CONTEXTS.iter().find(|e| e.ctx.load(Relaxed).is_null()) else {
-        crate::warn_once("more than 256 open contexts; new ones are not delayed");
+        say::warn_once("more than 256 open contexts; new ones are not delayed");
         return false;
     };
     let ops = addr_of_mut!((*ctx).ops);
-    let orig_ps = (*ops).post_send.map_or(null_mut(), |f| f as *mut c_void);
     let vctx = verbs_ctx_for_create_qp_ex(ctx);
+    // Never record our own wrapper as an original: that would recurse forever.
+    let ours_ps: PostSendFn = post_send_hook;
+    let ours_cqe: CreateQpExFn = create_qp_ex_hook;
+    let orig_ps = (*ops).post_send.filter(|&f| address(f) != address(ours_ps));
     let orig_cqe = if vctx.is_null() {
-        null_mut()
+        None
     } else {
         (*vctx)
             .create_qp_ex
-            .map_or(null_mut(), |f| f as *mut c_void)
+            .filter(|&f| address(f) != address(ours_cqe))
     };
-    // Never record our own wrapper as an original: that would recurse forever.
-    let ours_ps = post_send_hook as *mut c_void;
-    let ours_cqe = create_qp_ex_hook as *mut c_void;
-    let patch_ps = !orig_ps.is_null() && orig_ps != ours_ps;
-    let patch_cqe = !orig_cqe.is_null() && orig_cqe != ours_cqe;
-    if !patch_ps && !patch_cqe {
+    if orig_ps.is_none() && orig_cqe.is_none() {
         return false;
     }
     // Originals first, then the key, then the pointer swap: a wrapper can always find them.
-    slot.post_send
-        .store(if patch_ps { orig_ps } else { null_mut() }, Relaxed);
-    slot.create_qp_ex
-        .store(if patch_cqe { orig_cqe } else { null_mut() }, Relaxed);
+    slot.post_send.set(orig_ps, Relaxed);
+    slot.create_qp_ex.set(orig_cqe, Relaxed);
     slot.ctx.store(ctx, Release);
-    if patch_ps {
-        note_single(&SINGLE_POST_SEND, orig_ps);
+    if let Some(orig) = orig_ps {
+        SINGLE_POST_SEND.note(address(orig));
         let f: PostSendFn = post_send_hook;
         std::ptr::write_volatile(addr_of_mut!((*ops).post_send), Some(f));
     }
-    if patch_cqe {
+    if orig_cqe.is_some() {
         let f: CreateQpExFn = create_qp_ex_hook;
         std::ptr::write_volatile(addr_of_mut!((*vctx).create_qp_ex), Some(f));
     }
@@ -137,15 +159,11 @@ pub unsafe fn unpatch_context(ctx: *mut ibv_context) {
     }
     let _g = lock();
     let Some(e) = find_ctx(ctx) else { return };
-    let ps = e.post_send.load(Relaxed);
-    if !ps.is_null() {
-        let f: PostSendFn = std::mem::transmute::<*mut c_void, PostSendFn>(ps);
+    if let Some(f) = e.post_send.get(Relaxed) {
         std::ptr::write_volatile(addr_of_mut!((*ctx).ops.post_send), Some(f));
     }
-    let cqe = e.create_qp_ex.load(Relaxed);
     let vctx = verbs_ctx_for_create_qp_ex(ctx);
-    if !cqe.is_null() && !vctx.is_null() {
-        let f: CreateQpExFn = std::mem::transmute::<*mut c_void, CreateQpExFn>(cqe);
+    if let (Some(f), false) = (e.create_qp_ex.get(Relaxed), vctx.is_null()) {
         std::ptr::write_volatile(addr_of_mut!((*vctx).create_qp_ex), Some(f));
     }
     e.ctx.store(null_mut(), Release);
@@ -164,9 +182,11 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
     if qpx.is_null() {
         return false;
     }
-    let orig = (*qpx).wr_complete.map_or(null_mut(), |f| f as *mut c_void);
-    let ours = wr_complete_hook as *mut c_void;
-    if orig.is_null() || orig == ours || !crate::wants_patching() {
+    let ours: WrCompleteFn = wr_complete_hook;
+    let Some(orig) = (*qpx).wr_complete else {
+        return false;
+    };
+    if address(orig) == address(ours) || !inject::wants_patching() {
         return false;
     }
     let ctx = (*qpx).qp_base.context;
@@ -185,18 +205,18 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
         });
     match slot {
         Some(q) => {
-            q.wr_complete.store(orig, Relaxed);
+            q.wr_complete.set(Some(orig), Relaxed);
             q.ctx.store(ctx, Relaxed);
             q.qp.store(qpx, Release);
         }
         // Without an entry only the single-provider shortcut can find the original.
-        None if SINGLE_WR_COMPLETE.load(Acquire) == orig => {}
+        None if SINGLE_WR_COMPLETE.is(address(orig)) => {}
         None => {
-            crate::warn_once("too many QPs with differing providers; new ones are not delayed");
+            say::warn_once("too many QPs with differing providers; new ones are not delayed");
             return false;
         }
     }
-    note_single(&SINGLE_WR_COMPLETE, orig);
+    SINGLE_WR_COMPLETE.note(address(orig));
     let f: WrCompleteFn = wr_complete_hook;
     std::ptr::write_volatile(addr_of_mut!((*qpx).wr_complete), Some(f));
     true
@@ -211,7 +231,7 @@ pub unsafe extern "C" fn post_send_hook(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
-    let mode = crate::mode();
+    let mode = inject::mode();
     if mode == 0 {
         // Pass-through needs no stack frame: two loads, two compares and a tail jump.
         return post_send_orig(qp, wr, bad);
@@ -226,7 +246,7 @@ unsafe extern "C" fn post_send_delayed(
     bad: *mut *mut ibv_send_wr,
     mode: u8,
 ) -> c_int {
-    let Some(wait) = crate::draw(mode, Hook::PostSend) else {
+    let Some(wait) = inject::draw(mode, Hook::PostSend) else {
         return post_send_first(qp, wr, bad, mode);
     };
     if wait != 0 {
@@ -245,7 +265,7 @@ unsafe extern "C" fn post_send_first(
     bad: *mut *mut ibv_send_wr,
     mode: u8,
 ) -> c_int {
-    crate::rng::init_current_thread();
+    inject::first_post_of_thread();
     post_send_delayed(qp, wr, bad, mode)
 }
 
@@ -256,7 +276,7 @@ unsafe extern "C" fn post_send_after_wait(
     bad: *mut *mut ibv_send_wr,
     wait: u64,
 ) -> c_int {
-    crate::clock::wait(wait);
+    inject::wait(wait);
     post_send_orig(qp, wr, bad)
 }
 
@@ -266,11 +286,10 @@ unsafe fn post_send_orig(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
-    let f = SINGLE_POST_SEND.load(Acquire);
-    if f == MIXED || f.is_null() {
-        return post_send_scan(qp, wr, bad);
+    match SINGLE_POST_SEND.get() {
+        Some(f) => f(qp, wr, bad),
+        None => post_send_scan(qp, wr, bad),
     }
-    std::mem::transmute::<*mut c_void, PostSendFn>(f)(qp, wr, bad)
 }
 
 #[cold]
@@ -280,15 +299,16 @@ unsafe extern "C" fn post_send_scan(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
-    let f = find_ctx((*qp).context).map_or(null_mut(), |e| e.post_send.load(Relaxed));
-    if f.is_null() {
-        // Unreachable unless the application posts on a context it already closed.
-        if !bad.is_null() {
-            *bad = wr;
+    match find_ctx((*qp).context).and_then(|e| e.post_send.get(Relaxed)) {
+        Some(f) => f(qp, wr, bad),
+        None => {
+            // Unreachable unless the application posts on a context it already closed.
+            if !bad.is_null() {
+                *bad = wr;
+            }
+            libc::EINVAL
         }
-        return libc::EINVAL;
     }
-    std::mem::transmute::<*mut c_void, PostSendFn>(f)(qp, wr, bad)
 }
 
 /// Our `ibv_qp_ex.wr_complete`: one delay per call, then the provider's.
@@ -296,7 +316,7 @@ unsafe extern "C" fn post_send_scan(
 /// # Safety
 /// Called by the inline `ibv_wr_complete` with its argument.
 pub unsafe extern "C" fn wr_complete_hook(qpx: *mut ibv_qp_ex) -> c_int {
-    let mode = crate::mode();
+    let mode = inject::mode();
     if mode == 0 {
         return wr_complete_orig(qpx);
     }
@@ -305,7 +325,7 @@ pub unsafe extern "C" fn wr_complete_hook(qpx: *mut ibv_qp_ex) -> c_int {
 
 #[inline(never)]
 unsafe extern "C" fn wr_complete_delayed(qpx: *mut ibv_qp_ex, mode: u8) -> c_int {
-    let Some(wait) = crate::draw(mode, Hook::WrComplete) else {
+    let Some(wait) = inject::draw(mode, Hook::WrComplete) else {
         return wr_complete_first(qpx, mode);
     };
     if wait != 0 {
@@ -317,36 +337,32 @@ unsafe extern "C" fn wr_complete_delayed(qpx: *mut ibv_qp_ex, mode: u8) -> c_int
 #[cold]
 #[inline(never)]
 unsafe extern "C" fn wr_complete_first(qpx: *mut ibv_qp_ex, mode: u8) -> c_int {
-    crate::rng::init_current_thread();
+    inject::first_post_of_thread();
     wr_complete_delayed(qpx, mode)
 }
 
 #[inline(never)]
 unsafe extern "C" fn wr_complete_after_wait(qpx: *mut ibv_qp_ex, wait: u64) -> c_int {
-    crate::clock::wait(wait);
+    inject::wait(wait);
     wr_complete_orig(qpx)
 }
 
 #[inline(always)]
 unsafe fn wr_complete_orig(qpx: *mut ibv_qp_ex) -> c_int {
-    let f = SINGLE_WR_COMPLETE.load(Acquire);
-    if f == MIXED || f.is_null() {
-        return wr_complete_scan(qpx);
+    match SINGLE_WR_COMPLETE.get() {
+        Some(f) => f(qpx),
+        None => wr_complete_scan(qpx),
     }
-    std::mem::transmute::<*mut c_void, WrCompleteFn>(f)(qpx)
 }
 
 #[cold]
 #[inline(never)]
 unsafe extern "C" fn wr_complete_scan(qpx: *mut ibv_qp_ex) -> c_int {
-    let f = QPS[..NQPS.load(Acquire)]
+    QPS[..NQPS.load(Acquire)]
         .iter()
         .find(|q| q.qp.load(Acquire) == qpx)
-        .map_or(null_mut(), |q| q.wr_complete.load(Relaxed));
-    if f.is_null() {
-        return libc::EINVAL;
-    }
-    std::mem::transmute::<*mut c_void, WrCompleteFn>(f)(qpx)
+        .and_then(|q| q.wr_complete.get(Relaxed))
+        .map_or(libc::EINVAL, |f| f(qpx))
 }
 
 /// Our `verbs_context.create_qp_ex`: the provider's, then patch the new QP's `wr_complete`.
@@ -356,15 +372,29 @@ unsafe extern "C" fn create_qp_ex_hook(
 ) -> *mut ibv_qp {
     let orig = {
         let _g = lock();
-        find_ctx(ctx).map_or(null_mut(), |e| e.create_qp_ex.load(Relaxed))
+        find_ctx(ctx).and_then(|e| e.create_qp_ex.get(Relaxed))
     };
-    if orig.is_null() {
+    let Some(orig) = orig else {
         *libc::__errno_location() = libc::EOPNOTSUPP;
         return null_mut();
-    }
-    let qp = std::mem::transmute::<*mut c_void, CreateQpExFn>(orig)(ctx, attr);
-    crate::hooks::patch_qp_ex_of(qp);
+    };
+    let qp = orig(ctx, attr);
+    patch_qp_ex_of(qp);
     qp
+}
+
+/// Patches the `ibv_qp_ex` of `qp`, if it has one (created with send ops flags; a provider
+/// may give legacy QPs one too).
+///
+/// # Safety
+/// `qp` must be null or a live QP.
+pub unsafe fn patch_qp_ex_of(qp: *mut ibv_qp) {
+    if qp.is_null() {
+        return;
+    }
+    if let Some(to_qpx) = QP_TO_QP_EX.get() {
+        patch_qp(to_qpx(qp));
+    }
 }
 
 /// How many contexts are patched now (for tests).

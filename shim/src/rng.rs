@@ -1,6 +1,7 @@
 //! Per-thread PCG32 streams: thread k of the process (numbered in order of its first post)
 //! draws from a stream derived from the seed and k, so a seed reproduces each thread's delay
 //! sequence run after run. One const-initialized TLS slot, no destructor, no allocation.
+use ibjitter_table::ENTRIES;
 use rand_core::Rng;
 use rand_pcg::Pcg32;
 use std::mem::MaybeUninit;
@@ -68,7 +69,7 @@ mod tls {
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 mod tls {
     use super::ThreadState;
-    use std::mem::MaybeUninit;
+    use std::cell::UnsafeCell;
     use std::mem::MaybeUninit;
 
     thread_local! {
@@ -138,10 +139,11 @@ pub(crate) fn with_thread<R>(f: impl FnOnce(&mut Pcg32, u32) -> R) -> Option<R> 
     Some(f(rng, s.index))
 }
 
-/// A table index: the low 12 bits of the next draw.
+/// A table index: the low bits of the next draw (ENTRIES is a power of two).
 #[inline(always)]
 pub(crate) fn next_index(rng: &mut Pcg32) -> usize {
-    (rng.next_u32() & 0xfff) as usize
+    const { assert!(ENTRIES.is_power_of_two()) };
+    rng.next_u32() as usize & (ENTRIES - 1)
 }
 
 /// fork() prepare handler (parent): number the fork, so each child gets its own salt.

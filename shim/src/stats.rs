@@ -4,11 +4,11 @@
 //! it goes through an HdrHistogram at exit.
 use crate::config::Unit;
 use hdrhistogram::Histogram;
+use ibjitter_table::ENTRIES;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed};
 
 /// Threads 0..EXCLUSIVE_SLOTS own a slot; later threads share the last one (atomic adds).
 pub const EXCLUSIVE_SLOTS: usize = 64;
-const ENTRIES: usize = ibjitter_table::ENTRIES;
 
 /// Which interposed pointer a post came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,7 +189,7 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
         "seed_source": ctx.seed_source,
         "clock": ctx.clock,
         // Real libibverbs symbols found only through dlopen("libibverbs.so.1", RTLD_NOLOAD).
-        "symbols_via_noload_fallback": crate::hooks::NOLOAD_FALLBACKS.load(Relaxed),
+        "symbols_via_noload_fallback": crate::real::NOLOAD_FALLBACKS.load(Relaxed),
         "posts": { "post_send": snap.post_send, "wr_complete": snap.wr_complete },
         "posts_total": snap.post_send + snap.wr_complete,
         "threads": snap.per_thread.iter().map(|p| json!({"post_send": p[0], "wr_complete": p[1]})).collect::<Vec<_>>(),

@@ -1,0 +1,105 @@
+//! The active injection: what the post wrappers do. The table in wait units with its clock
+//! kind, the draw (per-thread stream → table index → wait, and the counting), and the wait.
+//! Everything here that the post path reads is a plain atomic: no lock, no syscall, no
+//! allocation.
+use crate::clock::{self, WaitKind};
+use crate::config::{Delays, Unit};
+use crate::rng;
+use crate::stats::{self, Hook};
+use ibjitter_table::ENTRIES;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
+
+/// Mode bit: draw and wait.
+const INJECT: u8 = 1;
+/// Mode bit: count (IBJITTER_STATS).
+const STATS: u8 = 2;
+
+/// 0 until load finished (and whenever there is nothing to do): wrappers pass through.
+static MODE: AtomicU8 = AtomicU8::new(0);
+/// The table in wait units (TSC ticks, ns or loops), read by the post path.
+static WAITS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
+/// Set once a configuration is active.
+static LOADED: AtomicBool = AtomicBool::new(false);
+
+/// What the post wrappers must do: 0 = pass through (also before load finished).
+#[inline(always)]
+pub fn mode() -> u8 {
+    MODE.load(Acquire)
+}
+
+/// Called before a post when [`mode`] is not 0: draw an index and count. Returns what to
+/// busy-wait (0 for a zero entry: then the post goes on without reading any clock), or None
+/// on the thread's first post (see [`rng::with_thread`]; the caller then runs
+/// [`first_post_of_thread`] and draws again).
+#[inline(always)]
+pub fn draw(mode: u8, hook: Hook) -> Option<u64> {
+    rng::with_thread(|rng, thread| {
+        let (index, wait) = if mode & INJECT != 0 {
+            let i = rng::next_index(rng);
+            (Some(i), WAITS[i].load(Relaxed))
+        } else {
+            (None, 0)
+        };
+        if mode & STATS != 0 {
+            stats::count(thread, hook, index);
+        }
+        wait
+    })
+}
+
+/// Gives the calling thread its stream (kept off the inlined post path).
+#[cold]
+pub fn first_post_of_thread() {
+    rng::init_current_thread();
+}
+
+/// Busy-waits `units` of the active clock kind (what [`draw`] returned).
+#[inline(always)]
+pub fn wait(units: u64) {
+    clock::wait(units)
+}
+
+/// Activates `delays` (None: no injection) and counting, seeding the streams with `seed`:
+/// converts the table to wait units (calibrating the TSC). Returns the clock's description.
+/// Called at load (and by tests) while no thread is posting.
+pub fn activate(delays: Option<&Delays>, unit: Unit, seed: u64, count: bool) -> String {
+    MODE.store(0, Release);
+    let mut clock_desc = String::from("none");
+    if let Some(d) = delays {
+        let kind = match unit {
+            Unit::Loops => WaitKind::Loops,
+            Unit::Ns if clock::tsc_trusted() && clock::calibrate(2_000_000).is_some() => {
+                WaitKind::Tsc
+            }
+            Unit::Ns => WaitKind::Monotonic,
+        };
+        clock::set_kind(kind);
+        clock_desc = match kind {
+            WaitKind::Tsc => format!("tsc {:.3} GHz", clock::tsc_per_ns().unwrap_or_default()),
+            WaitKind::Monotonic => "CLOCK_MONOTONIC".into(),
+            WaitKind::Loops => "spin loops".into(),
+        };
+        for (w, &v) in WAITS.iter().zip(&d.values) {
+            w.store(clock::ns_to_units(v, kind), Relaxed);
+        }
+    }
+    rng::set_seed(seed);
+    let mut mode = 0;
+    if delays.is_some() {
+        mode |= INJECT;
+    }
+    if count {
+        stats::enable();
+        mode |= STATS;
+    }
+    MODE.store(mode, Release);
+    LOADED.store(true, Release);
+    clock_desc
+}
+
+/// Whether new contexts need patching: not when the configuration is loaded and asks for
+/// nothing (no table, no stats): then posts go straight to the provider at no cost. Before
+/// the configuration is loaded, patch (the wrappers pass through until it is).
+pub fn wants_patching() -> bool {
+    !LOADED.load(Acquire) || MODE.load(Acquire) != 0
+}

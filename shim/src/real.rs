@@ -1,0 +1,136 @@
+//! Typed function pointers: the real libibverbs symbols ([`Real`]) and the provider originals
+//! the registries keep ([`FnSlot`]). The one place where `*mut c_void` becomes a function
+//! pointer: call sites get `Option<F>` and never cast by hand.
+use crate::say;
+use crate::verbs_abi::*;
+use std::ffi::{c_int, c_void, CStr};
+use std::marker::PhantomData;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+/// How many real symbols were found only through the `RTLD_NOLOAD` fallback (in the stats).
+pub static NOLOAD_FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// An atomic slot holding a function pointer of type `F` (an `unsafe extern "C" fn`), or null.
+pub struct FnSlot<F> {
+    ptr: AtomicPtr<c_void>,
+    _f: PhantomData<F>,
+}
+
+impl<F: Copy> FnSlot<F> {
+    const SIZE_OK: () = assert!(size_of::<F>() == size_of::<*mut c_void>());
+
+    pub const fn empty() -> FnSlot<F> {
+        FnSlot {
+            ptr: AtomicPtr::new(null_mut()),
+            _f: PhantomData,
+        }
+    }
+
+    /// The pointer as an address, for comparisons and sentinels.
+    #[inline(always)]
+    pub fn raw(&self, order: Ordering) -> *mut c_void {
+        self.ptr.load(order)
+    }
+
+    #[inline(always)]
+    pub fn set_raw(&self, p: *mut c_void, order: Ordering) {
+        self.ptr.store(p, order)
+    }
+
+    /// The function, None while null.
+    #[inline(always)]
+    pub fn get(&self, order: Ordering) -> Option<F> {
+        // SAFETY: see `as_fn`; only addresses of `F`s (or null) are ever stored.
+        unsafe { as_fn(self.ptr.load(order)) }
+    }
+
+    pub fn set(&self, f: Option<F>, order: Ordering) {
+        self.set_raw(f.map_or(null_mut(), |f| address(f)), order)
+    }
+}
+
+/// `f`'s address.
+pub fn address<F: Copy>(f: F) -> *mut c_void {
+    let () = FnSlot::<F>::SIZE_OK;
+    // SAFETY: F is a function pointer type of pointer size (checked above).
+    unsafe { std::mem::transmute_copy::<F, *mut c_void>(&f) }
+}
+
+/// The function at address `p`, None for null.
+///
+/// # Safety
+/// `p` must be null or the address of a function of type `F`.
+#[inline(always)]
+pub unsafe fn as_fn<F: Copy>(p: *mut c_void) -> Option<F> {
+    let () = FnSlot::<F>::SIZE_OK;
+    (!p.is_null()).then(|| std::mem::transmute_copy::<*mut c_void, F>(&p))
+}
+
+/// A real libibverbs symbol of type `F`, resolved on first use.
+pub struct Real<F> {
+    name: &'static CStr,
+    version: &'static CStr,
+    slot: FnSlot<F>,
+}
+
+impl<F: Copy> Real<F> {
+    const fn new(name: &'static CStr, version: &'static CStr) -> Real<F> {
+        Real {
+            name,
+            version,
+            slot: FnSlot::empty(),
+        }
+    }
+
+    /// The real symbol: `dlvsym(RTLD_NEXT)`, else libibverbs already loaded in some local
+    /// scope (Open MPI loads UCX, and UCX libibverbs, with RTLD_LOCAL: there RTLD_NEXT finds
+    /// nothing). None, after one warning, if neither works.
+    pub fn get(&self) -> Option<F> {
+        if let Some(f) = self.slot.get(Ordering::Acquire) {
+            return Some(f);
+        }
+        // SAFETY: valid C strings; dlvsym/dlopen have no other preconditions.
+        let p = unsafe {
+            let mut p = libc::dlvsym(libc::RTLD_NEXT, self.name.as_ptr(), self.version.as_ptr());
+            if p.is_null() {
+                let h = libc::dlopen(
+                    c"libibverbs.so.1".as_ptr(),
+                    libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+                );
+                if !h.is_null() {
+                    p = libc::dlvsym(h, self.name.as_ptr(), self.version.as_ptr());
+                    if !p.is_null() {
+                        NOLOAD_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // NOLOAD took a reference; the library stays loaded by its other users.
+                    libc::dlclose(h);
+                }
+            }
+            p
+        };
+        if p.is_null() {
+            say::warn_once(&format!(
+                "cannot find the real {}@{}; the call fails with ENOSYS",
+                self.name.to_string_lossy(),
+                self.version.to_string_lossy()
+            ));
+            return None;
+        }
+        self.slot.set_raw(p, Ordering::Release);
+        // SAFETY: the symbol of this name and version has type F (the declarations below).
+        unsafe { as_fn(p) }
+    }
+}
+
+pub type OpenDeviceFn = unsafe extern "C" fn(*mut ibv_device) -> *mut ibv_context;
+pub type ImportDeviceFn = unsafe extern "C" fn(c_int) -> *mut ibv_context;
+pub type CloseDeviceFn = unsafe extern "C" fn(*mut ibv_context) -> c_int;
+pub type CreateQpFn = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+pub type QpToQpExFn = unsafe extern "C" fn(*mut ibv_qp) -> *mut ibv_qp_ex;
+
+pub static OPEN_DEVICE: Real<OpenDeviceFn> = Real::new(c"ibv_open_device", c"IBVERBS_1.1");
+pub static IMPORT_DEVICE: Real<ImportDeviceFn> = Real::new(c"ibv_import_device", c"IBVERBS_1.10");
+pub static CLOSE_DEVICE: Real<CloseDeviceFn> = Real::new(c"ibv_close_device", c"IBVERBS_1.1");
+pub static CREATE_QP: Real<CreateQpFn> = Real::new(c"ibv_create_qp", c"IBVERBS_1.1");
+pub static QP_TO_QP_EX: Real<QpToQpExFn> = Real::new(c"ibv_qp_to_qp_ex", c"IBVERBS_1.6");
