@@ -1,12 +1,12 @@
 //! `ibjitter incast`: argument parsing and output files; the driver is `ibjitter::incast`.
-use super::units;
+use super::{create, units};
 use clap::Args;
 use ibjitter::gen::stop;
 use ibjitter::incast::{run_step, IncastConfig, Step};
 use ibjitter::report::export::{hdrlog, timeseries};
 use ibjitter::report::plot::{line_chart, Series};
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use ibjitter::report::us;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -134,12 +134,6 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> String + '_ {
     move |e| format!("writing {}: {e}", path.display())
 }
 
-fn create(path: &Path) -> Result<BufWriter<File>, String> {
-    File::create(path)
-        .map(BufWriter::new)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
-
 fn write_step(step: &Step, dir: &Path, plot: bool) -> Result<(), String> {
     let m = &step.merged;
     let path = dir.join("incast.json");
@@ -220,10 +214,6 @@ fn plot_step(step: &Step, dir: &Path) -> Result<(), String> {
         "latency [us]",
         &cdf,
     )
-}
-
-fn us(ns: u64) -> f64 {
-    ns as f64 / 1e3
 }
 
 fn print_step(step: &Step, dir: &Path) {

@@ -42,6 +42,13 @@ pub fn main() -> i32 {
     }
 }
 
+/// A buffered output file, or the error naming it.
+fn create(path: &std::path::Path) -> Result<std::io::BufWriter<std::fs::File>, String> {
+    std::fs::File::create(path)
+        .map(std::io::BufWriter::new)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
 /// Which RDMA device, port and GID `run` and `serve` use.
 #[derive(Args)]
 struct RdmaArgs {

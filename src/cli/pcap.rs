@@ -1,12 +1,11 @@
 //! `ibjitter pcap`: what RoCE / InfiniBand flows did on the wire, from a tcpdump or ibdump
 //! capture.
-use super::units;
+use super::{create, units};
 use clap::Args;
 use ibjitter::pcap::{analyze_file, ipd, Options};
 use ibjitter::report::export::{pcap as export, timeseries};
-use std::fs::File;
-use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::io::{self, Write};
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Args)]
@@ -56,12 +55,6 @@ pub fn run(a: PcapArgs) -> i32 {
             2
         }
     }
-}
-
-fn create(path: &Path) -> Result<BufWriter<File>, String> {
-    File::create(path)
-        .map(BufWriter::new)
-        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn analyse(a: &PcapArgs) -> Result<(), String> {

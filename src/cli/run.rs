@@ -1,13 +1,12 @@
 //! `ibjitter run`: argument parsing and output files; the generator is `ibjitter::gen`.
-use super::{units, RdmaArgs};
+use super::{create, units, RdmaArgs};
 use clap::{Args, ValueEnum};
 use ibjitter::gen::client::{self, RunOutput};
 use ibjitter::gen::pacing::Arrival;
+use ibjitter::gen::wire::MAX_DEPTH;
 use ibjitter::gen::{stop, Load, Op, RunConfig, StopAt};
 use ibjitter::report::export::{hdrlog, json, text, timeseries};
 use ibjitter::report::Outcome;
-use std::fs::File;
-use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -118,8 +117,8 @@ impl RunArgs {
         if self.flows == 0 {
             return Err("--flows must be at least 1".into());
         }
-        if self.depth == 0 || self.depth > 4096 {
-            return Err("--depth must be 1..=4096".into());
+        if self.depth == 0 || self.depth > MAX_DEPTH {
+            return Err(format!("--depth must be 1..={MAX_DEPTH}"));
         }
         let size = self.size.unwrap_or(if self.pingpong { 2 } else { 65536 });
         if size == 0 {
@@ -220,12 +219,6 @@ pub fn run(a: RunArgs) -> i32 {
         eprintln!("ibjitter run: writing the report: {e}");
     }
     code
-}
-
-fn create(path: &Path) -> Result<BufWriter<File>, String> {
-    File::create(path)
-        .map(BufWriter::new)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 fn write_files(a: &RunArgs, cfg: &RunConfig, out: &RunOutput) -> Result<(), String> {

@@ -17,7 +17,6 @@ const KIND_SEND: u64 = 0;
 const KIND_RECV: u64 = 1;
 /// Signaled sends not yet reaped, per flow, before we wait for their completions.
 pub const MAX_UNREAPED_SENDS: u32 = 8;
-const IBV_WC_RECV: u32 = 128;
 
 struct Flow {
     seq: u8,
@@ -125,7 +124,7 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
             }
             if wc.wr_id & 0xffff == KIND_SEND {
                 flows[i].unreaped -= 1;
-            } else if wc.opcode == IBV_WC_RECV {
+            } else if wc.is_recv() {
                 echoes.push(i);
             }
         }

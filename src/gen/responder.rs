@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-const IBV_WC_RECV: u32 = 128;
 /// Echo writes/sends not yet reaped per flow before we wait for their completions.
 const MAX_UNREAPED: u32 = 8;
 
@@ -137,7 +136,7 @@ pub fn echo(
                 note_error(wc, &mut r);
                 continue;
             }
-            if wc.opcode == IBV_WC_RECV {
+            if wc.is_recv() {
                 if let Some(pool) = pool {
                     let _ = pool.post(wc.wr_id as usize);
                 }

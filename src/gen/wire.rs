@@ -24,6 +24,8 @@ pub const PROTOCOL_VERSION: u32 = 2;
 pub const MAX_MESSAGE: usize = 64 << 20;
 pub const MAX_FLOWS: u32 = 65_536;
 pub const MAX_SIZE: u32 = 1 << 30;
+/// Most operations outstanding per flow (`--depth`).
+pub const MAX_DEPTH: u32 = 4096;
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -116,8 +118,8 @@ pub fn validate(run: &RunRequest) -> Result<(), String> {
             run.size
         ));
     }
-    if run.depth == 0 || run.depth > 4096 {
-        return Err(format!("depth must be 1..=4096, got {}", run.depth));
+    if run.depth == 0 || run.depth > MAX_DEPTH {
+        return Err(format!("depth must be 1..={MAX_DEPTH}, got {}", run.depth));
     }
     Ok(())
 }

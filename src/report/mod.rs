@@ -1,6 +1,11 @@
 //! What a run measured, as data: per-flow and total throughput, latency percentiles from
 //! HdrHistograms, fairness. `export/` turns a [`RunReport`] into files, one format per file.
 pub mod export;
+
+/// Nanoseconds as microseconds, the unit every report prints.
+pub fn us(ns: u64) -> f64 {
+    ns as f64 / 1e3
+}
 pub mod plot;
 
 use hdrhistogram::Histogram;

@@ -135,7 +135,7 @@ impl Context {
             if !kind.contains("RoCE v2") {
                 continue;
             }
-            if gid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+            if super::cm::gid_ipv4(&gid).is_some() {
                 return Ok(index);
             }
             first_v2.get_or_insert(index);

@@ -38,6 +38,11 @@ impl WorkCompletion {
     pub fn ok(&self) -> bool {
         self.status == rdma_sys::ibv_wc_status::IBV_WC_SUCCESS
     }
+
+    /// A receive completed (a SEND arrived), as opposed to one of our own operations.
+    pub fn is_recv(&self) -> bool {
+        self.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV
+    }
 }
 
 impl CompletionQueue {

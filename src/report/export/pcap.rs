@@ -229,8 +229,9 @@ pub fn flow_table<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
     Ok(())
 }
 
+/// [`crate::report::us`] with at most 3 decimals, trailing zeros dropped.
 fn us(ns: u64) -> String {
-    let s = format!("{:.3}", ns as f64 / 1000.0);
+    let s = format!("{:.3}", crate::report::us(ns));
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 

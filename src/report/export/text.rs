@@ -1,13 +1,9 @@
 //! The stdout table, in perftest's style so its users read it at a glance.
-use crate::report::{FlowReport, RunReport};
+use crate::report::{us, FlowReport, RunReport};
 use std::io::{self, Write};
 
 const RULE: &str =
     "---------------------------------------------------------------------------------------";
-
-fn us(ns: u64) -> f64 {
-    ns as f64 / 1e3
-}
 
 pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()> {
     writeln!(w, "{RULE}")?;
