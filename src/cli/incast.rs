@@ -1,6 +1,7 @@
 //! `ibjitter incast`: argument parsing and output files; the driver is `ibjitter::incast`.
 use super::{create, units};
 use clap::Args;
+use ibjitter::gen::server::ServeConfig;
 use ibjitter::gen::stop;
 use ibjitter::incast::{run_step, IncastConfig, Step};
 use ibjitter::report::export::{hdrlog, timeseries};
@@ -74,15 +75,31 @@ pub fn run(a: IncastArgs) -> i32 {
         eprintln!("ibjitter incast: empty host name in --senders");
         return 2;
     }
+    let cm = match super::run::uses_cm(&a.run_args) {
+        Ok(cm) => cm,
+        Err(e) => {
+            eprintln!("ibjitter incast: {e}");
+            return 2;
+        }
+    };
     let cfg = IncastConfig {
         receiver_host: host,
         receiver_addr: addr,
         senders: a.senders.clone(),
         launcher: a.launcher.clone(),
         bin,
+        serve_args: super::serve::to_args(&ServeConfig {
+            port: a.port,
+            clients: a.senders.len() as u32,
+            once: true,
+            start_timeout: a.start_timeout,
+            // Senders connecting through rdma_cm need a receiver that listens for it.
+            cm,
+            ..ServeConfig::default()
+        }),
         port: a.port,
+        sender_args: super::run::sender_args,
         run_args: a.run_args.clone(),
-        start_timeout: a.start_timeout,
     };
     stop::install_signal_handlers();
     let steps = if a.sweep.is_empty() {

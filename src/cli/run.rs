@@ -177,6 +177,39 @@ fn parse_warmup(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_nanos(ns as u64))
 }
 
+/// An incast sender's arguments after `ibjitter run` (spelled here, beside the flags): `flows`
+/// flows to `server:port`, the report with its time series as JSON on stdout, no progress
+/// line. The user's own `run` options follow them.
+pub(super) fn sender_args(server: &str, port: u16, flows: u32) -> Vec<String> {
+    [
+        server,
+        "--port",
+        &port.to_string(),
+        "--flows",
+        &flows.to_string(),
+        "--json",
+        "-",
+        "--json-series",
+        "--no-progress",
+    ]
+    .map(String::from)
+    .into()
+}
+
+/// Whether `ibjitter run SERVER EXTRA…` connects its flows through rdma_cm, as `run` itself
+/// parses EXTRA (so its receiver must `serve --cm`); a clear error if `run` would refuse them.
+pub(super) fn uses_cm(extra: &[String]) -> Result<bool, String> {
+    #[derive(clap::Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+    let argv = ["run", "SERVER"].into_iter().map(String::from);
+    <Run as clap::Parser>::try_parse_from(argv.chain(extra.iter().cloned()))
+        .map(|r| r.args.cm)
+        .map_err(|e| format!("the arguments for `ibjitter run` after --: {e}"))
+}
+
 pub fn run(a: RunArgs) -> i32 {
     let cfg = match a.config() {
         Ok(c) => c,
@@ -242,4 +275,38 @@ fn write_files(a: &RunArgs, cfg: &RunConfig, out: &RunOutput) -> Result<(), Stri
         .map_err(|e| failed(path, e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+
+    #[test]
+    fn sender_args_parse_back() {
+        let argv = std::iter::once("run".to_string()).chain(sender_args("10.0.0.9", 19000, 7));
+        let a = Run::try_parse_from(argv)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .args;
+        assert_eq!((a.server.as_str(), a.port, a.flows), ("10.0.0.9", 19000, 7));
+        assert_eq!(a.json.as_deref(), Some(Path::new("-")));
+        assert!(a.json_series && a.no_progress);
+        assert!(a.config().is_ok());
+    }
+
+    #[test]
+    fn cm_is_read_as_run_reads_it() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(uses_cm(&args(&["--op", "send", "--cm"])), Ok(true));
+        assert_eq!(uses_cm(&args(&["--op", "send"])), Ok(false));
+        assert!(uses_cm(&args(&["--no-such-flag"]))
+            .unwrap_err()
+            .contains("after --"));
+    }
 }

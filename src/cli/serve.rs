@@ -37,21 +37,58 @@ pub struct ServeArgs {
     start_timeout: Duration,
 }
 
+impl ServeArgs {
+    fn config(self) -> ServeConfig {
+        ServeConfig {
+            device: self.rdma.device,
+            ib_port: self.rdma.ib_port,
+            gid_index: self.rdma.gid_index,
+            cm: self.cm,
+            bind: self.bind,
+            port: self.port,
+            clients: self.clients.max(1),
+            once: self.once,
+            qp_timeout: self.qp_timeout,
+            start_timeout: self.start_timeout,
+            ..ServeConfig::default()
+        }
+    }
+}
+
+/// The arguments after `ibjitter serve` that give `cfg` (spelled here, beside the flags;
+/// `incast` launches its receiver with them). Its set-up timeout is not a flag.
+pub(super) fn to_args(cfg: &ServeConfig) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "--port".into(),
+        cfg.port.to_string(),
+        "--bind".into(),
+        cfg.bind.clone(),
+        "--ib-port".into(),
+        cfg.ib_port.to_string(),
+        "--clients".into(),
+        cfg.clients.to_string(),
+        "--qp-timeout".into(),
+        cfg.qp_timeout.to_string(),
+        "--start-timeout".into(),
+        format!("{}ms", cfg.start_timeout.as_millis()),
+    ];
+    if let Some(d) = &cfg.device {
+        v.extend(["--dev".into(), d.clone()]);
+    }
+    if let Some(g) = cfg.gid_index {
+        v.extend(["--gid-index".into(), g.to_string()]);
+    }
+    if cfg.cm {
+        v.push("--cm".into());
+    }
+    if cfg.once {
+        v.push("--once".into());
+    }
+    v
+}
+
 pub fn run(a: ServeArgs) -> i32 {
-    let cfg = ServeConfig {
-        device: a.rdma.device,
-        ib_port: a.rdma.ib_port,
-        gid_index: a.rdma.gid_index,
-        cm: a.cm,
-        bind: a.bind,
-        port: a.port,
-        clients: a.clients.max(1),
-        once: a.once,
-        qp_timeout: a.qp_timeout,
-        start_timeout: a.start_timeout,
-        ..ServeConfig::default()
-    };
-    match serve(cfg) {
+    match serve(a.config()) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("ibjitter serve: {e}");
@@ -59,6 +96,43 @@ pub fn run(a: ServeArgs) -> i32 {
                 ServeError::Sessions(_) => 1,
                 ServeError::Setup(_) => 2,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    #[test]
+    fn to_args_parses_back_to_the_same_config() {
+        let configs = [
+            ServeConfig::default(),
+            ServeConfig {
+                device: Some("rxe1".into()),
+                ib_port: 2,
+                gid_index: Some(3),
+                cm: true,
+                bind: "10.0.0.2".into(),
+                port: 19000,
+                clients: 12,
+                once: true,
+                qp_timeout: 14,
+                start_timeout: Duration::from_millis(61_500),
+                ..ServeConfig::default()
+            },
+        ];
+        for cfg in configs {
+            let argv = std::iter::once("serve".to_string()).chain(to_args(&cfg));
+            let parsed = Serve::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(parsed.args.config(), cfg);
         }
     }
 }

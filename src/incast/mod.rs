@@ -24,11 +24,15 @@ pub struct IncastConfig {
     pub launcher: String,
     /// The ibjitter executable, at the same path on every host.
     pub bin: String,
+    /// The receiver's `ibjitter serve` arguments (the CLI spells them beside `serve`'s flags).
+    pub serve_args: Vec<String>,
+    /// The receiver's TCP port (in `serve_args` too).
     pub port: u16,
+    /// A sender's `ibjitter run` arguments for (receiver address, port, flows), before
+    /// `run_args` (the CLI spells them beside `run`'s flags).
+    pub sender_args: fn(&str, u16, u32) -> Vec<String>,
     /// Passed to every `run` as they are (--op, --size, --duration, ...).
     pub run_args: Vec<String>,
-    /// How long the receiver waits for every sender before starting those that are ready.
-    pub start_timeout: Duration,
 }
 
 /// One incast: every sender's outcome and the merged report.
@@ -55,23 +59,10 @@ pub fn run_step(cfg: &IncastConfig, flows_per_sender: u32, dir: &Path) -> Result
             .map_err(|e| format!("{}: {e}", path.display()))
     };
     let launch_unix_ns = unix_ns(SystemTime::now());
-    let mut serve_args: Vec<String> = [
-        cfg.bin.as_str(),
-        "serve",
-        "--once",
-        "--clients",
-        &cfg.senders.len().to_string(),
-        "--port",
-        &cfg.port.to_string(),
-        "--start-timeout",
-        &format!("{}ms", cfg.start_timeout.as_millis()),
-    ]
-    .map(String::from)
-    .into();
-    // Senders connecting through rdma_cm need a receiver that listens for it.
-    if cfg.run_args.iter().any(|a| a == "--cm") {
-        serve_args.push("--cm".into());
-    }
+    let serve_args: Vec<String> = [cfg.bin.clone(), "serve".into()]
+        .into_iter()
+        .chain(cfg.serve_args.iter().cloned())
+        .collect();
     let serve_line = launcher::command_line(&cfg.launcher, &cfg.receiver_host, &serve_args);
     let mut server = launcher::spawn(&serve_line, log("serve.log")?, log("serve.err")?)
         .map_err(|e| format!("cannot launch the receiver ({serve_line}): {e}"))?;
@@ -83,22 +74,15 @@ pub fn run_step(cfg: &IncastConfig, flows_per_sender: u32, dir: &Path) -> Result
         SenderSummary,
     )> = Vec::new();
     for (k, host) in cfg.senders.iter().enumerate() {
-        let mut args: Vec<String> = [
-            cfg.bin.as_str(),
-            "run",
-            &cfg.receiver_addr,
-            "--port",
-            &cfg.port.to_string(),
-            "--flows",
-            &flows_per_sender.to_string(),
-            "--json",
-            "-",
-            "--json-series",
-            "--no-progress",
-        ]
-        .map(String::from)
-        .into();
-        args.extend(cfg.run_args.iter().cloned());
+        let args: Vec<String> = [cfg.bin.clone(), "run".into()]
+            .into_iter()
+            .chain((cfg.sender_args)(
+                &cfg.receiver_addr,
+                cfg.port,
+                flows_per_sender,
+            ))
+            .chain(cfg.run_args.iter().cloned())
+            .collect();
         let line = launcher::command_line(&cfg.launcher, host, &args);
         let summary = SenderSummary {
             host: host.clone(),
