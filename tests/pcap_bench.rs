@@ -188,7 +188,7 @@ fn injected_constant_delay_shows_in_the_request_to_request_gap() {
     const D_US: u64 = 500;
     // ib_write_lat's client posts its next WRITE when the server's arrives: its request-to-
     // request gap is one round trip, plus D when every post waits D. Both modes alternate three
-    // times in one VM and each keeps its best median: under TCG, with both sides busy-polling
+    // times in one VM and each keeps its best 10th percentile: under TCG, with both sides busy-polling
     // and tcpdump running, a whole run sometimes falls into a mode where every round trip
     // waits for the 4 ms scheduler tick (perftest's own t_typical shows ~4000 us then, so the
     // capture is right), and one such run must not decide the test.
@@ -204,7 +204,7 @@ fn injected_constant_delay_shows_in_the_request_to_request_gap() {
                 pair $mode.$i "tcp_listening 18515" "ib_write_lat -d rxe1 -x 1 -n 1000 > /dev/null" \
                     "$pre ib_write_lat -d rxe0 -x 1 -n 1000 10.0.0.2" || exit 1
                 uncapture $mode.$i
-                {bin} pcap /tmp/$mode.pcap --ipd --json {o}/$mode.$i.json > /tmp/$mode.txt
+                {bin} pcap /tmp/$mode.pcap --ipd --ipd-bin 1us --ipd-bins 2000 --json {o}/$mode.$i.json > /tmp/$mode.txt
                 echo "$mode.${{i}}_pcap_rc=$?"
                 head -3 /tmp/$mode.txt
             done
@@ -212,7 +212,7 @@ fn injected_constant_delay_shows_in_the_request_to_request_gap() {
     ));
     out.assert_success();
     let text = &out.output;
-    let mut p50 = Vec::new();
+    let mut p10 = Vec::new();
     for mode in ["base", "inject"] {
         let mut best = f64::INFINITY;
         for i in 1..=3 {
@@ -239,19 +239,43 @@ fn injected_constant_delay_shows_in_the_request_to_request_gap() {
             assert_eq!(client.len(), 1, "{run}: {r}");
             let gaps = &client[0]["ipd_requests"];
             assert!(gaps["gaps"].as_u64().unwrap() >= 999, "{run}: {gaps}");
-            let median = gaps["percentiles"]["p50_ns"].as_u64().unwrap() as f64 / 1000.0;
-            println!("{run}: median request gap {median:.1} us");
-            best = best.min(median);
+            let low = tenth_percentile_us(gaps);
+            println!("{run}: 10th percentile of the request gap {low:.1} us");
+            best = best.min(low);
         }
-        p50.push(best);
+        p10.push(best);
     }
-    let grew = p50[1] - p50[0];
-    // TCG moves round trips by tens of µs between runs; 20% of D covers that, and a shim that
+    let grew = p10[1] - p10[0];
+    // The gap's median grew by D + 20 % of D in one run (the bench's two speeds, and what a
+    // busy-waiting vCPU costs the rest of the VM); its fast end moves by D alone. A shim that
     // did nothing (grew ≈ 0) or waited twice (≈ 2D) fails.
     assert!(
-        (grew - D_US as f64).abs() < 0.2 * D_US as f64,
-        "median request gap {:.1} us -> {:.1} us: grew {grew:.1} us, injected {D_US} us\n{text}",
-        p50[0],
-        p50[1]
+        (grew - D_US as f64).abs() < 0.15 * D_US as f64,
+        "10th percentile of the request gap {:.1} us -> {:.1} us: grew {grew:.1} us, injected {D_US} us\n{text}",
+        p10[0],
+        p10[1]
     );
+}
+
+/// The 10th percentile (µs, middle of its 1 µs interval) from the report's fixed-width gap
+/// table: low enough that the bench's stalls, which only lengthen gaps, do not reach it, and
+/// high enough that a stray short gap (a retransmitted request) does not decide it.
+fn tenth_percentile_us(gaps: &Value) -> f64 {
+    let rows = gaps["table"].as_array().expect("ipd table");
+    let total: u64 = rows
+        .iter()
+        .map(|r| r["occurrences"].as_u64().unwrap())
+        .sum();
+    let mut seen = 0;
+    for r in rows {
+        seen += r["occurrences"].as_u64().unwrap();
+        if seen * 10 >= total {
+            let from = r["from_ns"].as_u64().unwrap() as f64;
+            let to = r["to_ns"]
+                .as_u64()
+                .expect("10th percentile beyond the table") as f64;
+            return (from + to) / 2000.0;
+        }
+    }
+    panic!("empty gap table: {gaps}")
 }
