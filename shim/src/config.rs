@@ -94,7 +94,13 @@ impl Settings {
                 Err(e) => problems.push(e),
             },
         }
-        let delays = match load_delays(&nonempty, s.unit) {
+        let limit = match nonempty("IBJITTER_MAX_DELAY") {
+            Some(v) => parse_duration(&v, s.unit)
+                .map_err(|e| problems.push(format!("IBJITTER_MAX_DELAY={e}")))
+                .unwrap_or(f64::INFINITY),
+            None => default_max_delay(s.unit),
+        };
+        let delays = match load_delays(&nonempty, s.unit).and_then(|d| bounded(d, limit, s.unit)) {
             Ok(d) => d,
             Err(e) => {
                 problems.push(e);
@@ -113,15 +119,19 @@ impl Settings {
     }
 }
 
+/// A seed file holds one integer (and perhaps a comment): more is not a seed file.
+const MAX_SEED_BYTES: u64 = 4096;
+
 /// `IBJITTER_SEED=N` (decimal or 0x hex) or `IBJITTER_SEED=FILE` holding one integer.
 fn parse_seed(v: &str) -> Result<(u64, String), String> {
     let v = v.trim();
     if let Some(n) = parse_u64(v) {
         return Ok((n, "IBJITTER_SEED".into()));
     }
-    let text = std::fs::read_to_string(v).map_err(|e| {
+    let bytes = table::format::read_small_file(Path::new(v), MAX_SEED_BYTES).map_err(|e| {
         format!("IBJITTER_SEED={v}: not an integer, and cannot read it as a seed file: {e}")
     })?;
+    let text = String::from_utf8_lossy(&bytes);
     let t = text.trim();
     parse_u64(t)
         .map(|n| (n, format!("file {v}")))
@@ -165,6 +175,29 @@ pub fn parse_duration(v: &str, unit: Unit) -> Result<f64, String> {
         return Err(format!("{t:?}: expected a non-negative duration"));
     }
     Ok(n)
+}
+
+/// The longest delay accepted without IBJITTER_MAX_DELAY: 10 s (in loops mode 10^10 loops,
+/// seconds on any machine). A longer one is a typo far more often than an experiment, and
+/// a post that waits for hours looks like a hung program.
+fn default_max_delay(unit: Unit) -> f64 {
+    match unit {
+        Unit::Ns => 10e9,
+        Unit::Loops => 1e10,
+    }
+}
+
+/// `delays`, unless one of them exceeds `limit` (then the configuration is refused).
+fn bounded(delays: Option<Delays>, limit: f64, unit: Unit) -> Result<Option<Delays>, String> {
+    match delays {
+        Some(d) if d.max() as f64 > limit => Err(format!(
+            "{}: its largest delay, {} {u}, exceeds IBJITTER_MAX_DELAY ({limit} {u}; set it higher to allow that)",
+            d.source,
+            d.max(),
+            u = unit.name()
+        )),
+        d => Ok(d),
+    }
 }
 
 type Var<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -255,6 +288,32 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Settings::from_vars(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn delays_above_the_maximum_are_refused() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-maxdelay-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let huge = dir.join("huge.tbl");
+        let line = format!("{}\n", ["9000000000000000000"; 8].join(" "));
+        std::fs::write(&huge, line.repeat(512)).unwrap();
+        for env in [
+            vec![("IBJITTER_TABLE", huge.to_str().unwrap())],
+            vec![("IBJITTER_DELAY", "1000000000000s")],
+            vec![("IBJITTER_DELAY", "11s")],
+            vec![("IBJITTER_DELAY", "9s"), ("IBJITTER_JITTER", "2s")],
+            vec![("IBJITTER_DELAY", "2ms"), ("IBJITTER_MAX_DELAY", "1ms")],
+        ] {
+            let s = settings(&env);
+            assert!(s.delays.is_none(), "{env:?}");
+            let w = s.warning.unwrap_or_default();
+            assert!(w.contains("exceeds IBJITTER_MAX_DELAY"), "{env:?}: {w}");
+        }
+        let ok = settings(&[("IBJITTER_DELAY", "20s"), ("IBJITTER_MAX_DELAY", "30s")]);
+        assert_eq!(ok.delays.map(|d| d.max()), Some(20_000_000_000));
+        let bad = settings(&[("IBJITTER_DELAY", "1ms"), ("IBJITTER_MAX_DELAY", "soon")]);
+        assert!(bad.delays.is_none() && bad.warning.unwrap().contains("IBJITTER_MAX_DELAY"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub fn install(settings: Settings) {
         settings.stats.is_some(),
     );
     say::set_startup(startup_message(&settings, &clock));
+    if settings.warning.is_some() {
+        say::show_startup_now();
+    }
     *STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(Loaded { settings, clock });
 }
 
@@ -110,7 +113,7 @@ pub fn stats_json() -> Option<serde_json::Value> {
 /// Writes the stats file if `IBJITTER_STATS` asked for one and the process opened a device
 /// (shells and launchers under `LD_PRELOAD` leave no empty files behind).
 pub fn write_stats() {
-    if !say::announced() {
+    if !say::opened() {
         return;
     }
     let path = {

@@ -5,7 +5,10 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 
-static ANNOUNCED: AtomicBool = AtomicBool::new(false);
+/// The process opened a device.
+static OPENED: AtomicBool = AtomicBool::new(false);
+/// The startup line (or its warning) was printed.
+static SHOWN: AtomicBool = AtomicBool::new(false);
 static STARTUP: Mutex<Option<String>> = Mutex::new(None);
 
 /// Sets the line [`announce_once`] prints (None: print nothing).
@@ -13,10 +16,10 @@ pub fn set_startup(message: Option<String>) {
     *STARTUP.lock().unwrap_or_else(|e| e.into_inner()) = message;
 }
 
-/// Prints the startup line once per process, when it first opens a device: processes that
-/// never use verbs (shells, launchers under LD_PRELOAD) stay silent.
-pub fn announce_once() {
-    if ANNOUNCED.swap(true, Relaxed) {
+/// Prints the startup line now (a configuration that was refused is said at load, in every
+/// process, so that a mistyped variable shows at once, even in a shell).
+pub fn show_startup_now() {
+    if SHOWN.swap(true, Relaxed) {
         return;
     }
     let msg = STARTUP.lock().ok().and_then(|s| s.clone());
@@ -25,9 +28,16 @@ pub fn announce_once() {
     }
 }
 
-/// Whether the process has opened a device (and so was announced).
-pub fn announced() -> bool {
-    ANNOUNCED.load(Relaxed)
+/// Notes that the process opened a device and prints the startup line, once per process:
+/// processes that never use verbs (shells, launchers under LD_PRELOAD) stay silent.
+pub fn announce_once() {
+    OPENED.store(true, Relaxed);
+    show_startup_now();
+}
+
+/// Whether the process has opened a device.
+pub fn opened() -> bool {
+    OPENED.load(Relaxed)
 }
 
 /// Prints a warning at most once per process.

@@ -755,3 +755,106 @@ fn contexts_and_qps_of_different_providers_reach_their_own() {
     assert_eq!(s["posts"]["post_send"], 200);
     assert_eq!(s["posts"]["wr_complete"], 200);
 }
+
+/// Runs `/bin/sh -c 'exit 0'` with the shim preloaded and `env`; returns (exit code, seconds,
+/// peak RSS in KiB, stderr). A watchdog kills the shell after 10 s.
+// The child is reaped with wait4 (for its rusage), not Child::wait.
+#[allow(clippy::zombie_processes)]
+fn preloaded_sh(env: &[(&str, String)]) -> (i32, f64, i64, String) {
+    let b = built();
+    let mut cmd = Command::new("/bin/sh");
+    cmd.args(["-c", "exit 0"]).env("LD_PRELOAD", &b.so);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let started = std::time::Instant::now();
+    let mut child = cmd
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn /bin/sh");
+    let pid = child.id() as i32;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            for _ in 0..100 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if done.load(std::sync::atomic::Ordering::Relaxed) {
+                    return;
+                }
+            }
+            // SAFETY: signalling our own child, not yet reaped (we reap it below).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        })
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // SAFETY: waits for our own child (std's Child is never waited for after this).
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(rc, pid, "wait4: {}", std::io::Error::last_os_error());
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    watchdog.join().unwrap();
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -libc::WTERMSIG(status)
+    };
+    (
+        code,
+        started.elapsed().as_secs_f64(),
+        usage.ru_maxrss,
+        stderr,
+    )
+}
+
+#[test]
+fn devices_fifos_and_directories_as_configuration_cannot_hurt_a_shell() {
+    let dir = scratch("hostile");
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let huge = dir.join("huge.tbl");
+    std::fs::write(
+        &huge,
+        format!("{}\n", ["9000000000000000000"; 8].join(" ")).repeat(512),
+    )
+    .unwrap();
+    let p = |p: &Path| p.display().to_string();
+    let mut cases: Vec<Vec<(&str, String)>> = Vec::new();
+    for bad in [
+        "/dev/zero".to_string(),
+        "/dev/urandom".into(),
+        p(&fifo),
+        p(&dir),
+    ] {
+        cases.push(vec![("IBJITTER_TABLE", bad.clone())]);
+        cases.push(vec![
+            ("IBJITTER_DELAY", "1us".into()),
+            ("IBJITTER_SEED", bad),
+        ]);
+    }
+    cases.push(vec![("IBJITTER_TABLE", p(&huge))]);
+    cases.push(vec![("IBJITTER_DELAY", "1000000000000s".into())]);
+    for env in cases {
+        let (code, secs, rss_kib, stderr) = preloaded_sh(&env);
+        let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("ibjitter")).collect();
+        eprintln!("{env:?}: exit {code}, {secs:.2} s, {rss_kib} KiB: {warnings:?}");
+        assert_eq!(code, 0, "{env:?}: {stderr}");
+        assert!(secs < 2.0, "{env:?}: took {secs:.2} s");
+        assert!(rss_kib < 50 * 1024, "{env:?}: {rss_kib} KiB");
+        assert_eq!(warnings.len(), 1, "{env:?}: {stderr}");
+        assert!(
+            warnings[0].starts_with("ibjitter: warning: ")
+                && warnings[0].ends_with("(pass-through)"),
+            "{env:?}: {}",
+            warnings[0]
+        );
+    }
+}

@@ -227,11 +227,63 @@ fn parse_int(token: &str) -> Result<i64, IntError> {
     i64::try_from(wide).map_err(|_| IntError::Overflow)
 }
 
-/// Reads and parses a table file. I/O errors and invalid UTF-8 are reported as [`ParseError`]s
-/// naming the path (invalid UTF-8 with the position of the first bad byte).
+/// The largest table file read, in bytes: 4096 entries with comments take tens of KiB, so
+/// anything larger is not a table (and reading a device such as /dev/zero whole would never end).
+pub const MAX_TABLE_BYTES: u64 = 1 << 20;
+
+/// Reads a small file (a table, a seed) that may have been named by mistake: opened
+/// non-blocking (a FIFO does not wait for a writer), only a regular file is read (not a
+/// directory, device, FIFO or socket), and at most `max` bytes.
+pub fn read_small_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let t = meta.file_type();
+    let refuse = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("expected a regular file, found {what}"),
+        )
+    };
+    if t.is_dir() {
+        return Err(refuse("a directory"));
+    } else if t.is_fifo() {
+        return Err(refuse("a FIFO"));
+    } else if t.is_char_device() || t.is_block_device() {
+        return Err(refuse("a device"));
+    } else if t.is_socket() {
+        return Err(refuse("a socket"));
+    } else if !t.is_file() {
+        return Err(refuse("something else"));
+    }
+    let too_large = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("larger than {max} bytes: not a table"),
+        )
+    };
+    if meta.len() > max {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // The file may grow after fstat: read at most one byte past the limit.
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
+/// Reads and parses a table file ([`read_small_file`]: a regular file of at most
+/// [`MAX_TABLE_BYTES`]). I/O errors and invalid UTF-8 are reported as [`ParseError`]s naming
+/// the path (invalid UTF-8 with the position of the first bad byte).
 pub fn read(path: &Path, kind: Kind) -> Result<Table, ParseError> {
     let origin = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| ParseError {
+    let bytes = read_small_file(path, MAX_TABLE_BYTES).map_err(|e| ParseError {
         origin: origin.clone(),
         line: 0,
         col: 0,
@@ -576,5 +628,41 @@ mod tests {
         assert_eq!(resolve_named_dist("../etc/passwd"), None);
         assert_eq!(resolve_named_dist(""), None);
         assert_eq!(resolve_named_dist("no-such-table-xyz"), None);
+    }
+}
+
+#[cfg(test)]
+mod small_file_tests {
+    use super::*;
+
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-small-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("t.txt");
+        std::fs::write(&file, "12\n").unwrap();
+        assert_eq!(read_small_file(&file, 3).unwrap(), b"12\n");
+        let e = read_small_file(&file, 2).unwrap_err().to_string();
+        assert!(e.contains("larger than 2 bytes"), "{e}");
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid path string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for (path, what) in [
+            (Path::new("/dev/zero"), "a device"),
+            (Path::new("/dev/urandom"), "a device"),
+            (dir.as_path(), "a directory"),
+            (fifo.as_path(), "a FIFO"),
+        ] {
+            let e = read_small_file(path, MAX_TABLE_BYTES)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(what), "{}: {e}", path.display());
+        }
+        let e = read(Path::new("/dev/zero"), Kind::Absolute)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/dev/zero") && e.contains("a device"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
