@@ -24,18 +24,33 @@ pub mod patch;
 pub mod real;
 pub mod rng;
 pub mod say;
+pub mod sigstats;
 pub mod stats;
 pub mod verbs_abi;
 
 use config::Settings;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
 use std::sync::Mutex;
 
 /// The active settings (not used on the post path).
 static STATE: Mutex<Option<Loaded>> = Mutex::new(None);
-/// This process is a fork() child of the one that loaded the shim (its stats file must not
-/// overwrite the parent's).
-static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
+/// This process must not write the stats path as given (no `%p` in it): it is a fork()
+/// child of the one that loaded the shim, or an exec'd descendant of the process that
+/// loaded it first ([`OWNER_VAR`]). It writes `NAME.<pid>.EXT` instead.
+static NOT_OWNER: AtomicBool = AtomicBool::new(false);
+/// The `IBJITTER_STATS` pattern, readable without a lock (a fork child needs it).
+static PATTERN: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
+/// Set by the first process that loads the shim with a `%p`-less `IBJITTER_STATS`, inherited
+/// by everything it execs: those write `NAME.<pid>.EXT`, never over the owner's file.
+const OWNER_VAR: &str = "IBJITTER_STATS_OWNER";
+/// Set in each rank by MPI launchers and Slurm: such a process writes `NAME.<pid>.EXT`.
+const LAUNCHER_RANK_VARS: [&str; 5] = [
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "MV2_COMM_WORLD_RANK",
+];
 
 struct Loaded {
     settings: Settings,
@@ -55,6 +70,15 @@ pub fn install(settings: Settings) {
     say::set_startup(startup_message(&settings, &clock));
     if settings.warning.is_some() {
         say::show_startup_now();
+    }
+    if let Some(pattern) = &settings.stats {
+        PATTERN.store(Box::into_raw(Box::new(pattern.clone())), Release);
+        sigstats::arm(
+            &stats_path(pattern),
+            settings.delays.as_ref().map(|d| d.values.as_slice()),
+            settings.unit,
+            settings.seed,
+        );
     }
     *STATE.lock().unwrap_or_else(|e| e.into_inner()) = Some(Loaded { settings, clock });
 }
@@ -119,7 +143,7 @@ pub fn write_stats() {
     let path = {
         let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
         match guard.as_ref().and_then(|l| l.settings.stats.clone()) {
-            Some(p) => stats::expand_path(&p, FORKED_CHILD.load(Relaxed)),
+            Some(p) => stats_path(&p),
             None => return,
         }
     };
@@ -142,9 +166,39 @@ extern "C" {
     static __dso_handle: u8;
 }
 
+/// Where this process writes its stats.
+fn stats_path(pattern: &str) -> String {
+    stats::expand_path(pattern, NOT_OWNER.load(Relaxed))
+}
+
+/// Claims a `%p`-less stats path for this process, or notes that an ancestor did.
+fn claim_stats_path() {
+    match std::env::var("IBJITTER_STATS") {
+        Ok(p) if !p.trim().is_empty() && !p.contains("%p") => {}
+        _ => return,
+    }
+    // Ranks of a launcher are siblings: none inherits another's claim.
+    if LAUNCHER_RANK_VARS
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
+        NOT_OWNER.store(true, Relaxed);
+        return;
+    }
+    let me = std::process::id().to_string();
+    match std::env::var(OWNER_VAR) {
+        Ok(owner) if owner != me => NOT_OWNER.store(true, Relaxed),
+        Ok(_) => {}
+        // SAFETY (set_var): the load constructor runs before main, while no other thread
+        // of the program reads the environment.
+        Err(_) => std::env::set_var(OWNER_VAR, &me),
+    }
+}
+
 extern "C" fn on_load() {
     // A panic must never cross into the host program: on any failure, pass through.
     let _ = std::panic::catch_unwind(|| {
+        claim_stats_path();
         install(Settings::from_vars(|k| std::env::var(k).ok()));
         // SAFETY: handlers are plain functions of this object, unregistered by glibc if the
         // object is ever unloaded (dso handle).
@@ -160,9 +214,13 @@ extern "C" fn on_load() {
 }
 
 extern "C" fn on_fork_child() {
-    FORKED_CHILD.store(true, Relaxed);
+    NOT_OWNER.store(true, Relaxed);
     rng::atfork_child();
     stats::reset();
+    // SAFETY: PATTERN is leaked, never freed. (glibc lets the forking thread allocate.)
+    if let Some(p) = unsafe { PATTERN.load(Acquire).as_ref() } {
+        sigstats::set_path(&stats_path(p));
+    }
 }
 
 extern "C" fn on_exit() {

@@ -89,6 +89,43 @@ pub fn count(thread: u32, hook: Hook, index: Option<usize>) {
     }
 }
 
+/// Posts per hook over all threads, read without allocating (for the signal handler).
+pub struct Counts {
+    pub posts: [u64; 2],
+}
+
+pub fn signal_safe_counts() -> Counts {
+    let mut c = Counts { posts: [0; 2] };
+    for slot in slots().unwrap_or(&[]) {
+        for (t, p) in c.posts.iter_mut().zip(&slot.posts) {
+            *t += p.load(Relaxed);
+        }
+    }
+    c
+}
+
+/// Calls `f` with (post_send, wr_complete) of each slot up to the last one used, without
+/// allocating (the signal handler's `threads`).
+pub fn for_each_thread(mut f: impl FnMut([u64; 2])) {
+    let all = slots().unwrap_or(&[]);
+    let used = all
+        .iter()
+        .rposition(|s| s.posts.iter().any(|p| p.load(Relaxed) != 0))
+        .map_or(0, |i| i + 1);
+    for s in &all[..used] {
+        f([s.posts[0].load(Relaxed), s.posts[1].load(Relaxed)]);
+    }
+}
+
+/// Hits of table index `i` over all threads, without allocating.
+pub fn signal_safe_hits(i: usize) -> u64 {
+    slots()
+        .unwrap_or(&[])
+        .iter()
+        .map(|s| s.hits[i].load(Relaxed))
+        .sum()
+}
+
 /// Totals at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -180,6 +217,7 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
     }
     json!({
         "pid": std::process::id(),
+        "ended_by": "exit",
         "comm": std::fs::read_to_string("/proc/self/comm").map(|s| s.trim().to_string()).unwrap_or_default(),
         "injecting": ctx.table.is_some(),
         "disabled_reason": ctx.disabled_reason,
@@ -203,11 +241,12 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
     })
 }
 
-/// `%p` in the stats path → pid. A forked child whose path has no `%p` would overwrite its
-/// parent's file: it writes `NAME.<pid>.EXT` (or `NAME.<pid>`) beside it instead.
-pub fn expand_path(pattern: &str, forked_child: bool) -> String {
+/// `%p` in the stats path → pid. Without `%p`, a process that does not own the path (a forked
+/// child, an exec'd descendant of the owner) would overwrite the owner's file: it writes
+/// `NAME.<pid>.EXT` (or `NAME.<pid>`) beside it instead.
+pub fn expand_path(pattern: &str, not_owner: bool) -> String {
     let pid = std::process::id().to_string();
-    if pattern.contains("%p") || !forked_child {
+    if pattern.contains("%p") || !not_owner {
         return pattern.replace("%p", &pid);
     }
     let path = std::path::Path::new(pattern);

@@ -858,3 +858,162 @@ fn devices_fifos_and_directories_as_configuration_cannot_hurt_a_shell() {
         );
     }
 }
+
+/// Child: `child_basic`'s 100 posts (and 50 wr_completes) on a context left open, then
+/// `raise(SIGNAL)` — where the program has, per `IBJITTER_HOST_SIGNAL_MODE`, the default
+/// action, its own handler (installed before the shim loaded), or the signal ignored.
+fn child_then_signal() {
+    let sig = libc::SIGTERM;
+    static HANDLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    extern "C" fn own_handler(_: libc::c_int) {
+        HANDLED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    let mode = std::env::var("IBJITTER_HOST_SIGNAL_MODE").unwrap_or_default();
+    // SAFETY: plain signal(2) calls before the shim is loaded.
+    unsafe {
+        match mode.as_str() {
+            "handler" => {
+                let h: extern "C" fn(libc::c_int) = own_handler;
+                libc::signal(sig, h as *const () as libc::sighandler_t);
+            }
+            "ignore" => {
+                libc::signal(sig, libc::SIG_IGN);
+            }
+            _ => {}
+        }
+    }
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    let qpx: *mut ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    for _ in 0..100 {
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_post_send(qp) }, 0);
+    }
+    for _ in 0..50 {
+        // SAFETY: as above.
+        assert_eq!(unsafe { ibv_wr_complete(qpx) }, 0);
+    }
+    // SAFETY: raising a signal at ourselves.
+    unsafe { libc::raise(sig) };
+    emit(
+        serde_json::json!({ "survived": true, "handled": HANDLED.load(std::sync::atomic::Ordering::SeqCst) }),
+    );
+}
+
+#[test]
+fn a_signal_leaves_the_stats_and_then_does_what_it_did() {
+    if child_scenario().is_some() {
+        return child_then_signal();
+    }
+    let b = built();
+    for mode in ["default", "handler", "ignore"] {
+        let dir = scratch(&format!("signal-{mode}"));
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "a_signal_leaves_the_stats_and_then_does_what_it_did",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IBJITTER_") {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd
+            .env(CHILD, "signal")
+            .env("IBJITTER_HOST_SIGNAL_MODE", mode)
+            .env("IBJITTER_TEST_SO", &b.so)
+            .env("IBJITTER_TEST_STUB", &b.stub)
+            .env("IBJITTER_DELAY", "1us")
+            .env("IBJITTER_STATS", dir.join("stats.json"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        use std::os::unix::process::ExitStatusExt;
+        let s: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("stats.json"))
+                .unwrap_or_else(|e| panic!("{mode}: no stats file ({e}); {out:?}")),
+        )
+        .unwrap();
+        match mode {
+            // The default action still ends the process, by the signal.
+            "default" => {
+                assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{out:?}");
+                assert_eq!(s["ended_by"], "SIGTERM", "{s}");
+                assert_eq!(s["posts"]["post_send"], 100, "{s}");
+                assert_eq!(s["posts"]["wr_complete"], 50, "{s}");
+                assert_eq!(s["posts_total"], 150, "{s}");
+                assert_eq!(s["draws"], 150, "{s}");
+                assert_eq!(s["delays_injected"], 150, "{s}");
+                assert_eq!(s["sum_ns"], 150_000, "{s}");
+                assert!(!s["index_hits"].as_array().unwrap().is_empty(), "{s}");
+                assert_eq!(s["delay_ns"]["percentiles"]["p50"], 1000, "{s}");
+                assert_eq!(s["threads"][0]["post_send"], 100, "{s}");
+            }
+            // The program's own handler ran and the program went on to exit normally.
+            "handler" => {
+                assert!(out.status.success(), "{out:?}");
+                assert!(stdout.contains(r#""handled":true"#), "{stdout}");
+                assert_eq!(s["ended_by"], "exit", "{s}");
+                assert_eq!(s["posts_total"], 150, "{s}");
+            }
+            // An ignored signal stays ignored.
+            _ => {
+                assert!(out.status.success(), "{out:?}");
+                assert!(stdout.contains(r#""survived":true"#), "{stdout}");
+                assert_eq!(s["ended_by"], "exit", "{s}");
+            }
+        }
+    }
+}
+
+/// Child: `child_basic`, then the same program again as an exec'd child (same environment,
+/// as an MPI launcher or a shell would start the next rank), waited for.
+fn child_and_exec_descendant() {
+    child_basic(20);
+    if std::env::var("IBJITTER_HOST_DESCENDANT").is_ok() {
+        return;
+    }
+    let st = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "exec_descendants_without_pid_in_the_path_write_their_own_files",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("IBJITTER_HOST_DESCENDANT", "1")
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[test]
+fn exec_descendants_without_pid_in_the_path_write_their_own_files() {
+    if child_scenario().is_some() {
+        return child_and_exec_descendant();
+    }
+    let dir = scratch("exec-nopid");
+    respawn(
+        "exec_descendants_without_pid_in_the_path_write_their_own_files",
+        "exec",
+        &[("IBJITTER_STATS", format!("{}/stats.json", dir.display()))],
+    );
+    let s = read_stats(&dir);
+    assert_eq!(s.len(), 2, "two processes, two files: {s:?}");
+    let owner: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).unwrap()).unwrap();
+    let other = s.iter().find(|v| v["pid"] != owner["pid"]).unwrap();
+    assert!(
+        dir.join(format!("stats.{}.json", other["pid"])).exists(),
+        "{s:?}"
+    );
+    for v in &s {
+        assert_eq!(v["posts_total"], 30, "{v}");
+    }
+}
