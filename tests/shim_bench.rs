@@ -550,3 +550,70 @@ fn ks_distance(hist: &[Value], table: &[u64]) -> f64 {
     }
     worst
 }
+
+/// Real programs under the hardened shim, in one VM: a table of 9e18-ns entries is refused
+/// (ib_write_lat runs to completion, undelayed, with the one warning); SIGTERM to an
+/// ibv_rc_pingpong mid-run leaves a complete stats file and still ends it; two MPI ranks
+/// given one `%p`-less stats path leave two files.
+#[test]
+fn hostile_tables_signals_and_shared_stats_paths() {
+    let so = shim_so();
+    let pingpong = mpi_pingpong();
+    let dir = scratch_dir("shim-hardening");
+    let d = dir.display();
+    let line = format!("{}\n", ["9000000000000000000"; 8].join(" "));
+    std::fs::write(dir.join("huge.tbl"), line.repeat(512)).unwrap();
+    let out = Vm::new().timeout(600).writable(&dir).run(&format!(
+        r#". tools/vm/lib.sh
+        F=0
+        pair huge 'tcp_listening 18516' 'ib_write_lat -d rxe1 -x 1 -p 18516 -n 500' \
+            'env LD_PRELOAD={so} IBJITTER_TABLE={d}/huge.tbl ib_write_lat -d rxe0 -x 1 -p 18516 -n 500 10.0.0.2' || F=1
+        ibv_rc_pingpong -d rxe1 -g 1 -n 1000000 > /dev/null 2>&1 & srv=$!
+        wait_until 20 tcp_listening 18515 || F=1
+        env LD_PRELOAD={so} IBJITTER_DELAY=100us IBJITTER_STATS={d}/rc.json \
+            ibv_rc_pingpong -d rxe0 -g 1 -n 1000000 10.0.0.2 > /dev/null 2>&1 & cli=$!
+        sleep 3; kill -TERM $cli; wait $cli; echo "rc_term_status=$?"
+        kill $srv 2>/dev/null; wait $srv
+        mpirun --allow-run-as-root -np 2 --bind-to none --mca pml ucx --mca btl self \
+            --mca osc ^ucx -x UCX_TLS=rc_verbs,ud_verbs:aux,self -x UCX_UD_VERBS_ETH_DGID_CHECK=n \
+            sh -c 'export LD_PRELOAD={so} IBJITTER_DELAY=10us IBJITTER_STATS={d}/mpi.json; exec tools/mpi/rank-device "$@"' \
+            sh {pp} 100 8 > /dev/null || F=1
+        ls {d}
+        exit $F"#,
+        so = so.display(),
+        pp = pingpong.display(),
+    ));
+    out.assert_success();
+    let o = &out.output;
+    let huge = client(section(o, "huge"));
+    let lines: Vec<&str> = huge.lines().filter(|l| l.contains("ibjitter")).collect();
+    assert_eq!(lines.len(), 1, "{huge}");
+    assert!(
+        lines[0].contains("exceeds IBJITTER_MAX_DELAY"),
+        "{}",
+        lines[0]
+    );
+    assert!(perftest_min(huge) < 1000.0, "undelayed: {huge}");
+
+    // Killed by SIGTERM (143 from the shell), after writing every count.
+    assert!(o.contains("rc_term_status=143"), "{o}");
+    let rc: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("rc.json")).unwrap()).unwrap();
+    eprintln!("SIGTERM'd ibv_rc_pingpong: {rc}");
+    assert_eq!(rc["ended_by"], "SIGTERM", "{rc}");
+    let posts = rc["posts_total"].as_u64().unwrap();
+    assert!(posts > 10, "{rc}");
+    assert_eq!(rc["delays_injected"].as_u64(), Some(posts), "{rc}");
+    assert_eq!(rc["sum_ns"].as_u64(), Some(posts * 100_000), "{rc}");
+    assert_eq!(rc["delay_ns"]["percentiles"]["p50"], 100_000, "{rc}");
+
+    let mpi = stats(&dir, "mpi");
+    assert_eq!(mpi.len(), 2, "one file per rank: {o}");
+    assert!(
+        !dir.join("mpi.json").exists(),
+        "no rank wrote the shared name"
+    );
+    for s in mpi {
+        assert!(s["posts_total"].as_u64().unwrap() >= 110, "{s}");
+    }
+}
