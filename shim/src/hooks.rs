@@ -4,7 +4,7 @@
 //! functions that hand out contexts are interposed, and the returned context is patched
 //! (see [`crate::patch`]). These are the only symbols libibjitter.so exports.
 use crate::patch;
-use crate::real::{CLOSE_DEVICE, CREATE_QP, IMPORT_DEVICE, OPEN_DEVICE};
+use crate::real::{CLOSE_DEVICE, CREATE_QP, DESTROY_QP, IMPORT_DEVICE, OPEN_DEVICE};
 use crate::say;
 use crate::verbs_abi::*;
 use std::ffi::c_int;
@@ -12,7 +12,7 @@ use std::ptr::null_mut;
 
 /// Names shown in the startup line.
 pub const HOOKED: &str =
-    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp -> ops.post_send, create_qp_ex -> wr_complete";
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_destroy_qp -> ops.post_send, create_qp_ex -> wr_complete";
 
 fn fail_enosys<T>() -> *mut T {
     // SAFETY: errno is thread-local and always writable.
@@ -80,4 +80,18 @@ pub unsafe extern "C" fn ibv_create_qp(
     let qp = real(pd, attr);
     patch::patch_qp_ex_of(qp);
     qp
+}
+
+/// Interposed `ibv_destroy_qp@IBVERBS_1.1`: the QP's registry entry is released first (its
+/// address may come back for another QP).
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_destroy_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    let Some(real) = DESTROY_QP.get() else {
+        return libc::ENOSYS;
+    };
+    patch::forget_qp(qp);
+    real(qp)
 }

@@ -204,8 +204,8 @@ extern "C" fn on_load() {
         // object is ever unloaded (dso handle).
         unsafe {
             __register_atfork(
-                Some(rng::atfork_prepare),
-                None,
+                Some(on_fork_prepare),
+                Some(patch::unlock_after_fork),
                 Some(on_fork_child),
                 std::ptr::addr_of!(__dso_handle) as *mut _,
             );
@@ -213,7 +213,13 @@ extern "C" fn on_load() {
     });
 }
 
+extern "C" fn on_fork_prepare() {
+    rng::atfork_prepare();
+    patch::lock_for_fork();
+}
+
 extern "C" fn on_fork_child() {
+    patch::unlock_after_fork();
     NOT_OWNER.store(true, Relaxed);
     rng::atfork_child();
     stats::reset();

@@ -12,8 +12,7 @@ use crate::stats::Hook;
 use crate::verbs_abi::*;
 use std::ffi::{c_int, c_void};
 use std::ptr::{addr_of_mut, null_mut};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
 
 /// Most contexts tracked at once (a process opens a handful).
 pub const MAX_CONTEXTS: usize = 256;
@@ -86,11 +85,55 @@ static QPS: [QpEntry; MAX_QPS] = [QP_EMPTY; MAX_QPS];
 static SINGLE_POST_SEND: Single<PostSendFn> = Single::new();
 static SINGLE_WR_COMPLETE: Single<WrCompleteFn> = Single::new();
 static NQPS: AtomicUsize = AtomicUsize::new(0);
-static LOCK: Mutex<()> = Mutex::new(());
+/// Serializes registration (open, close, QP creation and destruction; never a post). A spin
+/// lock rather than a mutex so that fork can hold it across the fork ([`lock_for_fork`]): a
+/// child forked while another thread registered would otherwise inherit it held, and hang at
+/// its next device open.
+static LOCK: AtomicBool = AtomicBool::new(false);
 
-fn lock() -> std::sync::MutexGuard<'static, ()> {
-    // A panic while holding it cannot leave the tables inconsistent in a harmful way.
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+struct Registering;
+
+impl Drop for Registering {
+    fn drop(&mut self) {
+        LOCK.store(false, Release);
+    }
+}
+
+fn lock() -> Registering {
+    while LOCK
+        .compare_exchange_weak(false, true, Acquire, Relaxed)
+        .is_err()
+    {
+        std::hint::spin_loop();
+    }
+    Registering
+}
+
+/// fork() prepare handler: no registration is half done while the process forks.
+pub fn lock_for_fork() {
+    std::mem::forget(lock());
+}
+
+/// fork() parent and child handler: releases what [`lock_for_fork`] took.
+pub extern "C" fn unlock_after_fork() {
+    LOCK.store(false, Release);
+}
+
+/// Releases the registry entry of a QP being destroyed (its `ibv_qp_ex` starts with the
+/// `ibv_qp`, so both have one address).
+///
+/// # Safety
+/// `qp` must be null or a QP about to be destroyed.
+pub unsafe fn forget_qp(qp: *mut ibv_qp) {
+    if qp.is_null() {
+        return;
+    }
+    let _g = lock();
+    for q in &QPS[..NQPS.load(Relaxed)] {
+        if q.qp.load(Relaxed) as *mut ibv_qp == qp {
+            q.qp.store(null_mut(), Release);
+        }
+    }
 }
 
 /// The context's registry entry (under or outside the lock).

@@ -186,6 +186,7 @@ fn exports_only_hooks_and_does_not_need_libibverbs() {
         [
             "ibv_close_device",
             "ibv_create_qp",
+            "ibv_destroy_qp",
             "ibv_import_device",
             "ibv_open_device"
         ]
@@ -1016,4 +1017,119 @@ fn exec_descendants_without_pid_in_the_path_write_their_own_files() {
     for v in &s {
         assert_eq!(v["posts_total"], 30, "{v}");
     }
+}
+
+/// Child: with two providers (no shared original), 5000 QPs of provider B are created, used
+/// once and destroyed, all alive in memory at once (so no address comes back).
+fn child_many_destroyed_qps() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let shim = load_shim();
+    let mut a = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context.
+    let ca = unsafe { (shim.open_device)(a.ctx() as *mut _) };
+    let mut qa = fake_qp(ca);
+    let pa: *mut ibv_qp_ex = &mut *qa;
+    // SAFETY: the stub's ibv_create_qp returns the fake QP given as pd.
+    unsafe { (shim.create_qp)(pa as *mut _, std::ptr::null_mut()) };
+    let mut kept = Vec::new();
+    let mut failed = 0;
+    for _ in 0..5000 {
+        let mut q = fake_qp(ca);
+        q.wr_complete = Some(counting_wr_complete_b);
+        let p: *mut ibv_qp_ex = &mut *q;
+        // SAFETY: as above; the QP is destroyed through the shim after one post.
+        unsafe {
+            (shim.create_qp)(p as *mut _, std::ptr::null_mut());
+            failed += (ibv_wr_complete(p) != 0) as u64;
+            (shim.destroy_qp)(p as *mut _);
+        }
+        kept.push(q);
+    }
+    emit(serde_json::json!({
+        "b_posts": PROVIDER_B_POSTS.load(Relaxed), "failed": failed,
+    }));
+}
+
+#[test]
+fn destroyed_qps_release_their_registry_entries() {
+    if child_scenario().is_some() {
+        return child_many_destroyed_qps();
+    }
+    let dir = scratch("destroy");
+    let out = respawn(
+        "destroyed_qps_release_their_registry_entries",
+        "destroy",
+        &[("IBJITTER_DELAY", "0ns".into()), stats_env(&dir)],
+    );
+    assert_eq!(out.result["failed"], 0, "{}", out.result);
+    assert_eq!(out.result["b_posts"], 5000, "{}", out.result);
+    assert!(
+        out.stderr_lines.iter().all(|l| !l.contains("too many QPs")),
+        "{:?}",
+        out.stderr_lines
+    );
+}
+
+/// Child: one thread opens and closes contexts without pause while the main thread forks 200
+/// children, each of which opens a device through the shim at once and exits.
+fn child_fork_while_registering() {
+    let shim = load_shim();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        let (open, close) = (shim.open_device, shim.close_device);
+        std::thread::spawn(move || {
+            let mut c = FakeContext::new(counting_post_send);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: the stub returns the fake context; closing it restores it.
+                unsafe {
+                    let ctx = open(c.ctx() as *mut _);
+                    close(ctx);
+                }
+            }
+        })
+    };
+    let mut hung = 0;
+    for _ in 0..200 {
+        // SAFETY: the child only opens a fake device through the shim, then _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let mut c = FakeContext::new(counting_post_send);
+            unsafe {
+                (shim.open_device)(c.ctx() as *mut _);
+                libc::_exit(0);
+            }
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+            if std::time::Instant::now() > deadline {
+                hung += 1;
+                // SAFETY: our own child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+    emit(serde_json::json!({ "hung": hung }));
+}
+
+#[test]
+fn forking_while_another_thread_registers_never_hangs_the_child() {
+    if child_scenario().is_some() {
+        return child_fork_while_registering();
+    }
+    let out = respawn(
+        "forking_while_another_thread_registers_never_hangs_the_child",
+        "forkreg",
+        &[("IBJITTER_DELAY", "0ns".into())],
+    );
+    assert_eq!(out.result["hung"], 0, "{}", out.result);
 }

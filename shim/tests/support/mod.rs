@@ -98,6 +98,7 @@ pub struct Shim {
     pub set_imported_context: unsafe extern "C" fn(*mut ibv_context),
     pub close_device: unsafe extern "C" fn(*mut ibv_context) -> c_int,
     pub create_qp: unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp,
+    pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
 }
 
 impl Shim {
@@ -111,6 +112,7 @@ impl Shim {
             set_imported_context: sym(stub, "stub_set_imported_context"),
             close_device: sym(h, "ibv_close_device"),
             create_qp: sym(h, "ibv_create_qp"),
+            destroy_qp: sym(h, "ibv_destroy_qp"),
         }
     }
 }
