@@ -12,7 +12,7 @@ use std::ptr::null_mut;
 
 /// Names shown in the startup line.
 pub const HOOKED: &str =
-    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_destroy_qp -> ops.post_send, create_qp_ex -> wr_complete";
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_destroy_qp -> ops.post_send, create_qp_ex -> wr_start";
 
 fn fail_enosys<T>() -> *mut T {
     // SAFETY: errno is thread-local and always writable.

@@ -1,7 +1,7 @@
 //! libibjitter.so — the LD_PRELOAD latency injector.
 //!
 //! `LD_PRELOAD=libibjitter.so APP` delays every send APP posts (each `ibv_post_send` call and
-//! each `ibv_wr_complete`) by a busy-wait drawn from a 4096-entry table, without changing APP.
+//! each batch of `ibv_wr_*` requests, at `ibv_wr_start`) by a busy-wait drawn from a 4096-entry table, without changing APP.
 //!
 //! Modules, each depending only on those listed after it:
 //! - [`hooks`]: the interposed exported symbols (open/import/close a device, create a QP);

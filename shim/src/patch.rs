@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
 
 /// Most contexts tracked at once (a process opens a handful).
 pub const MAX_CONTEXTS: usize = 256;
-/// Most QPs tracked when QPs with different `wr_complete` originals coexist.
+/// Most QPs tracked when QPs with different `wr_start` originals coexist.
 pub const MAX_QPS: usize = 4096;
 
 /// The original of every patched object while they all agree (one provider: the usual
@@ -64,7 +64,7 @@ struct CtxEntry {
 struct QpEntry {
     qp: AtomicPtr<ibv_qp_ex>,
     ctx: AtomicPtr<ibv_context>,
-    wr_complete: FnSlot<WrCompleteFn>,
+    wr_start: FnSlot<WrStartFn>,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -77,13 +77,13 @@ const CTX_EMPTY: CtxEntry = CtxEntry {
 const QP_EMPTY: QpEntry = QpEntry {
     qp: AtomicPtr::new(null_mut()),
     ctx: AtomicPtr::new(null_mut()),
-    wr_complete: FnSlot::empty(),
+    wr_start: FnSlot::empty(),
 };
 
 static CONTEXTS: [CtxEntry; MAX_CONTEXTS] = [CTX_EMPTY; MAX_CONTEXTS];
 static QPS: [QpEntry; MAX_QPS] = [QP_EMPTY; MAX_QPS];
 static SINGLE_POST_SEND: Single<PostSendFn> = Single::new();
-static SINGLE_WR_COMPLETE: Single<WrCompleteFn> = Single::new();
+static SINGLE_WR_START: Single<WrStartFn> = Single::new();
 static NQPS: AtomicUsize = AtomicUsize::new(0);
 /// Serializes registration (open, close, QP creation and destruction; never a post). A spin
 /// lock rather than a mutex so that fork can hold it across the fork ([`lock_for_fork`]): a
@@ -217,7 +217,7 @@ pub unsafe fn unpatch_context(ctx: *mut ibv_context) {
     }
 }
 
-/// Patches a QP's `wr_complete` (the `ibv_wr_*` API). Returns false if left alone.
+/// Patches a QP's `wr_start` (the `ibv_wr_*` API). Returns false if left alone.
 ///
 /// # Safety
 /// `qpx` must be null or a live `ibv_qp_ex`, not yet posting.
@@ -225,8 +225,8 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
     if qpx.is_null() {
         return false;
     }
-    let ours: WrCompleteFn = wr_complete_hook;
-    let Some(orig) = (*qpx).wr_complete else {
+    let ours: WrStartFn = wr_start_hook;
+    let Some(orig) = (*qpx).wr_start else {
         return false;
     };
     if address(orig) == address(ours) || !inject::wants_patching() {
@@ -248,20 +248,20 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
         });
     match slot {
         Some(q) => {
-            q.wr_complete.set(Some(orig), Relaxed);
+            q.wr_start.set(Some(orig), Relaxed);
             q.ctx.store(ctx, Relaxed);
             q.qp.store(qpx, Release);
         }
         // Without an entry only the single-provider shortcut can find the original.
-        None if SINGLE_WR_COMPLETE.is(address(orig)) => {}
+        None if SINGLE_WR_START.is(address(orig)) => {}
         None => {
             say::warn_once("too many QPs with differing providers; new ones are not delayed");
             return false;
         }
     }
-    SINGLE_WR_COMPLETE.note(address(orig));
-    let f: WrCompleteFn = wr_complete_hook;
-    std::ptr::write_volatile(addr_of_mut!((*qpx).wr_complete), Some(f));
+    SINGLE_WR_START.note(address(orig));
+    let f: WrStartFn = wr_start_hook;
+    std::ptr::write_volatile(addr_of_mut!((*qpx).wr_start), Some(f));
     true
 }
 
@@ -354,61 +354,68 @@ unsafe extern "C" fn post_send_scan(
     }
 }
 
-/// Our `ibv_qp_ex.wr_complete`: one delay per call, then the provider's.
+/// Our `ibv_qp_ex.wr_start`: one delay per batch of `ibv_wr_*` work requests, then the
+/// provider's. Waiting here, before the provider's `wr_start` takes its send-queue lock
+/// (rxe and mlx5 take it there and release it in `wr_complete`), keeps other threads posting
+/// on the QP from stalling behind this delay, as on the `ibv_post_send` path.
 ///
 /// # Safety
-/// Called by the inline `ibv_wr_complete` with its argument.
-pub unsafe extern "C" fn wr_complete_hook(qpx: *mut ibv_qp_ex) -> c_int {
+/// Called by the inline `ibv_wr_start` with its argument.
+pub unsafe extern "C" fn wr_start_hook(qpx: *mut ibv_qp_ex) {
     let mode = inject::mode();
     if mode == 0 {
-        return wr_complete_orig(qpx);
+        return wr_start_orig(qpx);
     }
-    wr_complete_delayed(qpx, mode)
+    wr_start_delayed(qpx, mode)
 }
 
 #[inline(never)]
-unsafe extern "C" fn wr_complete_delayed(qpx: *mut ibv_qp_ex, mode: u8) -> c_int {
-    let Some(wait) = inject::draw(mode, Hook::WrComplete) else {
-        return wr_complete_first(qpx, mode);
+unsafe extern "C" fn wr_start_delayed(qpx: *mut ibv_qp_ex, mode: u8) {
+    let Some(wait) = inject::draw(mode, Hook::WrBatch) else {
+        return wr_start_first(qpx, mode);
     };
     if wait != 0 {
-        return wr_complete_after_wait(qpx, wait);
+        return wr_start_after_wait(qpx, wait);
     }
-    wr_complete_orig(qpx)
+    wr_start_orig(qpx)
 }
 
 #[cold]
 #[inline(never)]
-unsafe extern "C" fn wr_complete_first(qpx: *mut ibv_qp_ex, mode: u8) -> c_int {
+unsafe extern "C" fn wr_start_first(qpx: *mut ibv_qp_ex, mode: u8) {
     inject::first_post_of_thread();
-    wr_complete_delayed(qpx, mode)
+    wr_start_delayed(qpx, mode)
 }
 
 #[inline(never)]
-unsafe extern "C" fn wr_complete_after_wait(qpx: *mut ibv_qp_ex, wait: u64) -> c_int {
+unsafe extern "C" fn wr_start_after_wait(qpx: *mut ibv_qp_ex, wait: u64) {
     inject::wait(wait);
-    wr_complete_orig(qpx)
+    wr_start_orig(qpx)
 }
 
 #[inline(always)]
-unsafe fn wr_complete_orig(qpx: *mut ibv_qp_ex) -> c_int {
-    match SINGLE_WR_COMPLETE.get() {
+unsafe fn wr_start_orig(qpx: *mut ibv_qp_ex) {
+    match SINGLE_WR_START.get() {
         Some(f) => f(qpx),
-        None => wr_complete_scan(qpx),
+        None => wr_start_scan(qpx),
     }
 }
 
 #[cold]
 #[inline(never)]
-unsafe extern "C" fn wr_complete_scan(qpx: *mut ibv_qp_ex) -> c_int {
-    QPS[..NQPS.load(Acquire)]
+unsafe extern "C" fn wr_start_scan(qpx: *mut ibv_qp_ex) {
+    // A QP always has its entry while patched (unless the registry was full and it shares
+    // the single original, which the fast path found).
+    if let Some(f) = QPS[..NQPS.load(Acquire)]
         .iter()
         .find(|q| q.qp.load(Acquire) == qpx)
-        .and_then(|q| q.wr_complete.get(Relaxed))
-        .map_or(libc::EINVAL, |f| f(qpx))
+        .and_then(|q| q.wr_start.get(Relaxed))
+    {
+        f(qpx)
+    }
 }
 
-/// Our `verbs_context.create_qp_ex`: the provider's, then patch the new QP's `wr_complete`.
+/// Our `verbs_context.create_qp_ex`: the provider's, then patch the new QP's `wr_start`.
 unsafe extern "C" fn create_qp_ex_hook(
     ctx: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,

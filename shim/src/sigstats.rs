@@ -209,7 +209,7 @@ fn write_document(sig: c_int) {
     o.s(",\n  \"posts\": { \"post_send\": ");
     o.u(counts.posts[Hook::PostSend as usize]);
     o.s(", \"wr_complete\": ");
-    o.u(counts.posts[Hook::WrComplete as usize]);
+    o.u(counts.posts[Hook::WrBatch as usize]);
     o.s(" },\n  \"posts_total\": ");
     o.u(counts.posts.iter().sum());
     o.s(",\n  \"threads\": [");

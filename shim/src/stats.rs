@@ -15,7 +15,9 @@ pub const EXCLUSIVE_SLOTS: usize = 64;
 #[repr(usize)]
 pub enum Hook {
     PostSend = 0,
-    WrComplete = 1,
+    /// `ibv_wr_start`: a batch of `ibv_wr_*` work requests (its key in the stats file stays
+    /// `wr_complete`, where the batch used to be counted).
+    WrBatch = 1,
 }
 
 #[repr(C, align(64))]

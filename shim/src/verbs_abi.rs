@@ -20,8 +20,8 @@ pub type PostSendFn =
 /// `verbs_context.create_qp_ex`, which the inline `ibv_create_qp_ex` calls.
 pub type CreateQpExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
-/// `ibv_qp_ex.wr_complete`, which the inline `ibv_wr_complete` calls.
-pub type WrCompleteFn = unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int;
+/// `ibv_qp_ex.wr_start`, which the inline `ibv_wr_start` calls.
+pub type WrStartFn = unsafe extern "C" fn(*mut ibv_qp_ex);
 
 /// `__VERBS_ABI_IS_EXTENDED`: `ibv_context.abi_compat` holds it when a `verbs_context`
 /// surrounds the `ibv_context`.

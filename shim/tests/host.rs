@@ -134,8 +134,7 @@ fn child_posts(n: u64, import: bool) {
     // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
     let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
     assert_eq!(qp as usize, qpx as usize);
-    let wr_patched =
-        q.wr_complete.map(|f| f as *const ()) != Some(counting_wr_complete as *const ());
+    let wr_patched = q.wr_start.map(|f| f as *const ()) != Some(noop_wr_start as *const ());
     let t0 = now_ns();
     for _ in 0..n {
         // SAFETY: a fake QP of a patched fake context.
@@ -143,7 +142,7 @@ fn child_posts(n: u64, import: bool) {
     }
     for _ in 0..n / 2 {
         // SAFETY: as above.
-        assert_eq!(unsafe { ibv_wr_complete(qpx) }, 0);
+        assert_eq!(unsafe { ibv_wr_batch(qpx) }, 0);
     }
     let elapsed = now_ns() - t0;
     // SAFETY: the context is ours; the stub's close does nothing.
@@ -711,6 +710,7 @@ fn contexts_and_qps_of_different_providers_reach_their_own() {
         };
         let mut qa = fake_qp(ca);
         let mut qb = fake_qp(cb);
+        qb.wr_start = Some(noop_wr_start_b);
         qb.wr_complete = Some(counting_wr_complete_b);
         let (pa, pb): (*mut ibv_qp_ex, *mut ibv_qp_ex) = (&mut *qa, &mut *qb);
         // SAFETY: the stub's ibv_create_qp returns the fake QP given as pd.
@@ -723,7 +723,7 @@ fn contexts_and_qps_of_different_providers_reach_their_own() {
                 // SAFETY: fake QPs of patched fake contexts.
                 unsafe {
                     ibv_post_send(&mut (*q).qp_base);
-                    ibv_wr_complete(q);
+                    ibv_wr_batch(q);
                 }
             }
         };
@@ -897,7 +897,7 @@ fn child_then_signal() {
     }
     for _ in 0..50 {
         // SAFETY: as above.
-        assert_eq!(unsafe { ibv_wr_complete(qpx) }, 0);
+        assert_eq!(unsafe { ibv_wr_batch(qpx) }, 0);
     }
     // SAFETY: raising a signal at ourselves.
     unsafe { libc::raise(sig) };
@@ -1035,12 +1035,13 @@ fn child_many_destroyed_qps() {
     let mut failed = 0;
     for _ in 0..5000 {
         let mut q = fake_qp(ca);
+        q.wr_start = Some(noop_wr_start_b);
         q.wr_complete = Some(counting_wr_complete_b);
         let p: *mut ibv_qp_ex = &mut *q;
         // SAFETY: as above; the QP is destroyed through the shim after one post.
         unsafe {
             (shim.create_qp)(p as *mut _, std::ptr::null_mut());
-            failed += (ibv_wr_complete(p) != 0) as u64;
+            failed += (ibv_wr_batch(p) != 0) as u64;
             (shim.destroy_qp)(p as *mut _);
         }
         kept.push(q);
@@ -1132,4 +1133,52 @@ fn forking_while_another_thread_registers_never_hangs_the_child() {
         &[("IBJITTER_DELAY", "0ns".into())],
     );
     assert_eq!(out.result["hung"], 0, "{}", out.result);
+}
+
+/// Child: a 1 ms delay on the `ibv_wr_*` path; when the provider's `wr_start` (where rxe and
+/// mlx5 take the send-queue lock) runs, relative to the call.
+fn child_wr_start_timing() {
+    static STARTED_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    unsafe extern "C" fn timed_wr_start(_qpx: *mut ibv_qp_ex) {
+        STARTED_NS.store(now_ns(), std::sync::atomic::Ordering::SeqCst);
+    }
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context; its create_qp the fake QP.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    q.wr_start = Some(timed_wr_start);
+    let qpx: *mut ibv_qp_ex = &mut *q;
+    unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    let mut before_start = Vec::new();
+    for _ in 0..20 {
+        let t0 = now_ns();
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_wr_batch(qpx) }, 0);
+        let t1 = now_ns();
+        let started = STARTED_NS.load(std::sync::atomic::Ordering::SeqCst);
+        before_start.push([started - t0, t1 - started]);
+    }
+    emit(serde_json::json!({ "waits": before_start }));
+}
+
+#[test]
+fn a_wr_batch_waits_before_the_provider_takes_its_lock() {
+    if child_scenario().is_some() {
+        return child_wr_start_timing();
+    }
+    let out = respawn(
+        "a_wr_batch_waits_before_the_provider_takes_its_lock",
+        "wrstart",
+        &[("IBJITTER_DELAY", "1ms".into())],
+    );
+    for w in out.result["waits"].as_array().unwrap() {
+        let (before, after) = (w[0].as_u64().unwrap(), w[1].as_u64().unwrap());
+        // The whole delay passes before the provider's wr_start, none while it holds its lock.
+        assert!(before >= 1_000_000, "waited {before} ns before wr_start");
+        assert!(
+            after < before,
+            "{after} ns after wr_start vs {before} before"
+        );
+    }
 }

@@ -156,6 +156,12 @@ pub unsafe extern "C" fn counting_wr_complete_b(_qpx: *mut ibv_qp_ex) -> c_int {
     0
 }
 
+/// Provider A's and B's `wr_start` (distinct functions: the mixed-provider tests need them).
+pub unsafe extern "C" fn noop_wr_start(_qpx: *mut ibv_qp_ex) {}
+pub unsafe extern "C" fn noop_wr_start_b(_qpx: *mut ibv_qp_ex) {
+    std::hint::black_box(1);
+}
+
 pub unsafe extern "C" fn counting_wr_complete(_qpx: *mut ibv_qp_ex) -> c_int {
     PROVIDER_POSTS.fetch_add(1, Relaxed);
     0
@@ -200,10 +206,12 @@ impl FakeContext {
 }
 
 /// A fake QP of `ctx`, with an `ibv_qp_ex` whose `wr_complete` counts.
+/// (Give it provider B's `wr_start` and `wr_complete` together.)
 pub fn fake_qp(ctx: *mut ibv_context) -> Box<ibv_qp_ex> {
     // SAFETY: as above, all-zero is valid.
     let mut q: Box<ibv_qp_ex> = unsafe { Box::new(std::mem::zeroed()) };
     q.qp_base.context = ctx;
+    q.wr_start = Some(noop_wr_start);
     q.wr_complete = Some(counting_wr_complete);
     q
 }
@@ -218,11 +226,14 @@ pub unsafe fn ibv_post_send(qp: *mut ibv_qp) -> c_int {
     f(qp, std::ptr::null_mut(), &mut bad)
 }
 
-/// `ibv_wr_complete` as verbs.h inlines it.
+/// A one-request batch of the `ibv_wr_*` API: `ibv_wr_start` then `ibv_wr_complete`, as
+/// verbs.h inlines them (the work request builders in between do not concern the shim).
 #[inline(always)]
-pub unsafe fn ibv_wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
-    let f = std::ptr::read_volatile(&(*qpx).wr_complete).unwrap();
-    f(qpx)
+pub unsafe fn ibv_wr_batch(qpx: *mut ibv_qp_ex) -> c_int {
+    let start = std::ptr::read_volatile(&(*qpx).wr_start).unwrap();
+    start(qpx);
+    let complete = std::ptr::read_volatile(&(*qpx).wr_complete).unwrap();
+    complete(qpx)
 }
 
 /// CLOCK_MONOTONIC in ns.
