@@ -2,9 +2,10 @@
 //! originals (to call them, and to restore contexts on close).
 //!
 //! The post wrappers find the original without a lock: while every patched context (QP) had
-//! the same original — one provider, the usual case — it sits in one atomic; only a process
-//! mixing providers falls back to scanning a fixed table. Registration takes a mutex (open,
-//! close and QP creation only) and never allocates.
+//! the same original — one provider, the usual case — it sits in one atomic; a process mixing
+//! providers looks the object up in a fixed open-addressing table (hash of its address, a
+//! few probes). Registration takes a lock (open, close, QP creation and destruction only) and
+//! never allocates.
 use crate::inject;
 use crate::real::{address, FnSlot, QP_TO_QP_EX};
 use crate::say;
@@ -12,9 +13,9 @@ use crate::stats::Hook;
 use crate::verbs_abi::*;
 use std::ffi::{c_int, c_void};
 use std::ptr::{addr_of_mut, null_mut};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
 
-/// Most contexts tracked at once (a process opens a handful).
+/// Most contexts tracked at once (a process opens a handful). Table sizes are powers of two.
 pub const MAX_CONTEXTS: usize = 256;
 /// Most QPs tracked when QPs with different `wr_start` originals coexist.
 pub const MAX_QPS: usize = 4096;
@@ -82,9 +83,49 @@ const QP_EMPTY: QpEntry = QpEntry {
 
 static CONTEXTS: [CtxEntry; MAX_CONTEXTS] = [CTX_EMPTY; MAX_CONTEXTS];
 static QPS: [QpEntry; MAX_QPS] = [QP_EMPTY; MAX_QPS];
+
+/// A key meaning "removed": lookups probe past it, insertions reuse it.
+const REMOVED: usize = 1;
+
+/// Slots of a `len`-slot table (a power of two) in probe order for `key`: its hash, then on.
+fn probe(key: usize, len: usize) -> impl Iterator<Item = usize> {
+    // Fibonacci hashing of the address without its always-zero low bits.
+    let h = ((key >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) & (len - 1);
+    (0..len).map(move |i| (h + i) & (len - 1))
+}
+
+/// The slot holding `key`; stops at the first never-used slot.
+fn find<T>(table: &'static [T], key: usize, key_of: impl Fn(&T) -> usize) -> Option<&'static T> {
+    for i in probe(key, table.len()) {
+        match key_of(&table[i]) {
+            k if k == key => return Some(&table[i]),
+            0 => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A free slot for `key` (never used, or removed); call under the lock, after [`find`].
+fn free_slot<T>(
+    table: &'static [T],
+    key: usize,
+    key_of: impl Fn(&T) -> usize,
+) -> Option<&'static T> {
+    probe(key, table.len())
+        .map(|i| &table[i])
+        .find(|e| matches!(key_of(e), 0 | REMOVED))
+}
+
+fn ctx_key(e: &CtxEntry) -> usize {
+    e.ctx.load(Acquire) as usize
+}
+
+fn qp_key(e: &QpEntry) -> usize {
+    e.qp.load(Acquire) as usize
+}
 static SINGLE_POST_SEND: Single<PostSendFn> = Single::new();
 static SINGLE_WR_START: Single<WrStartFn> = Single::new();
-static NQPS: AtomicUsize = AtomicUsize::new(0);
 /// Serializes registration (open, close, QP creation and destruction; never a post). A spin
 /// lock rather than a mutex so that fork can hold it across the fork ([`lock_for_fork`]): a
 /// child forked while another thread registered would otherwise inherit it held, and hang at
@@ -129,16 +170,14 @@ pub unsafe fn forget_qp(qp: *mut ibv_qp) {
         return;
     }
     let _g = lock();
-    for q in &QPS[..NQPS.load(Relaxed)] {
-        if q.qp.load(Relaxed) as *mut ibv_qp == qp {
-            q.qp.store(null_mut(), Release);
-        }
+    if let Some(q) = find(&QPS, qp as usize, qp_key) {
+        q.qp.store(REMOVED as *mut _, Release);
     }
 }
 
 /// The context's registry entry (under or outside the lock).
 fn find_ctx(ctx: *mut ibv_context) -> Option<&'static CtxEntry> {
-    CONTEXTS.iter().find(|e| e.ctx.load(Acquire) == ctx)
+    find(&CONTEXTS, ctx as usize, ctx_key)
 }
 
 /// Patches a freshly opened context: `ops.post_send`, and `create_qp_ex` when the
@@ -155,7 +194,7 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     if find_ctx(ctx).is_some() {
         return false;
     }
-    let Some(slot) = CONTEXTS.iter().find(|e| e.ctx.load(Relaxed).is_null()) else {
+    let Some(slot) = free_slot(&CONTEXTS, ctx as usize, ctx_key) else {
         say::warn_once("more than 256 open contexts; new ones are not delayed");
         return false;
     };
@@ -209,10 +248,10 @@ pub unsafe fn unpatch_context(ctx: *mut ibv_context) {
     if let (Some(f), false) = (e.create_qp_ex.get(Relaxed), vctx.is_null()) {
         std::ptr::write_volatile(addr_of_mut!((*vctx).create_qp_ex), Some(f));
     }
-    e.ctx.store(null_mut(), Release);
-    for q in &QPS[..NQPS.load(Relaxed)] {
-        if q.ctx.load(Relaxed) == ctx {
-            q.qp.store(null_mut(), Release);
+    e.ctx.store(REMOVED as *mut _, Release);
+    for q in &QPS {
+        if q.ctx.load(Relaxed) == ctx && qp_key(q) > REMOVED {
+            q.qp.store(REMOVED as *mut _, Release);
         }
     }
 }
@@ -234,18 +273,8 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
     }
     let ctx = (*qpx).qp_base.context;
     let _g = lock();
-    let n = NQPS.load(Relaxed);
-    // A destroyed QP's address may come back: reuse its entry.
-    let slot = QPS[..n]
-        .iter()
-        .find(|q| q.qp.load(Relaxed) == qpx)
-        .or_else(|| QPS[..n].iter().find(|q| q.qp.load(Relaxed).is_null()))
-        .or_else(|| {
-            (n < MAX_QPS).then(|| {
-                NQPS.store(n + 1, Release);
-                &QPS[n]
-            })
-        });
+    // A QP destroyed without ibv_destroy_qp may have left its address registered: reuse.
+    let slot = find(&QPS, qpx as usize, qp_key).or_else(|| free_slot(&QPS, qpx as usize, qp_key));
     match slot {
         Some(q) => {
             q.wr_start.set(Some(orig), Relaxed);
@@ -406,11 +435,7 @@ unsafe fn wr_start_orig(qpx: *mut ibv_qp_ex) {
 unsafe extern "C" fn wr_start_scan(qpx: *mut ibv_qp_ex) {
     // A QP always has its entry while patched (unless the registry was full and it shares
     // the single original, which the fast path found).
-    if let Some(f) = QPS[..NQPS.load(Acquire)]
-        .iter()
-        .find(|q| q.qp.load(Acquire) == qpx)
-        .and_then(|q| q.wr_start.get(Relaxed))
-    {
+    if let Some(f) = find(&QPS, qpx as usize, qp_key).and_then(|q| q.wr_start.get(Relaxed)) {
         f(qpx)
     }
 }
@@ -449,8 +474,5 @@ pub unsafe fn patch_qp_ex_of(qp: *mut ibv_qp) {
 
 /// How many contexts are patched now (for tests).
 pub fn patched_contexts() -> usize {
-    CONTEXTS
-        .iter()
-        .filter(|e| !e.ctx.load(Relaxed).is_null())
-        .count()
+    CONTEXTS.iter().filter(|e| ctx_key(e) > REMOVED).count()
 }
