@@ -39,16 +39,28 @@ struct ChildOut {
     result: Value,
 }
 
+/// Leaves this process's IBJITTER_* variables (and a launcher's rank variables, which would
+/// make the shim name its stats file by pid) out of `cmd`'s environment.
+fn without_ibjitter_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars() {
+        let rank_var = [
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+            "PMIX_RANK",
+            "SLURM_PROCID",
+        ];
+        if k.starts_with("IBJITTER_") || rank_var.contains(&k.as_str()) {
+            cmd.env_remove(k);
+        }
+    }
+}
+
 /// Re-runs test `test` of this binary as a child with `env` (and nothing else IBJITTER_*).
 fn respawn(test: &str, scenario: &str, env: &[(&str, String)]) -> ChildOut {
     let b = built();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("IBJITTER_") {
-            cmd.env_remove(k);
-        }
-    }
+    without_ibjitter_env(&mut cmd);
     cmd.env(CHILD, scenario)
         .env("IBJITTER_TEST_SO", &b.so)
         .env("IBJITTER_TEST_STUB", &b.stub);
@@ -765,11 +777,7 @@ fn preloaded_sh(env: &[(&str, String)]) -> (i32, f64, i64, String) {
     let b = built();
     let mut cmd = Command::new("/bin/sh");
     cmd.args(["-c", "exit 0"]).env("LD_PRELOAD", &b.so);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("IBJITTER_") {
-            cmd.env_remove(k);
-        }
-    }
+    without_ibjitter_env(&mut cmd);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -921,11 +929,7 @@ fn a_signal_leaves_the_stats_and_then_does_what_it_did() {
             "--nocapture",
             "--test-threads=1",
         ]);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("IBJITTER_") {
-                cmd.env_remove(k);
-            }
-        }
+        without_ibjitter_env(&mut cmd);
         let out = cmd
             .env(CHILD, "signal")
             .env("IBJITTER_HOST_SIGNAL_MODE", mode)
