@@ -307,7 +307,10 @@ fn write_delays(o: &mut Out, u: &str) {
             continue;
         }
         cum += u128::from(n);
-        while next < QS.len() && cum * 10000 >= u128::from(draws) * u128::from(QS[next].1).max(1) {
+        // p0 is the smallest value drawn at all (a threshold of one draw).
+        while next < QS.len()
+            && cum * 10000 >= (u128::from(draws) * u128::from(QS[next].1)).max(10000)
+        {
             o.s(if next == 0 { " \"" } else { ", \"" });
             o.s(QS[next].0);
             o.s("\": ");
