@@ -6,13 +6,19 @@
 //! - the constant ("uniform") table shifts the *fastest* round trips (ib_write_lat's t_min,
 //!   the ping-pong's 10th percentile) by exactly the delay injected per round trip;
 //! - a lognormal table and the uniform table of the same mean give the same mean latency
-//!   (within 20 %), with bench stalls (round trips no injected delay can explain) left out
-//!   and counted;
-//! - the mean round trip grows by at least 0.75 times the delay injected (every delay is on
-//!   the path) and less than 1.75 times. Under TCG the mean grows by up to ~35 % *more*
-//!   than the delay (+20..+60 µs at the packet level; most likely what a busy-waiting vCPU
-//!   costs the rest of the VM), so the mean is not held to ± 25 %; the exact shift is the
-//!   fastest round trips' job.
+//!   (within 20 %), and the mean round trip grows by the delay injected (0.75..1.75 times).
+//!
+//! Both mean checks split each run's mean round trip into the delays the shim says it drew
+//! (`drawn_mean_us`, exact) and the rest, the *excess*: what the network and the bench add.
+//! The excess is where the bench's noise lives: in one quick run its 4 packet repetitions
+//! at one table gave 71, 103, 105 and 237 µs (the bench flips between speeds from run to run,
+//! and a slow run's whole distribution moves, median included), while the drawn means of a
+//! heavy-tailed table stray by a few % over 1500 draws. Noise only ever adds, so the
+//! least-disturbed repetition (the smallest excess) is the statistic: it moved by a few µs
+//! between runs where the median of the means moved by tens. The claim then reads: a table's
+//! mean round trip is its mean delay plus the same excess whatever the table's shape, and
+//! that excess is the clean round trip's (no more than 0.75 x the delay above it). Ping-pong
+//! round trips no injected delay can explain (bench stalls) are left out and counted.
 //!
 //! The shapes that need more runs (medians, barrier divergence, variation vs mean) are
 //! reported by the full run, not asserted here.
@@ -72,8 +78,8 @@ const LEVELS: [&str; 2] = ["congestion-heavy", "congestion-severe"];
 
 /// Checks one experiment's CSV; returns the complaints. `delays_per_rtt`: how many injected
 /// delays one measured round trip waits for; `scale`: measured value → round trip. Figures
-/// are medians over the repetitions (mean latency) or minima (the fastest round trips: the
-/// bench's noise only lengthens round trips, so the least-disturbed run shows the shift).
+/// are minima over the repetitions: the bench's noise only lengthens round trips, so the
+/// least-disturbed run shows the effect (see the top of this file).
 fn check(dir: &Path, csv: &str, reps: usize, delays_per_rtt: f64, scale: f64) -> Vec<String> {
     let rows = read_csv(&dir.join(csv));
     let mut bad = Vec::new();
@@ -89,14 +95,18 @@ fn check(dir: &Path, csv: &str, reps: usize, delays_per_rtt: f64, scale: f64) ->
             .filter(|r| r["level"] == level && r["table"] == table)
             .collect()
     };
-    let mean = |rs: &[&HashMap<String, String>]| -> f64 {
-        median(rs.iter().map(|r| num(r, "mean_us")).collect())
+    let least = |v: Vec<f64>| v.into_iter().fold(f64::INFINITY, f64::min);
+    // The mean round trip beyond the delays the shim drew (the whole mean when clean).
+    let excess = |r: &HashMap<String, String>| -> f64 {
+        let drawn = if r["table"] == "none" {
+            0.0
+        } else {
+            num(r, "drawn_mean_us")
+        };
+        scale * num(r, "mean_us") - delays_per_rtt * drawn
     };
-    let fastest = |rs: &[&HashMap<String, String>]| -> f64 {
-        rs.iter()
-            .map(|r| num(r, "low_us"))
-            .fold(f64::INFINITY, f64::min)
-    };
+    let fastest =
+        |rs: &[&HashMap<String, String>]| least(rs.iter().map(|r| num(r, "low_us")).collect());
     // Stalls (ping-pong only): round trips longer than the run's largest delays + 10 ms.
     let stalls: u64 = ok
         .iter()
@@ -110,7 +120,8 @@ fn check(dir: &Path, csv: &str, reps: usize, delays_per_rtt: f64, scale: f64) ->
         reps,
         "{csv}: one clean run per repetition"
     );
-    let (clean, clean_fastest) = (mean(&clean_rows), fastest(&clean_rows));
+    let clean = least(clean_rows.iter().map(|r| excess(r)).collect());
+    let clean_fastest = fastest(&clean_rows);
     for level in LEVELS {
         let (logn, unif) = (of(level, "lognormal"), of(level, "uniform"));
         assert_eq!(logn.len(), reps, "{csv} {level}: lognormal runs");
@@ -127,10 +138,34 @@ fn check(dir: &Path, csv: &str, reps: usize, delays_per_rtt: f64, scale: f64) ->
             ));
         }
 
-        let (ml, mu) = (mean(&logn), mean(&unif));
+        let mut means = Vec::new();
+        for (table, rs) in [("lognormal", &logn), ("uniform", &unif)] {
+            // What the shim says it drew: a heavy-tailed table's sample mean over a few
+            // thousand draws strays by some %, never by much.
+            let drawn = median(rs.iter().map(|r| num(r, "drawn_mean_us")).collect());
+            assert!(
+                (drawn - table_mean).abs() < 0.15 * table_mean,
+                "{csv} {level} {table}: the shim drew a median mean of {drawn:.1} µs from a table of mean {table_mean:.1} µs"
+            );
+            let excesses: Vec<f64> = rs.iter().map(|r| excess(r)).collect();
+            // The table's mean round trip: its mean delay plus the least-disturbed excess.
+            let mean = want + least(excesses.clone());
+            let added = mean - clean;
+            eprintln!(
+                "{csv} {level} {table}: mean round trip {mean:.1} µs = {want:.1} injected + excess {:.1} (per repetition {excesses:.1?}); clean {clean:.1}, added {added:.1}",
+                mean - want
+            );
+            if !(0.75 * want..=1.75 * want).contains(&added) {
+                bad.push(format!(
+                    "{csv} {level} {table}: mean round trip grew by {added:.1} µs, outside [0.75, 1.75] x {want:.1}"
+                ));
+            }
+            means.push(mean);
+        }
+        let (ml, mu) = (means[0], means[1]);
         let gap = (ml - mu).abs() / mu;
         eprintln!(
-            "{csv} {level}: mean lognormal {ml:.1} µs, uniform {mu:.1} µs ({:.1} %), clean {clean:.1}",
+            "{csv} {level}: mean lognormal {ml:.1} µs, uniform {mu:.1} µs ({:.1} %)",
             gap * 100.0
         );
         if gap > 0.20 {
@@ -138,24 +173,6 @@ fn check(dir: &Path, csv: &str, reps: usize, delays_per_rtt: f64, scale: f64) ->
                 "{csv} {level}: lognormal mean {ml:.1} µs vs uniform {mu:.1} µs differ by {:.0} % (> 20 %)",
                 gap * 100.0
             ));
-        }
-        for (table, rs) in [("lognormal", &logn), ("uniform", &unif)] {
-            let added = scale * (mean(rs) - clean);
-            // What the shim says it drew: a heavy-tailed table's sample mean over a few
-            // thousand draws strays by some %, never by much.
-            let drawn = median(rs.iter().map(|r| num(r, "drawn_mean_us")).collect());
-            assert!(
-                (drawn - table_mean).abs() < 0.15 * table_mean,
-                "{csv} {level} {table}: the shim drew a mean of {drawn:.1} µs from a table of mean {table_mean:.1} µs"
-            );
-            eprintln!(
-                "{csv} {level} {table}: mean round trip +{added:.1} µs, injected {want:.1} (drawn mean {drawn:.1} µs)"
-            );
-            if !(0.75 * want..=1.75 * want).contains(&added) {
-                bad.push(format!(
-                    "{csv} {level} {table}: mean round trip grew by {added:.1} µs, outside [0.75, 1.75] x {want:.1}"
-                ));
-            }
         }
     }
     let round_trips = ok.len() as f64 * QUICK_PP_ITERS;
