@@ -23,6 +23,26 @@ impl Unit {
     }
 }
 
+/// What one draw delays (`IBJITTER_PER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Per {
+    /// One delay per `ibv_post_send` call and per `ibv_wr_*` batch, however many work
+    /// requests it carries: the research's semantics (the default).
+    Post,
+    /// One delay per work request: each WR of a chain or batch waits its own draw, closer to
+    /// a per-packet network delay.
+    Wr,
+}
+
+impl Per {
+    pub fn name(self) -> &'static str {
+        match self {
+            Per::Post => "post",
+            Per::Wr => "wr",
+        }
+    }
+}
+
 /// A loaded delay table, in `Unit`s.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delays {
@@ -46,6 +66,7 @@ pub struct Settings {
     /// None: no injection (not configured, or configuration refused).
     pub delays: Option<Delays>,
     pub unit: Unit,
+    pub per: Per,
     pub seed: u64,
     /// Where the seed came from ("default", "IBJITTER_SEED", a file).
     pub seed_source: String,
@@ -62,6 +83,7 @@ impl Settings {
         Settings {
             delays: None,
             unit: Unit::Ns,
+            per: Per::Post,
             seed: DEFAULT_SEED,
             seed_source: "default".into(),
             stats: None,
@@ -82,6 +104,13 @@ impl Settings {
             Some("loops") => s.unit = Unit::Loops,
             Some(other) => problems.push(format!(
                 "IBJITTER_UNIT={other}: expected \"ns\" or \"loops\""
+            )),
+        }
+        match nonempty("IBJITTER_PER").as_deref().map(str::trim) {
+            None | Some("post") => {}
+            Some("wr") => s.per = Per::Wr,
+            Some(other) => problems.push(format!(
+                "IBJITTER_PER={other}: expected \"post\" (one delay per call or batch) or \"wr\" (one per work request)"
             )),
         }
         match nonempty("IBJITTER_SEED") {
@@ -354,6 +383,15 @@ mod tests {
     }
 
     #[test]
+    fn per_post_is_the_default_and_wr_is_chosen_by_name() {
+        assert_eq!(settings(&[("IBJITTER_DELAY", "1us")]).per, Per::Post);
+        let s = settings(&[("IBJITTER_DELAY", "1us"), ("IBJITTER_PER", " wr ")]);
+        assert_eq!((s.per, s.delays.is_some()), (Per::Wr, true));
+        let s = settings(&[("IBJITTER_DELAY", "1us"), ("IBJITTER_PER", "post")]);
+        assert_eq!(s.per, Per::Post);
+    }
+
+    #[test]
     fn bad_inputs_give_one_warning_and_no_table() {
         for pairs in [
             &[("IBJITTER_TABLE", "/nonexistent/table")][..],
@@ -365,6 +403,7 @@ mod tests {
             &[("IBJITTER_DELAY", "10")][..],
             &[("IBJITTER_DIST", "nosuchdist"), ("IBJITTER_DELAY", "10us")][..],
             &[("IBJITTER_DELAY", "10us"), ("IBJITTER_UNIT", "parsecs")][..],
+            &[("IBJITTER_DELAY", "10us"), ("IBJITTER_PER", "packet")][..],
             &[("IBJITTER_JITTER", "10us")][..],
         ] {
             let s = settings(pairs);

@@ -3,7 +3,7 @@
 //! Everything here that the post path reads is a plain atomic: no lock, no syscall, no
 //! allocation.
 use crate::clock::{self, WaitKind};
-use crate::config::{Delays, Unit};
+use crate::config::{Delays, Per, Unit};
 use crate::rng;
 use crate::stats::{self, Hook};
 use ibjitter_table::ENTRIES;
@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 const INJECT: u8 = 1;
 /// Mode bit: count (IBJITTER_STATS).
 const STATS: u8 = 2;
+/// Mode bit: one draw per work request (`IBJITTER_PER=wr`), not per call or batch.
+pub const PER_WR: u8 = 4;
 
 /// 0 until load finished (and whenever there is nothing to do): wrappers pass through.
 static MODE: AtomicU8 = AtomicU8::new(0);
@@ -53,16 +55,38 @@ pub fn first_post_of_thread() {
     rng::init_current_thread();
 }
 
+/// Draws and waits, giving the thread its stream first if needed: for the paths that are not
+/// the default post path (whose wrappers split this up to stay frameless).
+#[inline(never)]
+pub fn delay(mode: u8, hook: Hook) {
+    let units = match draw(mode, hook) {
+        Some(u) => u,
+        None => {
+            first_post_of_thread();
+            draw(mode, hook).unwrap_or(0)
+        }
+    };
+    if units != 0 {
+        wait(units);
+    }
+}
+
+/// Whether each work request waits its own draw (`IBJITTER_PER=wr`).
+pub fn per_wr() -> bool {
+    mode() & PER_WR != 0
+}
+
 /// Busy-waits `units` of the active clock kind (what [`draw`] returned).
 #[inline(always)]
 pub fn wait(units: u64) {
     clock::wait(units)
 }
 
-/// Activates `delays` (None: no injection) and counting, seeding the streams with `seed`:
-/// converts the table to wait units (calibrating the TSC). Returns the clock's description.
-/// Called at load (and by tests) while no thread is posting.
-pub fn activate(delays: Option<&Delays>, unit: Unit, seed: u64, count: bool) -> String {
+/// Activates `delays` (None: no injection) drawn once `per` post or work request, and
+/// counting, seeding the streams with `seed`: converts the table to wait units (calibrating
+/// the TSC). Returns the clock's description. Called at load (and by tests) while no thread
+/// is posting.
+pub fn activate(delays: Option<&Delays>, unit: Unit, per: Per, seed: u64, count: bool) -> String {
     MODE.store(0, Release);
     let mut clock_desc = String::from("none");
     if let Some(d) = delays {
@@ -91,6 +115,9 @@ pub fn activate(delays: Option<&Delays>, unit: Unit, seed: u64, count: bool) -> 
     if count {
         stats::enable();
         mode |= STATS;
+    }
+    if per == Per::Wr && mode != 0 {
+        mode |= PER_WR;
     }
     MODE.store(mode, Release);
     LOADED.store(true, Release);

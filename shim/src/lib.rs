@@ -6,7 +6,8 @@
 //! Modules, each depending only on those listed after it:
 //! - [`hooks`]: the interposed exported symbols (open/import/close a device, create a QP);
 //! - [`patch`]: swapping provider pointers in contexts and QPs, the registries of originals,
-//!   and the post wrappers;
+//!   and the post wrappers; [`wr_ops`]: the `ibv_wr_*` work-request wrappers of
+//!   `IBJITTER_PER=wr`;
 //! - [`inject`]: the active injection: table in wait units, clock kind, draw, wait;
 //! - [`stats`]: counters and the stats document; [`rng`]: per-thread PCG streams;
 //!   [`clock`]: TSC busy-wait; [`config`]: the `IBJITTER_*` environment;
@@ -27,6 +28,7 @@ pub mod say;
 pub mod sigstats;
 pub mod stats;
 pub mod verbs_abi;
+pub mod wr_ops;
 
 use config::Settings;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
@@ -64,6 +66,7 @@ pub fn install(settings: Settings) {
     let clock = inject::activate(
         settings.delays.as_ref(),
         settings.unit,
+        settings.per,
         settings.seed,
         settings.stats.is_some(),
     );
@@ -113,7 +116,14 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
         .as_deref()
         .map(|p| format!(", stats {p}"))
         .unwrap_or_default();
-    Some(format!("ibjitter: {what}{stats}; hooks {}", hooks::HOOKED))
+    let per = match s.per {
+        config::Per::Post => "",
+        config::Per::Wr => ", one delay per work request",
+    };
+    Some(format!(
+        "ibjitter: {what}{per}{stats}; hooks {}",
+        hooks::HOOKED
+    ))
 }
 
 /// The stats document now (None when stats are off).
@@ -126,6 +136,7 @@ pub fn stats_json() -> Option<serde_json::Value> {
         table: s.delays.as_ref().map(|d| d.values.as_slice()),
         table_source: s.delays.as_ref().map(|d| d.source.as_str()),
         unit: s.unit,
+        per: s.per,
         seed: s.seed,
         seed_source: &s.seed_source,
         clock: l.clock.clone(),

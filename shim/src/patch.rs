@@ -8,9 +8,11 @@
 //! never allocates.
 use crate::inject;
 use crate::real::{address, FnSlot, QP_TO_QP_EX};
+use crate::rng;
 use crate::say;
 use crate::stats::Hook;
 use crate::verbs_abi::*;
+use crate::wr_ops;
 use std::ffi::{c_int, c_void};
 use std::ptr::{addr_of_mut, null_mut};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
@@ -289,6 +291,9 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
         }
     }
     SINGLE_WR_START.note(address(orig));
+    if inject::per_wr() {
+        wr_ops::patch(qpx);
+    }
     let f: WrStartFn = wr_start_hook;
     std::ptr::write_volatile(addr_of_mut!((*qpx).wr_start), Some(f));
     true
@@ -318,6 +323,9 @@ unsafe extern "C" fn post_send_delayed(
     bad: *mut *mut ibv_send_wr,
     mode: u8,
 ) -> c_int {
+    if mode & inject::PER_WR != 0 && !wr.is_null() && !(*wr).next.is_null() {
+        return post_send_each_wr(qp, wr, bad, mode & !inject::PER_WR);
+    }
     let Some(wait) = inject::draw(mode, Hook::PostSend) else {
         return post_send_first(qp, wr, bad, mode);
     };
@@ -326,6 +334,33 @@ unsafe extern "C" fn post_send_delayed(
     }
     // Zero entry: no stack frame, no clock read.
     post_send_orig(qp, wr, bad)
+}
+
+/// `IBJITTER_PER=wr`, a chain of work requests: each waits its own draw and is posted
+/// alone, as a copy that ends the chain there (the application's list is never written). On
+/// a failure `*bad` names the application's work request; those before it were posted, as
+/// the provider's own `post_send` leaves them.
+#[inline(never)]
+unsafe extern "C" fn post_send_each_wr(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+    mode: u8,
+) -> c_int {
+    let mut cur = wr;
+    while !cur.is_null() {
+        let mut one = *cur;
+        one.next = null_mut();
+        let rc = post_send_delayed(qp, &mut one, bad, mode);
+        if rc != 0 {
+            if !bad.is_null() {
+                *bad = cur;
+            }
+            return rc;
+        }
+        cur = (*cur).next;
+    }
+    0
 }
 
 /// The calling thread's first post: give it a stream, then post as usual.
@@ -400,6 +435,10 @@ pub unsafe extern "C" fn wr_start_hook(qpx: *mut ibv_qp_ex) {
 
 #[inline(never)]
 unsafe extern "C" fn wr_start_delayed(qpx: *mut ibv_qp_ex, mode: u8) {
+    if mode & inject::PER_WR != 0 {
+        // The batch's first work request is waited for here, before the provider's lock.
+        rng::set_batch_paid();
+    }
     let Some(wait) = inject::draw(mode, Hook::WrBatch) else {
         return wr_start_first(qpx, mode);
     };

@@ -21,6 +21,9 @@ struct ThreadState {
     index: u32,
     /// Zero (the TLS initial image) until `rng` is set.
     ready: u32,
+    /// `IBJITTER_PER=wr`: 1 when this thread's `ibv_wr_start` already waited for the first
+    /// work request of its batch (see `wr_ops`). Kept in this block: the one TLS slot.
+    batch_paid: u32,
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -74,7 +77,7 @@ mod tls {
 
     thread_local! {
         static STATE: UnsafeCell<ThreadState> = const {
-            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0 })
+            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0 })
         };
     }
 
@@ -137,6 +140,21 @@ pub(crate) fn with_thread<R>(f: impl FnOnce(&mut Pcg32, u32) -> R) -> Option<R> 
     // SAFETY: `ready` says `rng` was written.
     let rng = unsafe { s.rng.assume_init_mut() };
     Some(f(rng, s.index))
+}
+
+/// Notes that this thread's `ibv_wr_start` waited for the first work request of its batch.
+#[inline(always)]
+pub(crate) fn set_batch_paid() {
+    // SAFETY: the block is this thread's; no reference into it is alive.
+    unsafe { (*tls::state()).batch_paid = 1 };
+}
+
+/// Whether the batch's first work request was already waited for (and forgets it).
+#[inline(always)]
+pub(crate) fn take_batch_paid() -> bool {
+    // SAFETY: the block is this thread's; no reference into it is alive.
+    let s = unsafe { &mut *tls::state() };
+    std::mem::replace(&mut s.batch_paid, 0) != 0
 }
 
 /// A table index: the low bits of the next draw (ENTRIES is a power of two).

@@ -206,6 +206,13 @@ fn write_document(sig: c_int) {
     o.s(u);
     o.s("\",\n  \"seed\": ");
     o.u(SEED.load(Relaxed));
+    o.s(",\n  \"per\": \"");
+    o.s(if crate::inject::per_wr() {
+        "wr"
+    } else {
+        "post"
+    });
+    o.s("\"");
     o.s(",\n  \"posts\": { \"post_send\": ");
     o.u(counts.posts[Hook::PostSend as usize]);
     o.s(", \"wr_complete\": ");

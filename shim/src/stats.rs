@@ -2,7 +2,7 @@
 //! per-thread slots (no contention, no atomic read-modify-write for the first
 //! [`EXCLUSIVE_SLOTS`] threads). Hits × entries give the injected-delay distribution exactly;
 //! it goes through an HdrHistogram at exit.
-use crate::config::Unit;
+use crate::config::{Per, Unit};
 use hdrhistogram::Histogram;
 use ibjitter_table::ENTRIES;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed};
@@ -164,6 +164,8 @@ pub struct Context<'a> {
     pub table: Option<&'a [u64]>,
     pub table_source: Option<&'a str>,
     pub unit: Unit,
+    /// `IBJITTER_PER`: what one draw (and one count in `posts`) stands for.
+    pub per: Per,
     pub seed: u64,
     pub seed_source: &'a str,
     pub clock: String,
@@ -227,6 +229,8 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
         "unit": u,
         "seed": ctx.seed,
         "seed_source": ctx.seed_source,
+        // "post": `posts` counts ibv_post_send calls and ibv_wr_* batches; "wr": work requests.
+        "per": ctx.per.name(),
         "clock": ctx.clock,
         // Real libibverbs symbols found only through dlopen("libibverbs.so.1", RTLD_NOLOAD).
         "symbols_via_noload_fallback": crate::real::NOLOAD_FALLBACKS.load(Relaxed),

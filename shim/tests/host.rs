@@ -4,6 +4,7 @@
 mod support;
 
 use serde_json::Value;
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -1184,5 +1185,190 @@ fn a_wr_batch_waits_before_the_provider_takes_its_lock() {
             after < before,
             "{after} ns after wr_start vs {before} before"
         );
+    }
+}
+
+/// What the fake provider saw in the `IBJITTER_PER` scenario: per call, (the first wr_id,
+/// how many work requests the list held, when).
+static PER_CALLS: std::sync::Mutex<Vec<(u64, usize, u64)>> = std::sync::Mutex::new(Vec::new());
+
+unsafe extern "C" fn recording_post_send(
+    _qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    let (mut n, mut w) = (0, wr);
+    while !w.is_null() {
+        n += 1;
+        w = (*w).next;
+    }
+    PER_CALLS.lock().unwrap().push(((*wr).wr_id, n, now_ns()));
+    // wr_id 99 is refused, as a full send queue would refuse it (those before it posted).
+    let mut w = wr;
+    while !w.is_null() {
+        if (*w).wr_id == 99 {
+            *bad = w;
+            return libc::ENOMEM;
+        }
+        w = (*w).next;
+    }
+    0
+}
+
+unsafe extern "C" fn recording_wr_start(_qpx: *mut ibv_qp_ex) {
+    PER_CALLS.lock().unwrap().push((u64::MAX, 0, now_ns()));
+}
+
+unsafe extern "C" fn recording_wr_send(qpx: *mut ibv_qp_ex) {
+    PER_CALLS.lock().unwrap().push(((*qpx).wr_id, 1, now_ns()));
+}
+
+/// Child: a chain of 3 work requests through `ibv_post_send`, a chain whose second request
+/// the provider refuses, and a batch of 3 `ibv_wr_send`s; reports what the provider saw.
+fn child_per() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(recording_post_send);
+    // SAFETY: the stub returns the fake context; its create_qp the fake QP.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    q.wr_start = Some(recording_wr_start);
+    q.wr_send = Some(recording_wr_send);
+    let qpx: *mut ibv_qp_ex = &mut *q;
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    let chain = |ids: [u64; 3]| -> (c_int, Option<u64>, bool) {
+        // SAFETY: all-zero work requests are valid; the fake provider reads wr_id and next.
+        let mut wrs: [ibv_send_wr; 3] = unsafe { std::mem::zeroed() };
+        for (w, id) in wrs.iter_mut().zip(ids) {
+            w.wr_id = id;
+        }
+        let base = wrs.as_mut_ptr();
+        // SAFETY: indices within the array.
+        unsafe {
+            wrs[0].next = base.add(1);
+            wrs[1].next = base.add(2);
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: as verbs.h inlines ibv_post_send.
+        let rc = unsafe {
+            let f = std::ptr::read_volatile(&(*(*qp).context).ops.post_send).unwrap();
+            f(qp, base, &mut bad)
+        };
+        // SAFETY: bad is null or points into wrs.
+        let bad_id = unsafe { bad.as_ref().map(|b| b.wr_id) };
+        // The application's list is as it was.
+        let intact = unsafe { wrs[0].next == base.add(1) && wrs[1].next == base.add(2) }
+            && wrs[2].next.is_null();
+        (rc, bad_id, intact)
+    };
+    let ok = chain([1, 2, 3]);
+    let refused = chain([4, 99, 5]);
+    // SAFETY: the inline ibv_wr_* calls, three sends in one batch.
+    unsafe {
+        let start = std::ptr::read_volatile(&(*qpx).wr_start).unwrap();
+        start(qpx);
+        for id in [6, 7, 8] {
+            (*qpx).wr_id = id;
+            let send = std::ptr::read_volatile(&(*qpx).wr_send).unwrap();
+            send(qpx);
+        }
+        let complete = std::ptr::read_volatile(&(*qpx).wr_complete).unwrap();
+        assert_eq!(complete(qpx), 0);
+    }
+    let calls = PER_CALLS.lock().unwrap().clone();
+    emit(serde_json::json!({
+        "ok": [ok.0, ok.1, ok.2], "refused": [refused.0, refused.1, refused.2],
+        "calls": calls.iter().map(|c| [c.0 as f64, c.1 as f64, c.2 as f64]).collect::<Vec<_>>(),
+    }));
+    // SAFETY: the context is ours.
+    unsafe { (shim.close_device)(ctx) };
+}
+
+#[test]
+fn per_wr_gives_each_work_request_its_own_delay() {
+    if child_scenario().is_some() {
+        return child_per();
+    }
+    let calls = |v: &Value| -> Vec<(u64, usize, u64)> {
+        v["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let f = |i: usize| c[i].as_f64().unwrap();
+                (f(0) as u64, f(1) as usize, f(2) as u64)
+            })
+            .collect()
+    };
+    const START: u64 = u64::MAX;
+    for per in ["wr", "post"] {
+        let dir = scratch(&format!("per-{per}"));
+        let out = respawn(
+            "per_wr_gives_each_work_request_its_own_delay",
+            "per",
+            &[
+                ("IBJITTER_DELAY", "1ms".into()),
+                ("IBJITTER_PER", per.into()),
+                stats_env(&dir),
+            ],
+        );
+        let r = &out.result;
+        let c = calls(r);
+        let stats = &read_stats(&dir)[0];
+        assert_eq!(stats["per"], per, "{stats}");
+        assert_eq!(r["ok"], serde_json::json!([0, null, true]), "{r}");
+        // The refused request is named, as the application passed it; its list is intact.
+        assert_eq!(
+            r["refused"],
+            serde_json::json!([libc::ENOMEM, 99, true]),
+            "{r}"
+        );
+        let seen: Vec<(u64, usize)> = c.iter().map(|&(id, n, _)| (id, n)).collect();
+        if per == "wr" {
+            // One request per provider call, each after its own 1 ms; the refused one ends
+            // its chain (5 never reaches the provider).
+            assert_eq!(
+                seen,
+                [
+                    (1, 1),
+                    (2, 1),
+                    (3, 1),
+                    (4, 1),
+                    (99, 1),
+                    (START, 0),
+                    (6, 1),
+                    (7, 1),
+                    (8, 1)
+                ],
+                "{r}"
+            );
+            for pair in [[0, 1], [1, 2], [3, 4], [6, 7], [7, 8]] {
+                let gap = c[pair[1]].2 - c[pair[0]].2;
+                assert!(gap >= 1_000_000, "{pair:?}: {gap} ns apart: {r}");
+            }
+            // The batch's first send was waited for before the provider's wr_start.
+            let first = c[6].2 - c[5].2;
+            assert!(
+                first < c[7].2 - c[6].2,
+                "first send {first} ns after wr_start: {r}"
+            );
+            assert_eq!(stats["posts"]["post_send"], 5, "{stats}");
+            assert_eq!(stats["posts"]["wr_complete"], 3, "{stats}");
+        } else {
+            assert_eq!(
+                seen,
+                [(1, 3), (4, 3), (START, 0), (6, 1), (7, 1), (8, 1)],
+                "{r}"
+            );
+            assert_eq!(stats["posts"]["post_send"], 2, "{stats}");
+            assert_eq!(stats["posts"]["wr_complete"], 1, "{stats}");
+        }
+        assert_eq!(out.stderr_lines.len(), 1, "{:?}", out.stderr_lines);
+        if per == "wr" {
+            assert!(
+                out.stderr_lines[0].contains("one delay per work request"),
+                "{:?}",
+                out.stderr_lines
+            );
+        }
     }
 }
