@@ -491,6 +491,93 @@ fn eight_threads_posting_concurrently_count_exactly() {
     assert_eq!(s["draws"], 16000);
 }
 
+/// The posting phase's wall time mt_post printed after `@@ NAME`.
+fn mt_post_seconds(output: &str, name: &str) -> f64 {
+    let section = output
+        .split(&format!("@@ {name}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no section {name}:\n{output}"));
+    section
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("mt_post ")
+                .and_then(|l| l.split("seconds=").nth(1))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name}: no mt_post line:\n{section}"))
+}
+
+#[test]
+fn threads_sharing_a_qp_wait_in_parallel_on_both_apis_and_per_wr_waits_each_request() {
+    let so = shim_so();
+    let bin = mt_post();
+    let dir = scratch_dir("shim-shared-qp");
+    let (so, bin, d) = (so.display(), bin.display(), dir.display());
+    // 4 threads post 200 RDMA writes each on one QP under a 1 ms table, through ibv_post_send
+    // and through ibv_wr_*, in 3 interleaved pairs. Both paths wait before the provider's
+    // send-queue lock, so the 4 waits overlap as far as the 2 vCPUs allow (about 0.45 s for
+    // the 800 ms of delays). Were the ibv_wr_* path's delay inside the lock, the waits would
+    // queue: at least 0.8 s, about twice the ibv_post_send path's.
+    let mut script = String::new();
+    for i in 0..3 {
+        for m in ["shared-post", "shared-wr"] {
+            script += &format!(
+                "echo '@@ {m}-{i}'; env LD_PRELOAD={so} IBJITTER_DELAY=1ms IBJITTER_QUIET=1 \
+                 IBJITTER_STATS={d}/{m}-{i}.%p.json {bin} 4 200 {m} || exit 1\n"
+            );
+        }
+    }
+    // IBJITTER_PER=wr: 2 threads x 50 chains (batches) of 4 requests, each request 1 ms.
+    for m in ["shared-post", "shared-wr"] {
+        script += &format!(
+            "echo '@@ per-wr-{m}'; env LD_PRELOAD={so} IBJITTER_DELAY=1ms IBJITTER_PER=wr \
+             IBJITTER_STATS={d}/per-wr-{m}.%p.json {bin} 2 50 {m} 4 || exit 1\n"
+        );
+    }
+    let out = Vm::new().timeout(600).writable(&dir).run(&script);
+    out.assert_success();
+
+    let mut ratios = Vec::new();
+    for i in 0..3 {
+        let (post, wr) = (
+            mt_post_seconds(&out.output, &format!("shared-post-{i}")),
+            mt_post_seconds(&out.output, &format!("shared-wr-{i}")),
+        );
+        ratios.push(wr / post);
+        for (m, key) in [("shared-post", "post_send"), ("shared-wr", "wr_complete")] {
+            let s = one_stats(&dir, &format!("{m}-{i}"));
+            assert_eq!(s["posts"][key], 800, "{m}-{i}: {s}");
+            assert_eq!(s["draws"], 800, "{m}-{i}: {s}");
+        }
+    }
+    ratios.sort_by(f64::total_cmp);
+    eprintln!("4 threads on one QP, 1 ms per post: ibv_wr_* / ibv_post_send wall {ratios:.3?}");
+    assert!(
+        ratios[1] < 1.4,
+        "the ibv_wr_* path took {:.2} x the ibv_post_send path's time (median of 3 pairs): its waits queue behind each other",
+        ratios[1]
+    );
+
+    for (m, key) in [("shared-post", "post_send"), ("shared-wr", "wr_complete")] {
+        let s = one_stats(&dir, &format!("per-wr-{m}"));
+        assert_eq!(s["per"], "wr", "{s}");
+        assert_eq!(s["posts"][key], 400, "per-wr-{m}: {s}");
+        assert_eq!(s["sum_ns"], 400_000_000u64, "per-wr-{m}: {s}");
+        // Each thread waited 50 x 4 x 1 ms one after the other: at least 0.2 s (one delay
+        // per chain would take 0.05 s). Noise only lengthens it.
+        let secs = mt_post_seconds(&out.output, &format!("per-wr-{m}"));
+        assert!(
+            secs >= 0.2,
+            "per-wr-{m}: {secs} s for 200 sequential 1 ms waits per thread"
+        );
+    }
+    assert!(
+        out.output.contains("one delay per work request"),
+        "{}",
+        out.output
+    );
+}
+
 #[test]
 fn injected_delays_follow_a_lognormal_table() {
     let so = shim_so();

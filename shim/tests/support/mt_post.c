@@ -1,15 +1,23 @@
-/* Multi-threaded verbs poster for the shim's bench test: T threads, each with its own RC QP
- * pair inside this process (rxe0 -> rxe1, across the veth pair), each posting N signaled
- * 8-byte RDMA writes, one at a time. Unmodified by the shim, which is LD_PRELOADed.
+/* Multi-threaded verbs poster for the shim's bench tests. Unmodified by the shim, which is
+ * LD_PRELOADed. Every thread posts N signaled 8-byte RDMA writes (rxe0 -> rxe1, across the
+ * veth pair), waiting for each call's completions before the next call.
  *
- *   mt_post THREADS POSTS_PER_THREAD
- * prints "mt_post threads=T posts_per_thread=N total=T*N" and exits 0 when every write
- * completed successfully. */
+ *   mt_post THREADS POSTS_PER_THREAD [MODE [CHAIN]]
+ * MODE: own          each thread has its own RC QP pair, posts with ibv_post_send (default)
+ *       shared-post  all threads post on one QP with ibv_post_send
+ *       shared-wr    all threads post on one QP with the ibv_wr_* API (ibv_wr_start ...
+ *                    ibv_wr_complete)
+ * CHAIN: work requests per ibv_post_send call (a chained list) or per ibv_wr_* batch
+ *        (default 1); POSTS_PER_THREAD counts calls (batches).
+ * Prints "mt_post threads=T posts_per_thread=N total=T*N wrs=T*N*CHAIN seconds=S" (S: wall
+ * time of the posting phase) and exits 0 when every write completed successfully. */
 #include <infiniband/verbs.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define GID_INDEX 1 /* RoCEv2 IPv4 GID in the bench */
 
@@ -20,7 +28,19 @@ struct dev {
 };
 
 static struct dev devs[2];
-static int posts_per_thread;
+static int posts_per_thread, chain = 1;
+enum mode { OWN, SHARED_POST, SHARED_WR };
+static enum mode mode = OWN;
+
+#define MAX_THREADS 64
+#define MAX_CHAIN 16
+/* The shared QP pair (modes shared-*): one CQ, whose completions any thread may reap; each
+ * is credited to the thread in the high half of its wr_id. */
+static struct ibv_qp *shared_qa;
+static struct ibv_cq *shared_cq;
+static struct ibv_mr *shared_ma, *shared_mb;
+static char shared_src[64], shared_dst[64];
+static atomic_long done[MAX_THREADS];
 
 static void die(const char *what) {
     perror(what);
@@ -75,22 +95,80 @@ static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *re
         die("modify RTS");
 }
 
-static struct ibv_qp *make_qp(struct dev *d, struct ibv_cq *cq) {
-    struct ibv_qp_init_attr init = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-                                    .cap = {.max_send_wr = 4, .max_recv_wr = 1,
-                                            .max_send_sge = 1, .max_recv_sge = 1}};
-    struct ibv_qp *qp = ibv_create_qp(d->pd, &init);
-    if (!qp) die("ibv_create_qp");
+static struct ibv_qp *make_qp(struct dev *d, struct ibv_cq *cq, int max_send_wr, int wr_api) {
+    struct ibv_qp_init_attr_ex init = {
+        .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+        .cap = {.max_send_wr = (uint32_t)max_send_wr, .max_recv_wr = 1, .max_send_sge = 1,
+                .max_recv_sge = 1},
+        .comp_mask = IBV_QP_INIT_ATTR_PD, .pd = d->pd};
+    if (wr_api) {
+        init.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        init.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE;
+    }
+    struct ibv_qp *qp = ibv_create_qp_ex(d->ctx, &init);
+    if (!qp) die("ibv_create_qp_ex");
     return qp;
 }
 
+/* One call (batch) of `chain` signaled writes of src to dst; wr_ids are (thread, i). */
+static void post(struct ibv_qp *qp, int thread, int i, void *src, uint32_t lkey, void *dst,
+                 uint32_t rkey) {
+    uint64_t id = (uint64_t)thread << 32 | (uint32_t)i;
+    if (mode == SHARED_WR) {
+        struct ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
+        ibv_wr_start(qpx);
+        for (int k = 0; k < chain; k++) {
+            qpx->wr_id = id;
+            qpx->wr_flags = IBV_SEND_SIGNALED;
+            ibv_wr_rdma_write(qpx, rkey, (uintptr_t)dst);
+            ibv_wr_set_sge(qpx, lkey, (uintptr_t)src, 8);
+        }
+        if (ibv_wr_complete(qpx)) die("ibv_wr_complete");
+        return;
+    }
+    struct ibv_sge sge = {.addr = (uintptr_t)src, .length = 8, .lkey = lkey};
+    struct ibv_send_wr wrs[MAX_CHAIN], *bad;
+    for (int k = 0; k < chain; k++) {
+        wrs[k] = (struct ibv_send_wr){.wr_id = id, .sg_list = &sge, .num_sge = 1,
+                                      .opcode = IBV_WR_RDMA_WRITE,
+                                      .send_flags = IBV_SEND_SIGNALED,
+                                      .wr.rdma = {.remote_addr = (uintptr_t)dst, .rkey = rkey},
+                                      .next = k + 1 < chain ? &wrs[k + 1] : NULL};
+    }
+    if (ibv_post_send(qp, wrs, &bad)) die("ibv_post_send");
+}
+
+/* Polls `cq` until `*mine` reaches `want` (completions of other threads are credited to
+ * them). */
+static void reap(struct ibv_cq *cq, atomic_long *mine, long want) {
+    struct ibv_wc wc[8];
+    while (atomic_load(mine) < want) {
+        int n = ibv_poll_cq(cq, 8, wc);
+        if (n < 0) die("ibv_poll_cq");
+        for (int k = 0; k < n; k++) {
+            if (wc[k].status != IBV_WC_SUCCESS) {
+                fprintf(stderr, "completion failed: %s\n", ibv_wc_status_str(wc[k].status));
+                exit(1);
+            }
+            atomic_fetch_add(&done[wc[k].wr_id >> 32], 1);
+        }
+    }
+}
+
 static void *worker(void *arg) {
-    (void)arg;
+    int thread = (int)(intptr_t)arg;
+    if (mode != OWN) {
+        for (int i = 0; i < posts_per_thread; i++) {
+            post(shared_qa, thread, i, shared_src, shared_ma->lkey, shared_dst, shared_mb->rkey);
+            reap(shared_cq, &done[thread], (long)(i + 1) * chain);
+        }
+        return NULL;
+    }
     static __thread char src[64], dst[64];
-    struct ibv_cq *cq_a = ibv_create_cq(devs[0].ctx, 8, NULL, NULL, 0);
-    struct ibv_cq *cq_b = ibv_create_cq(devs[1].ctx, 8, NULL, NULL, 0);
+    struct ibv_cq *cq_a = ibv_create_cq(devs[0].ctx, 2 * MAX_CHAIN, NULL, NULL, 0);
+    struct ibv_cq *cq_b = ibv_create_cq(devs[1].ctx, 2 * MAX_CHAIN, NULL, NULL, 0);
     if (!cq_a || !cq_b) die("ibv_create_cq");
-    struct ibv_qp *qa = make_qp(&devs[0], cq_a), *qb = make_qp(&devs[1], cq_b);
+    struct ibv_qp *qa = make_qp(&devs[0], cq_a, MAX_CHAIN, 0), *qb = make_qp(&devs[1], cq_b, MAX_CHAIN, 0);
     struct ibv_mr *ma = ibv_reg_mr(devs[0].pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
     struct ibv_mr *mb = ibv_reg_mr(devs[1].pd, dst, sizeof dst,
                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -98,20 +176,8 @@ static void *worker(void *arg) {
     connect_qp(qa, qb->qp_num, &devs[1].gid);
     connect_qp(qb, qa->qp_num, &devs[0].gid);
     for (int i = 0; i < posts_per_thread; i++) {
-        struct ibv_sge sge = {.addr = (uintptr_t)src, .length = 8, .lkey = ma->lkey};
-        struct ibv_send_wr wr = {.wr_id = (uint64_t)i, .sg_list = &sge, .num_sge = 1,
-                                 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
-                                 .wr.rdma = {.remote_addr = (uintptr_t)dst, .rkey = mb->rkey}};
-        struct ibv_send_wr *bad;
-        if (ibv_post_send(qa, &wr, &bad)) die("ibv_post_send");
-        struct ibv_wc wc;
-        int n;
-        while ((n = ibv_poll_cq(cq_a, 1, &wc)) == 0) {
-        }
-        if (n < 0 || wc.status != IBV_WC_SUCCESS) {
-            fprintf(stderr, "completion failed: %s\n", ibv_wc_status_str(wc.status));
-            exit(1);
-        }
+        post(qa, thread, i, src, ma->lkey, dst, mb->rkey);
+        reap(cq_a, &done[thread], (long)(i + 1) * chain);
     }
     ibv_destroy_qp(qa);
     ibv_destroy_qp(qb);
@@ -122,23 +188,56 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* The QP pair all threads share (modes shared-*). */
+static void make_shared(int threads) {
+    int depth = threads * chain;
+    shared_cq = ibv_create_cq(devs[0].ctx, 2 * depth, NULL, NULL, 0);
+    struct ibv_cq *cq_b = ibv_create_cq(devs[1].ctx, 2 * depth, NULL, NULL, 0);
+    if (!shared_cq || !cq_b) die("ibv_create_cq");
+    shared_qa = make_qp(&devs[0], shared_cq, depth, mode == SHARED_WR);
+    struct ibv_qp *qb = make_qp(&devs[1], cq_b, depth, 0);
+    shared_ma = ibv_reg_mr(devs[0].pd, shared_src, sizeof shared_src, IBV_ACCESS_LOCAL_WRITE);
+    shared_mb = ibv_reg_mr(devs[1].pd, shared_dst, sizeof shared_dst,
+                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!shared_ma || !shared_mb) die("ibv_reg_mr");
+    connect_qp(shared_qa, qb->qp_num, &devs[1].gid);
+    connect_qp(qb, shared_qa->qp_num, &devs[0].gid);
+}
+
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 8;
     posts_per_thread = argc > 2 ? atoi(argv[2]) : 1000;
+    if (argc > 3 && strcmp(argv[3], "own") != 0) {
+        if (strcmp(argv[3], "shared-post") == 0) mode = SHARED_POST;
+        else if (strcmp(argv[3], "shared-wr") == 0) mode = SHARED_WR;
+        else { fprintf(stderr, "mt_post: unknown mode %s\n", argv[3]); return 2; }
+    }
+    chain = argc > 4 ? atoi(argv[4]) : 1;
+    if (threads < 1 || threads > MAX_THREADS || chain < 1 || chain > MAX_CHAIN) {
+        fprintf(stderr, "mt_post: 1..%d threads, chains of 1..%d\n", MAX_THREADS, MAX_CHAIN);
+        return 2;
+    }
     struct ibv_device **list = ibv_get_device_list(NULL);
     if (!list) die("ibv_get_device_list");
     open_dev(list, "rxe0", &devs[0]);
     open_dev(list, "rxe1", &devs[1]);
+    if (mode != OWN) make_shared(threads);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     pthread_t *t = calloc((size_t)threads, sizeof *t);
     for (int i = 0; i < threads; i++)
-        if (pthread_create(&t[i], NULL, worker, NULL)) die("pthread_create");
+        if (pthread_create(&t[i], NULL, worker, (void *)(intptr_t)i)) die("pthread_create");
     for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
-    for (int i = 0; i < 2; i++) {
-        ibv_dealloc_pd(devs[i].pd);
-        ibv_close_device(devs[i].ctx);
-    }
-    ibv_free_device_list(list);
-    printf("mt_post threads=%d posts_per_thread=%d total=%d\n", threads, posts_per_thread,
-           threads * posts_per_thread);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (mode == OWN) {
+        for (int i = 0; i < 2; i++) {
+            ibv_dealloc_pd(devs[i].pd);
+            ibv_close_device(devs[i].ctx);
+        }
+        ibv_free_device_list(list);
+    } /* else the shared pair, its MRs and the devices go with the process. */
+    printf("mt_post threads=%d posts_per_thread=%d total=%d wrs=%d seconds=%.4f\n", threads,
+           posts_per_thread, threads * posts_per_thread, threads * posts_per_thread * chain,
+           (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
     return 0;
 }
