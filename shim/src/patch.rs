@@ -203,9 +203,16 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     let ops = addr_of_mut!((*ctx).ops);
     let vctx = verbs_ctx_for_create_qp_ex(ctx);
     // Never record our own wrapper as an original: that would recurse forever.
-    let ours_ps: PostSendFn = post_send_hook;
+    let ours_ps: PostSendFn = if inject::per_wr() {
+        post_send_per_wr_hook
+    } else {
+        post_send_hook
+    };
     let ours_cqe: CreateQpExFn = create_qp_ex_hook;
-    let orig_ps = (*ops).post_send.filter(|&f| address(f) != address(ours_ps));
+    let orig_ps = (*ops).post_send.filter(|&f| {
+        let (ours_a, ours_b): (PostSendFn, PostSendFn) = (post_send_hook, post_send_per_wr_hook);
+        address(f) != address(ours_a) && address(f) != address(ours_b)
+    });
     let orig_cqe = if vctx.is_null() {
         None
     } else {
@@ -222,8 +229,7 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     slot.ctx.store(ctx, Release);
     if let Some(orig) = orig_ps {
         SINGLE_POST_SEND.note(address(orig));
-        let f: PostSendFn = post_send_hook;
-        std::ptr::write_volatile(addr_of_mut!((*ops).post_send), Some(f));
+        std::ptr::write_volatile(addr_of_mut!((*ops).post_send), Some(ours_ps));
     }
     if orig_cqe.is_some() {
         let f: CreateQpExFn = create_qp_ex_hook;
@@ -323,9 +329,6 @@ unsafe extern "C" fn post_send_delayed(
     bad: *mut *mut ibv_send_wr,
     mode: u8,
 ) -> c_int {
-    if mode & inject::PER_WR != 0 && !wr.is_null() && !(*wr).next.is_null() {
-        return post_send_each_wr(qp, wr, bad, mode & !inject::PER_WR);
-    }
     let Some(wait) = inject::draw(mode, Hook::PostSend) else {
         return post_send_first(qp, wr, bad, mode);
     };
@@ -334,6 +337,26 @@ unsafe extern "C" fn post_send_delayed(
     }
     // Zero entry: no stack frame, no clock read.
     post_send_orig(qp, wr, bad)
+}
+
+/// Our `ops.post_send` under `IBJITTER_PER=wr` (chosen when the context is patched, so the
+/// default wrapper carries no test for it): a chain goes to [`post_send_each_wr`].
+///
+/// # Safety
+/// Called by libibverbs' inline `ibv_post_send` with its arguments.
+pub unsafe extern "C" fn post_send_per_wr_hook(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    let mode = inject::mode();
+    if mode == 0 {
+        return post_send_orig(qp, wr, bad);
+    }
+    if !wr.is_null() && !(*wr).next.is_null() {
+        return post_send_each_wr(qp, wr, bad, mode);
+    }
+    post_send_delayed(qp, wr, bad, mode)
 }
 
 /// `IBJITTER_PER=wr`, a chain of work requests: each waits its own draw and is posted
