@@ -132,6 +132,20 @@ fn child_accuracy(delay_ns: f64, samples: usize) {
     );
 }
 
+/// What one `pause` (`spin_loop` hint) costs on this machine, in ns: the least of a few batches.
+fn pause_ns() -> f64 {
+    const BATCH: u64 = 10_000;
+    (0..7)
+        .map(|_| {
+            let t0 = now_ns();
+            for _ in 0..BATCH {
+                std::hint::spin_loop();
+            }
+            (now_ns() - t0) as f64 / BATCH as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 fn run_child(so: &Path, stub: &Path, role: &str, env: &[(&str, &str)]) -> Vec<f64> {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--child", role])
@@ -206,26 +220,37 @@ fn main() {
         "delay accuracy (error = measured call time - delay, ns; measured with CLOCK_MONOTONIC)"
     );
     println!(
-        "{:<10} {:>8} {:>10} {:>10} {:>10} {:>12} {:>16}",
-        "delay", "samples", "median err", "|err| p50", "|err| p99", "timing cost", "median err net"
+        "{:<10} {:<6} {:>8} {:>10} {:>10} {:>10} {:>12} {:>16}",
+        "delay",
+        "spin",
+        "samples",
+        "median err",
+        "|err| p50",
+        "|err| p99",
+        "timing cost",
+        "median err net"
     );
+    // Each delay with both spin forms (IBJITTER_SPIN), one after the other.
     for (d, n) in [(1_000u64, 20_000usize), (10_000, 10_000), (100_000, 2_000)] {
         let delay = format!("{d}ns");
-        let r = run_child(
-            &so,
-            &stub,
-            &format!("{d}:{n}"),
-            &[("IBJITTER_DELAY", delay.as_str())],
-        );
-        // "net": less the cost of timing a direct call the same way (two clock reads).
-        println!(
-            "{:<10} {n:>8} {:>10.1} {:>10.1} {:>10.1} {:>12.1} {:>16.1}",
-            format!("{} us", d / 1000),
-            r[0],
-            r[1],
-            r[2],
-            r[4],
-            r[0] - r[4]
-        );
+        for spin in ["plain", "pause"] {
+            let r = run_child(
+                &so,
+                &stub,
+                &format!("{d}:{n}"),
+                &[("IBJITTER_DELAY", delay.as_str()), ("IBJITTER_SPIN", spin)],
+            );
+            // "net": less the cost of timing a direct call the same way (two clock reads).
+            println!(
+                "{:<10} {spin:<6} {n:>8} {:>10.1} {:>10.1} {:>10.1} {:>12.1} {:>16.1}",
+                format!("{} us", d / 1000),
+                r[0],
+                r[1],
+                r[2],
+                r[4],
+                r[0] - r[4]
+            );
+        }
     }
+    println!("one pause instruction here: {:.1} ns", pause_ns());
 }

@@ -1,7 +1,7 @@
 //! Busy-waiting: on a calibrated TSC when the kernel or the CPU says it is constant, else on
 //! the vDSO's CLOCK_MONOTONIC, or (`IBJITTER_UNIT=loops`) as raw loop iterations.
 //! Never sleeps: a kernel trap makes microsecond sleeps unpredictable.
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// How [`wait`] interprets its argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +16,8 @@ pub enum WaitKind {
 }
 
 static KIND: AtomicU8 = AtomicU8::new(WaitKind::Monotonic as u8);
+/// Whether the clock spins pause between reads (see [`choose_pause`]).
+static PAUSE: AtomicBool = AtomicBool::new(false);
 /// TSC ticks per ns, as f64 bits (0 when not calibrated).
 static TSC_PER_NS: AtomicU64 = AtomicU64::new(0);
 
@@ -42,10 +44,70 @@ pub fn tsc_per_ns() -> Option<f64> {
 /// Waits `q` units of the current kind (ticks, ns or loops).
 #[inline(always)]
 pub fn wait(q: u64) {
-    match KIND.load(Relaxed) {
-        0 => spin_tsc(q),
-        1 => spin_monotonic(q),
+    match (KIND.load(Relaxed), PAUSE.load(Relaxed)) {
+        (0, false) => spin_tsc(q),
+        (0, true) => spin_tsc_pausing(q),
+        (1, false) => spin_monotonic(q),
+        (1, true) => spin_monotonic_pausing(q),
         _ => spin_loops(q),
+    }
+}
+
+/// Makes the clock spins pause between reads (or not). Loop-count waits never pause: a
+/// pause would change what one loop is.
+pub fn set_pause(on: bool) {
+    PAUSE.store(on, Relaxed);
+}
+
+/// Whether the clock spins pause.
+pub fn pausing() -> bool {
+    PAUSE.load(Relaxed)
+}
+
+/// Whether the CPU says it runs under a hypervisor (CPUID.1:ECX bit 31): qemu TCG, KVM,
+/// Xen, Hyper-V, cloud instances.
+pub fn under_hypervisor() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 1 exists on every x86_64 CPU.
+        let r = core::arch::x86_64::__cpuid(1);
+        r.ecx & (1 << 31) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// What one `pause` costs here, in ns: the least of a few timed batches (needs the TSC
+/// calibrated; None otherwise).
+pub fn pause_cost_ns() -> Option<f64> {
+    let per_ns = tsc_per_ns()?;
+    const BATCH: u64 = 200;
+    let best = (0..5)
+        .map(|_| {
+            let t0 = rdtsc();
+            for _ in 0..BATCH {
+                core::hint::spin_loop();
+            }
+            rdtsc().wrapping_sub(t0)
+        })
+        .min()?;
+    Some(best as f64 / per_ns / BATCH as f64)
+}
+
+/// `IBJITTER_SPIN=auto`: whether the clock spins should pause. A `pause` between clock reads
+/// spares a hyperthread sibling and power, but where it traps it distorts: under qemu TCG
+/// each one takes qemu's global lock (round trips grew by milliseconds), and a KVM guest's
+/// pause loop may exit to the host (pause-loop exiting) and lose its CPU. So: never under a
+/// hypervisor; on bare metal only if one pause costs at most 1/50 of the shortest non-zero
+/// delay (the most a wait can overshoot by one pause). Returns the choice and why.
+pub fn choose_pause(shortest_ns: Option<u64>) -> (bool, String) {
+    if under_hypervisor() {
+        return (false, "hypervisor".into());
+    }
+    match (pause_cost_ns(), shortest_ns) {
+        (Some(cost), Some(d)) if cost * 50.0 <= d as f64 => (true, format!("{cost:.0} ns")),
+        (Some(cost), _) => (false, format!("pause {cost:.0} ns")),
+        (None, _) => (false, "no calibrated TSC".into()),
     }
 }
 
@@ -73,15 +135,31 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-// The spins below deliberately have no `pause`: under qemu TCG every `pause` leaves the
+// Two forms of each clock spin: without `pause` (under qemu TCG every `pause` leaves the
 // translated code and takes qemu's global lock, which stalled the other vCPU and the virtual
-// NIC (round trips grew by milliseconds instead of the injected delay); on hardware a
-// `pause` lasts up to ~150 cycles, which would overshoot short delays.
+// NIC: round trips grew by milliseconds instead of the injected delay) and with it, where
+// [`choose_pause`] finds it harmless.
 
 #[inline(always)]
 fn spin_tsc(ticks: u64) {
     let start = rdtsc();
     while rdtsc().wrapping_sub(start) < ticks {}
+}
+
+#[inline(always)]
+fn spin_tsc_pausing(ticks: u64) {
+    let start = rdtsc();
+    while rdtsc().wrapping_sub(start) < ticks {
+        core::hint::spin_loop();
+    }
+}
+
+#[inline(always)]
+fn spin_monotonic_pausing(ns: u64) {
+    let start = monotonic_ns();
+    while monotonic_ns().wrapping_sub(start) < ns {
+        core::hint::spin_loop();
+    }
 }
 
 #[inline(always)]
@@ -147,9 +225,8 @@ pub fn calibrate(span_ns: u64) -> Option<f64> {
         return None;
     }
     let (t0, n0) = pair();
-    while monotonic_ns() - n0 < span_ns {
-        core::hint::spin_loop();
-    }
+    // No pause in this spin either (see the spins above): it runs in every process at load.
+    while monotonic_ns() - n0 < span_ns {}
     let (t1, n1) = pair();
     let f = (t1 - t0) / (n1 - n0) as f64;
     if !(0.05..=20.0).contains(&f) {

@@ -43,6 +43,17 @@ impl Per {
     }
 }
 
+/// How the clock spins wait (`IBJITTER_SPIN`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spin {
+    /// Pause between clock reads where that is measured harmless (bare metal, cheap pause).
+    Auto,
+    /// Never pause.
+    Plain,
+    /// Always pause.
+    Pause,
+}
+
 /// A loaded delay table, in `Unit`s.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delays {
@@ -67,6 +78,7 @@ pub struct Settings {
     pub delays: Option<Delays>,
     pub unit: Unit,
     pub per: Per,
+    pub spin: Spin,
     pub seed: u64,
     /// Where the seed came from ("default", "IBJITTER_SEED", a file).
     pub seed_source: String,
@@ -84,6 +96,7 @@ impl Settings {
             delays: None,
             unit: Unit::Ns,
             per: Per::Post,
+            spin: Spin::Auto,
             seed: DEFAULT_SEED,
             seed_source: "default".into(),
             stats: None,
@@ -111,6 +124,14 @@ impl Settings {
             Some("wr") => s.per = Per::Wr,
             Some(other) => problems.push(format!(
                 "IBJITTER_PER={other}: expected \"post\" (one delay per call or batch) or \"wr\" (one per work request)"
+            )),
+        }
+        match nonempty("IBJITTER_SPIN").as_deref().map(str::trim) {
+            None | Some("auto") => {}
+            Some("plain") => s.spin = Spin::Plain,
+            Some("pause") => s.spin = Spin::Pause,
+            Some(other) => problems.push(format!(
+                "IBJITTER_SPIN={other}: expected \"auto\", \"plain\" or \"pause\""
             )),
         }
         match nonempty("IBJITTER_SEED") {
@@ -404,6 +425,7 @@ mod tests {
             &[("IBJITTER_DIST", "nosuchdist"), ("IBJITTER_DELAY", "10us")][..],
             &[("IBJITTER_DELAY", "10us"), ("IBJITTER_UNIT", "parsecs")][..],
             &[("IBJITTER_DELAY", "10us"), ("IBJITTER_PER", "packet")][..],
+            &[("IBJITTER_DELAY", "10us"), ("IBJITTER_SPIN", "yield")][..],
             &[("IBJITTER_JITTER", "10us")][..],
         ] {
             let s = settings(pairs);

@@ -3,7 +3,7 @@
 //! Everything here that the post path reads is a plain atomic: no lock, no syscall, no
 //! allocation.
 use crate::clock::{self, WaitKind};
-use crate::config::{Delays, Per, Unit};
+use crate::config::{Delays, Per, Spin, Unit};
 use crate::rng;
 use crate::stats::{self, Hook};
 use ibjitter_table::ENTRIES;
@@ -86,7 +86,14 @@ pub fn wait(units: u64) {
 /// counting, seeding the streams with `seed`: converts the table to wait units (calibrating
 /// the TSC). Returns the clock's description. Called at load (and by tests) while no thread
 /// is posting.
-pub fn activate(delays: Option<&Delays>, unit: Unit, per: Per, seed: u64, count: bool) -> String {
+pub fn activate(
+    delays: Option<&Delays>,
+    unit: Unit,
+    per: Per,
+    spin: Spin,
+    seed: u64,
+    count: bool,
+) -> String {
     MODE.store(0, Release);
     let mut clock_desc = String::from("none");
     if let Some(d) = delays {
@@ -103,6 +110,19 @@ pub fn activate(delays: Option<&Delays>, unit: Unit, per: Per, seed: u64, count:
             WaitKind::Monotonic => "CLOCK_MONOTONIC".into(),
             WaitKind::Loops => "spin loops".into(),
         };
+        let (pause, why) = match (kind, spin) {
+            (WaitKind::Loops, _) => (false, String::new()),
+            (_, Spin::Plain) => (false, "IBJITTER_SPIN".into()),
+            (_, Spin::Pause) => (true, "IBJITTER_SPIN".into()),
+            (_, Spin::Auto) => {
+                clock::choose_pause(d.values.iter().copied().filter(|&v| v > 0).min())
+            }
+        };
+        clock::set_pause(pause);
+        if kind != WaitKind::Loops {
+            let how = if pause { "pause" } else { "plain" };
+            clock_desc += &format!(", spin {how} ({why})");
+        }
         for (w, &v) in WAITS.iter().zip(&d.values) {
             w.store(clock::ns_to_units(v, kind), Relaxed);
         }

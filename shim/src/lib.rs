@@ -67,6 +67,7 @@ pub fn install(settings: Settings) {
         settings.delays.as_ref(),
         settings.unit,
         settings.per,
+        settings.spin,
         settings.seed,
         settings.stats.is_some(),
     );

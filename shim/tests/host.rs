@@ -1372,3 +1372,45 @@ fn per_wr_gives_each_work_request_its_own_delay() {
         }
     }
 }
+
+#[test]
+fn the_spin_form_is_chosen_said_and_keeps_the_delay() {
+    if child_scenario().is_some() {
+        return child_basic(200);
+    }
+    for (spin, says) in [
+        (None, "spin "),
+        (Some("plain"), "spin plain (IBJITTER_SPIN)"),
+        (Some("pause"), "spin pause (IBJITTER_SPIN)"),
+    ] {
+        let mut env = vec![("IBJITTER_DELAY", "20us".to_string())];
+        if let Some(s) = spin {
+            env.push(("IBJITTER_SPIN", s.to_string()));
+        }
+        let out = respawn(
+            "the_spin_form_is_chosen_said_and_keeps_the_delay",
+            "basic",
+            &env,
+        );
+        let line = &out.stderr_lines[0];
+        assert!(line.contains(says), "{spin:?}: {line}");
+        if spin.is_none() {
+            // auto: plain under a hypervisor (this CPU's CPUID says whether it is one),
+            // pause on bare metal when one pause is short against the delay.
+            let hypervisor = std::fs::read_to_string("/proc/cpuinfo")
+                .unwrap()
+                .split_whitespace()
+                .any(|w| w == "hypervisor");
+            assert_eq!(
+                line.contains("spin plain (hypervisor)"),
+                hypervisor,
+                "{line}"
+            );
+        }
+        let elapsed = out.result["elapsed_ns"].as_u64().unwrap();
+        assert!(
+            elapsed >= 300 * 20_000,
+            "{spin:?}: 300 posts × 20 µs took only {elapsed} ns"
+        );
+    }
+}
