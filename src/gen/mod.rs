@@ -12,7 +12,6 @@ pub mod cm;
 pub mod pacing;
 pub mod pingpong;
 pub mod progress;
-pub mod responder;
 pub mod server;
 pub mod shard;
 pub mod stats;

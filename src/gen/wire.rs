@@ -15,8 +15,8 @@
 use crate::verbs::{Endpoint, RemoteBuffer};
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
 
 /// Bumped whenever a message changes shape; both sides must agree.
 pub const PROTOCOL_VERSION: u32 = 2;
@@ -124,7 +124,7 @@ pub fn validate(run: &RunRequest) -> Result<(), String> {
     Ok(())
 }
 
-pub fn send(stream: &mut TcpStream, msg: &Message) -> io::Result<()> {
+fn send(stream: &mut TcpStream, msg: &Message) -> io::Result<()> {
     let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
     if body.len() > MAX_MESSAGE {
         return Err(io::Error::other(format!(
@@ -141,7 +141,7 @@ pub fn send(stream: &mut TcpStream, msg: &Message) -> io::Result<()> {
 
 /// Reads one message, waiting at most `timeout` (None: forever). A peer that closes the
 /// connection gives `UnexpectedEof`; a timeout gives `TimedOut`, both with what was awaited.
-pub fn recv(
+fn recv(
     stream: &mut TcpStream,
     timeout: Option<Duration>,
     awaiting: &str,
@@ -178,6 +178,184 @@ fn read_exact(stream: &mut TcpStream, buf: &mut [u8], awaiting: &str) -> io::Res
         ),
         _ => io::Error::new(e.kind(), format!("{e} (awaiting {awaiting})")),
     })
+}
+
+/// One control connection, spoken step by step in the order of the diagram above: the
+/// client's steps, then the server's. Every wait has a timeout except the server's wait for
+/// Done (a run lasts as long as it lasts; a dead client closes the connection).
+pub struct Control {
+    stream: TcpStream,
+}
+
+impl Control {
+    pub fn new(stream: TcpStream) -> Control {
+        let _ = stream.set_nodelay(true);
+        Control { stream }
+    }
+
+    /// Client: connects to `server:port`, retrying until `timeout` (in an incast the receiver
+    /// may still be starting when the senders are launched) or until `interrupted()`.
+    pub fn connect(
+        server: &str,
+        port: u16,
+        timeout: Duration,
+        interrupted: &dyn Fn() -> bool,
+    ) -> Result<Control, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let addrs: Vec<_> = (server, port)
+                .to_socket_addrs()
+                .map_err(|e| format!("cannot resolve {server}: {e}"))?
+                .collect();
+            let mut last = None;
+            for a in &addrs {
+                match TcpStream::connect_timeout(a, Duration::from_secs(5)) {
+                    Ok(s) => return Ok(Control::new(s)),
+                    Err(e) => last = Some(e),
+                }
+            }
+            if Instant::now() >= deadline || interrupted() {
+                return Err(format!(
+                    "cannot connect to ibjitter serve at {server}:{port} (tried for {timeout:?}): {}",
+                    last.map_or("no address".into(), |e| e.to_string())
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Client: sends the run (Hello) and returns the server's endpoints, one per flow in
+    /// flow order, and the rdma_cm session token if it gave one.
+    pub fn hello(
+        &mut self,
+        run: RunRequest,
+        timeout: Duration,
+    ) -> Result<(Vec<FlowEndpoint>, Option<u64>), String> {
+        let flows = run.flows.len();
+        let hello = Message::Hello {
+            version: PROTOCOL_VERSION,
+            run,
+        };
+        send(&mut self.stream, &hello).map_err(|e| format!("sending to the server: {e}"))?;
+        match self.recv(Some(timeout), "Accept")? {
+            Message::Accept {
+                flows: theirs,
+                cm_token,
+            } if theirs.len() == flows => Ok((theirs, cm_token)),
+            Message::Accept { flows: theirs, .. } => Err(format!(
+                "server accepted {} flows, we asked for {flows}",
+                theirs.len()
+            )),
+            Message::Reject { reason } => Err(format!("server refused the run: {reason}")),
+            other => Err(format!("expected Accept from the server, got {other:?}")),
+        }
+    }
+
+    /// Client: our QPs are connected.
+    pub fn ready(&mut self) -> Result<(), String> {
+        send(&mut self.stream, &Message::Ready).map_err(|e| format!("sending to the server: {e}"))
+    }
+
+    /// Client: waits for the common start.
+    pub fn await_go(&mut self, timeout: Duration) -> Result<(), String> {
+        match self.recv(Some(timeout), "Go")? {
+            Message::Go => Ok(()),
+            m => Err(format!("expected Go from the server, got {m:?}")),
+        }
+    }
+
+    /// Client: tells the server what we moved; returns the bytes it received, if it answers.
+    pub fn done(&mut self, ops: u64, bytes: u64) -> Option<u64> {
+        send(&mut self.stream, &Message::Done { ops, bytes }).ok()?;
+        match self.recv(Some(Duration::from_secs(10)), "Bye") {
+            Ok(Message::Bye { received_bytes, .. }) => Some(received_bytes),
+            _ => None,
+        }
+    }
+
+    /// Server: waits for a client's run. A client of another protocol version is told why
+    /// (Reject) before the error.
+    pub fn await_hello(&mut self, timeout: Duration) -> Result<RunRequest, String> {
+        match self.recv(Some(timeout), "Hello")? {
+            Message::Hello { version, run } if version == PROTOCOL_VERSION => Ok(run),
+            Message::Hello { version, .. } => Err(self.reject(format!(
+                "protocol version {version}, this server speaks {PROTOCOL_VERSION}: use the same ibjitter on both sides"
+            ))),
+            other => Err(format!("expected Hello, got {other:?}")),
+        }
+    }
+
+    /// Server: refuses the run, telling the client why; returns the reason.
+    pub fn reject(&mut self, reason: String) -> String {
+        let _ = send(
+            &mut self.stream,
+            &Message::Reject {
+                reason: reason.clone(),
+            },
+        );
+        reason
+    }
+
+    /// Server: our endpoints, one per flow in the client's order (and the rdma_cm token).
+    pub fn accept(
+        &mut self,
+        flows: Vec<FlowEndpoint>,
+        cm_token: Option<u64>,
+    ) -> Result<(), String> {
+        send(&mut self.stream, &Message::Accept { flows, cm_token }).map_err(|e| e.to_string())
+    }
+
+    /// Server: waits until the client's QPs are connected.
+    pub fn await_ready(&mut self, timeout: Duration) -> Result<(), String> {
+        match self.recv(Some(timeout), "Ready")? {
+            Message::Ready => Ok(()),
+            other => Err(format!("expected Ready, got {other:?}")),
+        }
+    }
+
+    /// Server: starts the client.
+    pub fn go(&mut self) -> Result<(), String> {
+        send(&mut self.stream, &Message::Go).map_err(|e| e.to_string())
+    }
+
+    /// Server: waits, without a limit, until the client says it is done.
+    pub fn await_done(&mut self) -> Result<(), String> {
+        match self.recv(None, "Done") {
+            Ok(Message::Done { .. }) => Ok(()),
+            Ok(other) => Err(format!("expected Done, got {other:?}")),
+            Err(e) => Err(format!("client lost: {e}")),
+        }
+    }
+
+    /// Server: what this session received.
+    pub fn bye(&mut self, received_messages: u64, received_bytes: u64) {
+        let _ = send(
+            &mut self.stream,
+            &Message::Bye {
+                received_messages,
+                received_bytes,
+            },
+        );
+    }
+
+    /// Whether the peer has closed the connection (it gave up or died); never blocks. Only
+    /// between steps: a message that arrived is left unread.
+    pub fn peer_gone(&self) -> bool {
+        if self.stream.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let gone = match self.stream.peek(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+        };
+        let _ = self.stream.set_nonblocking(false);
+        gone
+    }
+
+    fn recv(&mut self, timeout: Option<Duration>, awaiting: &str) -> Result<Message, String> {
+        recv(&mut self.stream, timeout, awaiting).map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(test)]

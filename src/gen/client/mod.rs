@@ -1,0 +1,128 @@
+//! `ibjitter run`, as its pipeline: set up every flow ([`setup`]), exchange endpoints with
+//! the server, start all flows together and watch them ([`threads`]), gather what they
+//! measured into the report ([`report`]).
+mod report;
+mod setup;
+mod threads;
+
+use super::stats::{new_histogram, FlowStats};
+use super::stop::{self, Reason};
+use super::wire::Control;
+use super::worker::{WorkerOutput, WorkerParams};
+use super::RunConfig;
+use crate::report::RunReport;
+use hdrhistogram::Histogram;
+use setup::Local;
+use std::time::{Instant, SystemTime};
+
+/// A run's report plus the raw data the exports need.
+pub struct RunOutput {
+    pub report: RunReport,
+    pub flows: Vec<FlowStats>,
+    /// Latency over all flows, one histogram per `hdr_interval`.
+    pub intervals: Vec<Histogram<u64>>,
+    /// Wall-clock time of the common start, for the HdrHistogram log.
+    pub start_time: SystemTime,
+}
+
+/// Runs the configured traffic. Errors are set-up failures (nothing measured yet); once
+/// traffic has started, every ending — complete, Ctrl-C, lost peer, QP errors — is a report.
+pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
+    let t_begin = Instant::now();
+    stop::reset();
+    let mut local = Local::prepare(cfg)?;
+    let interrupted = || stop::requested().is_some();
+    let mut control = Control::connect(
+        &local.server_host,
+        cfg.port,
+        cfg.setup_timeout,
+        &interrupted,
+    )?;
+    exchange(cfg, &mut local, &mut control)?;
+    let params = worker_params(cfg, &local);
+    let finished = threads::start_and_watch(cfg, &local.shards, &params, &mut control)?;
+    let setup_s = finished.start.duration_since(t_begin).as_secs_f64();
+    Ok(gather(
+        cfg,
+        &local,
+        &mut control,
+        finished.outputs,
+        setup_s,
+        finished.start_time,
+    ))
+}
+
+/// Our endpoints out, the server's back; our QPs connected to its; then Ready.
+fn exchange(cfg: &RunConfig, local: &mut Local, control: &mut Control) -> Result<(), String> {
+    let client = format!("{}:{}", report::hostname(), std::process::id());
+    let (theirs, token) = control.hello(local.request(cfg, client), cfg.setup_timeout)?;
+    local.connect(cfg, &theirs, token)?;
+    control.ready()
+}
+
+fn worker_params(cfg: &RunConfig, local: &Local) -> WorkerParams {
+    WorkerParams {
+        op: cfg.op,
+        size: cfg.size,
+        depth: cfg.depth,
+        stop: cfg.stop,
+        rate: local.rate,
+        interval_ns: cfg.interval.as_nanos().max(1) as u64,
+        hdr_interval_ns: cfg.hdr_interval.as_nanos().max(1) as u64,
+        warmup_ns: cfg.warmup.as_nanos() as u64,
+        seed: cfg.seed,
+    }
+}
+
+/// Merges the threads' flows and latency intervals, asks the server what it received (unless
+/// it is gone), and builds the report.
+fn gather(
+    cfg: &RunConfig,
+    local: &Local,
+    control: &mut Control,
+    outputs: Vec<WorkerOutput>,
+    setup_s: f64,
+    start_time: SystemTime,
+) -> RunOutput {
+    let mut flows: Vec<FlowStats> = Vec::with_capacity(cfg.flows as usize);
+    let mut intervals: Vec<Histogram<u64>> = Vec::new();
+    for out in outputs {
+        flows.extend(out.flows);
+        for (k, h) in out.intervals.into_iter().enumerate() {
+            if k >= intervals.len() {
+                intervals.resize_with(k + 1, new_histogram);
+            }
+            intervals[k].add(&h).expect("same histogram bounds");
+        }
+    }
+    flows.sort_by_key(|f| f.flow);
+
+    let (ops, bytes) = flows
+        .iter()
+        .fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
+    let server_received = if stop::requested() == Some(Reason::PeerLost) {
+        None
+    } else {
+        control.done(ops, bytes)
+    };
+    let measured_s = flows
+        .iter()
+        .map(|f| f.last_completion_ns)
+        .max()
+        .unwrap_or(0) as f64
+        / 1e9;
+    let measured = report::Measured {
+        setup_s,
+        measured_s: measured_s.max(f64::MIN_POSITIVE),
+        rss: report::peak_rss_bytes(),
+        server_received_bytes: server_received,
+        start: start_time,
+    };
+    let report = report::build_report(cfg, local.ctx.name(), &flows, &measured);
+    RunOutput {
+        report,
+        flows,
+        intervals,
+        start_time,
+    }
+}

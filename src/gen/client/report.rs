@@ -1,0 +1,116 @@
+//! The run's report from what the flows measured.
+use super::super::stats::{merge_into, new_histogram, FlowStats};
+use super::super::stop::{self, Reason};
+use super::super::{Load, RunConfig};
+use crate::report::{gbps, hist, jain, spread_us, FlowReport, Latency, Outcome, RunReport, Totals};
+
+/// What the run measured besides the flows themselves.
+pub struct Measured {
+    pub setup_s: f64,
+    pub measured_s: f64,
+    pub rss: u64,
+    pub server_received_bytes: Option<u64>,
+    pub start: std::time::SystemTime,
+}
+
+pub fn build_report(
+    cfg: &RunConfig,
+    device: &str,
+    flows: &[FlowStats],
+    run: &Measured,
+) -> RunReport {
+    let &Measured {
+        setup_s,
+        measured_s,
+        rss,
+        server_received_bytes,
+        start,
+    } = run;
+    let mut all = new_histogram();
+    for f in flows {
+        merge_into(&mut all, &f.latency);
+    }
+    let firsts: Vec<u64> = flows.iter().filter_map(|f| f.first_post_ns).collect();
+    let skew = spread_us(&firsts);
+    let per_flow: Vec<FlowReport> = flows
+        .iter()
+        .map(|f| FlowReport {
+            flow: f.flow,
+            ops: f.ops,
+            bytes: f.bytes,
+            gbps: gbps(f.bytes, measured_s),
+            status: f.error.clone().unwrap_or_else(|| "ok".into()),
+            first_post_ns: f.first_post_ns,
+            latency: Latency::of(&f.latency),
+            series: cfg.json_series.then(|| f.series.clone()),
+        })
+        .collect();
+    let rates: Vec<f64> = per_flow.iter().map(|f| f.gbps).collect();
+    let (ops, bytes) = flows
+        .iter()
+        .fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
+    let outcome = match stop::requested() {
+        Some(Reason::Interrupted) => Outcome::Interrupted,
+        Some(Reason::PeerLost) => Outcome::PeerLost,
+        None if flows.iter().any(|f| f.error.is_some()) => Outcome::FlowErrors,
+        None => Outcome::Completed,
+    };
+    RunReport {
+        tool: format!("ibjitter {}", crate::VERSION),
+        device: device.to_string(),
+        server: format!("{}:{}", cfg.server, cfg.port),
+        op: cfg.op.name().to_string(),
+        mode: if cfg.pingpong {
+            "pingpong".into()
+        } else if matches!(cfg.load, Load::Closed) {
+            "closed".into()
+        } else {
+            "open".into()
+        },
+        size: cfg.size,
+        depth: cfg.depth,
+        threads: cfg.threads,
+        flows_requested: cfg.flows,
+        flows_started: flows.iter().filter(|f| f.first_post_ns.is_some()).count() as u32,
+        connection: if cfg.cm { "rdma_cm" } else { "tcp" }.into(),
+        setup_s,
+        start_skew_us: skew,
+        start_unix_ns: start
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+        series_interval_s: cfg.interval.as_secs_f64(),
+        warmup_s: cfg.warmup.as_secs_f64(),
+        duration_s: measured_s,
+        outcome,
+        total: Totals::new(ops, bytes, measured_s, &all),
+        fairness: jain(&rates),
+        rss_per_flow_bytes: rss / u64::from(cfg.flows.max(1)),
+        server_received_bytes,
+        histogram: hist::encode(&all),
+        flows: per_flow,
+    }
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// This process's peak resident memory (VmHWM), in bytes: buffers, QPs, and the histograms
+/// and time series as they grew during the run.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(str::to_owned)
+        })
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}

@@ -1,0 +1,274 @@
+//! The client's side before any message: the device, how flows spread over threads, one
+//! [`Shard`] per thread with its flows' QPs (not connected yet), and with `--cm` an rdma_cm
+//! id per flow, already resolved toward the server.
+use super::super::cm;
+use super::super::pacing::Arrival;
+use super::super::shard::Shard;
+use super::super::stop;
+use super::super::wire::{FlowEndpoint, RunRequest};
+use super::super::{pingpong, Load, RunConfig};
+use crate::verbs::cm::{ConnParams, EventChannel};
+use crate::verbs::{self, CompletionQueue, Context, ProtectionDomain, QpConfig, QueuePair};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+/// Everything the client made before meeting the server.
+pub struct Local {
+    pub ctx: Arc<Context>,
+    lid: u16,
+    gid: [u8; 16],
+    qp_cfg: QpConfig,
+    /// One per thread; flow i is on shard i mod threads.
+    pub shards: Vec<Shard>,
+    /// With `--cm`: the channel the flows' rdma_cm ids report to.
+    cm_channel: Option<Arc<EventChannel>>,
+    /// Where the control connection goes (with `--cm`, the address the flows resolved).
+    pub server_host: String,
+    /// Open loop: operations per second per flow, and their arrival process.
+    pub rate: Option<(f64, Arrival)>,
+}
+
+/// Flow ids per thread (flow i on thread i mod T), send-queue depth, and the CQ entries each
+/// thread's CQ needs.
+struct Sizing {
+    ids: Vec<Vec<u32>>,
+    sq: u32,
+    cqe: i64,
+}
+
+fn sizing(cfg: &RunConfig, max_cqe: i32) -> Result<Sizing, String> {
+    let threads = cfg.threads.clamp(1, cfg.flows.max(1));
+    let ids: Vec<Vec<u32>> = (0..threads)
+        .map(|t| (t..cfg.flows).step_by(threads as usize).collect())
+        .collect();
+    let sq = cfg.depth.max(if cfg.pingpong {
+        pingpong::MAX_UNREAPED_SENDS + 1
+    } else {
+        1
+    });
+    let per_flow_cqe = sq + u32::from(cfg.pingpong);
+    let busiest = ids.iter().map(Vec::len).max().unwrap_or(0) as i64;
+    let cqe = busiest * i64::from(per_flow_cqe) + 16;
+    if cqe > i64::from(max_cqe) {
+        return Err(format!(
+            "{busiest} flows x depth {} need a {cqe}-entry CQ per thread, the device allows {max_cqe}: use more --threads or a lower --depth",
+            cfg.depth
+        ));
+    }
+    Ok(Sizing { ids, sq, cqe })
+}
+
+impl Local {
+    /// Opens the device and makes every flow's QP and buffer. Set-up errors only.
+    pub fn prepare(cfg: &RunConfig) -> Result<Local, String> {
+        let ctx = if cfg.cm {
+            verbs::cm::open_device(cfg.device.as_deref())
+        } else {
+            verbs::open_device(cfg.device.as_deref())
+        }
+        .map_err(|e| e.to_string())?;
+        let port = ctx.port(cfg.ib_port).map_err(|e| e.to_string())?;
+        if !port.active {
+            return Err(format!("{} port {} is not active", ctx.name(), cfg.ib_port));
+        }
+        let gid_index = match cfg.gid_index {
+            Some(i) => i,
+            None => ctx
+                .default_gid_index(cfg.ib_port)
+                .map_err(|e| e.to_string())?,
+        };
+        let gid = ctx.gid(cfg.ib_port, gid_index).map_err(|e| e.to_string())?;
+        let limits = ctx.limits().map_err(|e| e.to_string())?;
+        let rate = resolve_rate(cfg, port.link_gbps)?;
+        let Sizing { ids, sq, cqe } = sizing(cfg, limits.max_cqe)?;
+        let qp_cfg = QpConfig {
+            max_send_wr: sq,
+            max_recv_wr: 2,
+            port: cfg.ib_port,
+            gid_index,
+            mtu: port.active_mtu,
+            timeout: cfg.qp_timeout,
+            ..QpConfig::default()
+        };
+        // --cm: an rdma_cm id per flow, resolved toward the server's address from this
+        // device's own address; the control connection then goes to that same address.
+        // Nothing here needs the server up yet.
+        let mut cm_flows = None;
+        let mut server_host = cfg.server.clone();
+        if cfg.cm {
+            let ip = server_ip(&cfg.server)?;
+            server_host = ip.to_string();
+            let source = verbs::cm::gid_ipv4(&gid).map(IpAddr::V4);
+            let interrupted = || stop::requested().is_some();
+            let (channel, cm_ids) = cm::resolve_flows(
+                &ctx,
+                source,
+                SocketAddr::new(ip, cfg.port),
+                cfg.flows,
+                cfg.setup_timeout,
+                &interrupted,
+            )?;
+            cm_flows = Some((channel, cm_ids.into_iter().map(Some).collect::<Vec<_>>()));
+        }
+        let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
+        let mut make_qp = |flow: u32, cq: &Arc<CompletionQueue>| match &mut cm_flows {
+            Some((_, cm_ids)) => {
+                let id = cm_ids[flow as usize].take().expect("one QP per flow");
+                QueuePair::new_rc_cm(id, &pd, cq, cq, None, qp_cfg)
+            }
+            None => QueuePair::new_rc(&pd, cq, cq, None, qp_cfg),
+        };
+        let shards = ids
+            .iter()
+            .map(|flow_ids| {
+                Shard::new(
+                    &ctx,
+                    &pd,
+                    flow_ids,
+                    cfg.size,
+                    cqe as i32,
+                    cfg.seed,
+                    &mut make_qp,
+                )
+                .map_err(|e| format!("setting up {} flows: {e}", cfg.flows))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Local {
+            lid: port.lid,
+            gid,
+            qp_cfg,
+            shards,
+            cm_channel: cm_flows.map(|(channel, _)| channel),
+            server_host,
+            rate,
+            ctx,
+        })
+    }
+
+    /// What we ask the server for: the run, and our endpoints in flow order.
+    pub fn request(&self, cfg: &RunConfig, client: String) -> RunRequest {
+        let mut ours = vec![None; cfg.flows as usize];
+        for shard in &self.shards {
+            for (i, f) in shard.flows.iter().enumerate() {
+                ours[f.id as usize] = Some(shard.endpoint(i, self.lid, self.gid));
+            }
+        }
+        RunRequest {
+            client,
+            op: cfg.op,
+            size: cfg.size,
+            depth: cfg.depth,
+            pingpong: cfg.pingpong,
+            cm: cfg.cm,
+            flows: ours
+                .into_iter()
+                .map(|e| e.expect("every flow has a shard"))
+                .collect(),
+        }
+    }
+
+    /// Connects every flow's QP to the server's: through rdma_cm (with the session's
+    /// `token`), or with the endpoints it sent (`theirs`, in flow order); then records where
+    /// each flow writes.
+    pub fn connect(
+        &mut self,
+        cfg: &RunConfig,
+        theirs: &[FlowEndpoint],
+        token: Option<u64>,
+    ) -> Result<(), String> {
+        let mut flows = self.shards.iter().flat_map(|s| &s.flows);
+        match (&self.cm_channel, token) {
+            (Some(channel), Some(token)) => {
+                let params = ConnParams {
+                    ack_timeout: cfg.qp_timeout,
+                    retry_count: self.qp_cfg.retry_cnt,
+                    rnr_retry: self.qp_cfg.rnr_retry,
+                    srq: false,
+                };
+                let ids = flows.map(|f| {
+                    let id = f.qp.cm_id().expect("--cm QPs are made on rdma_cm ids");
+                    (f.id, id)
+                });
+                let interrupted = || stop::requested().is_some();
+                cm::connect_flows(channel, ids, token, params, cfg.setup_timeout, &interrupted)?;
+            }
+            (Some(_), None) => {
+                return Err("the server accepted --cm without a session token".into())
+            }
+            (None, _) => flows.try_for_each(|f| {
+                f.qp.connect(&theirs[f.id as usize].qp, f.psn)
+                    .map_err(|e| format!("connecting flow {}: {e}", f.id))
+            })?,
+        }
+        for f in self.shards.iter_mut().flat_map(|s| &mut s.flows) {
+            f.remote = Some(theirs[f.id as usize]);
+        }
+        Ok(())
+    }
+}
+
+/// Open-loop rate per flow, if any: `--rate` directly, or `--load` of the link shared by all flows.
+fn resolve_rate(cfg: &RunConfig, link_gbps: f64) -> Result<Option<(f64, Arrival)>, String> {
+    Ok(match cfg.load {
+        Load::Closed => None,
+        Load::Open { ops_per_s, arrival } => Some((ops_per_s, arrival)),
+        Load::LinkFraction { fraction, arrival } => {
+            if link_gbps <= 0.0 {
+                return Err(
+                    "--load needs the link rate, which this port does not report: use --rate"
+                        .into(),
+                );
+            }
+            let total_ops = fraction * link_gbps * 1e9 / 8.0 / f64::from(cfg.size);
+            Some((total_ops / f64::from(cfg.flows), arrival))
+        }
+    })
+}
+
+/// The server's address for rdma_cm: the name's first IPv4 address, else its first address.
+fn server_ip(server: &str) -> Result<IpAddr, String> {
+    let addrs: Vec<IpAddr> = (server, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {server}: {e}"))?
+        .map(|a| a.ip())
+        .collect();
+    addrs
+        .iter()
+        .find(|ip| ip.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{server} has no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flows_spread_round_robin_and_the_cq_is_sized_for_the_busiest_thread() {
+        let cfg = RunConfig {
+            flows: 10,
+            threads: 4,
+            depth: 8,
+            ..RunConfig::default()
+        };
+        let s = sizing(&cfg, 1 << 20).unwrap();
+        assert_eq!(
+            s.ids,
+            [vec![0, 4, 8], vec![1, 5, 9], vec![2, 6], vec![3, 7]]
+        );
+        assert_eq!((s.sq, s.cqe), (8, 3 * 8 + 16));
+        // More threads than flows: one flow each.
+        let few = RunConfig {
+            flows: 2,
+            threads: 8,
+            ..RunConfig::default()
+        };
+        assert_eq!(sizing(&few, 1 << 20).unwrap().ids.len(), 2);
+        let err = sizing(&cfg, 20).err().unwrap();
+        assert!(
+            err.contains("40-entry CQ") && err.contains("--threads"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! The measured phase: one thread per shard waits at a barrier, the server's Go releases them
+//! all at once, and this thread watches the control connection (and draws progress) until
+//! every worker has returned.
+use super::super::progress::{self, Counters};
+use super::super::shard::Shard;
+use super::super::stop::{self, Reason};
+use super::super::wire::Control;
+use super::super::worker::{self, WorkerOutput, WorkerParams};
+use super::super::{pingpong, RunConfig, StopAt};
+use crate::report::gbps;
+use std::io::{IsTerminal, Write};
+use std::sync::{Barrier, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+/// What the threads brought back, and when they started.
+pub struct Finished {
+    pub outputs: Vec<WorkerOutput>,
+    pub start: Instant,
+    pub start_time: SystemTime,
+}
+
+/// Starts a worker per shard on the server's Go and waits for them all. An error means
+/// nothing was measured (no Go came).
+pub fn start_and_watch(
+    cfg: &RunConfig,
+    shards: &[Shard],
+    params: &WorkerParams,
+    control: &mut Control,
+) -> Result<Finished, String> {
+    let counters: Vec<Counters> = shards.iter().map(|_| Counters::default()).collect();
+    let release = Barrier::new(shards.len() + 1);
+    let t0: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+    let mut go_error = None;
+    let outputs: Vec<WorkerOutput> = std::thread::scope(|scope| {
+        let handles: Vec<_> = shards
+            .iter()
+            .zip(&counters)
+            .map(|(shard, c)| {
+                let (release, t0) = (&release, &t0);
+                scope.spawn(move || {
+                    release.wait();
+                    let Some(&(start, _)) = t0.get() else {
+                        return WorkerOutput {
+                            flows: Vec::new(),
+                            intervals: Vec::new(),
+                        };
+                    };
+                    if cfg.pingpong {
+                        pingpong::run(shard, params, start, c)
+                    } else {
+                        worker::run(shard, params, start, c)
+                    }
+                })
+            })
+            .collect();
+        match control.await_go(cfg.start_timeout) {
+            Ok(()) => {
+                let _ = t0.set((Instant::now(), SystemTime::now()));
+                release.wait();
+                watch(control, &handles, &counters, cfg);
+            }
+            Err(e) => {
+                go_error = Some(e);
+                release.wait(); // t0 unset: the threads return at once
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("worker thread panicked"))
+            .collect()
+    });
+    if let Some(e) = go_error {
+        return Err(e);
+    }
+    let &(start, start_time) = t0.get().expect("started");
+    Ok(Finished {
+        outputs,
+        start,
+        start_time,
+    })
+}
+
+/// While the threads work: watch the server's connection (it only closes if the server dies)
+/// and draw the progress line on a terminal.
+fn watch<T>(
+    control: &Control,
+    handles: &[std::thread::ScopedJoinHandle<'_, T>],
+    counters: &[Counters],
+    cfg: &RunConfig,
+) {
+    let started = Instant::now();
+    let show = cfg.progress && std::io::stderr().is_terminal() && expected_long(cfg);
+    let mut last = (0u64, Instant::now());
+    let mut shown = false;
+    while !handles.iter().all(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(50));
+        if control.peer_gone() {
+            stop::request(Reason::PeerLost);
+        }
+        if show && last.1.elapsed() >= Duration::from_millis(500) {
+            let (ops, bytes) = progress::totals(counters);
+            let rate = gbps(bytes - last.0, last.1.elapsed().as_secs_f64());
+            eprint!(
+                "{}",
+                progress::line(started.elapsed().as_secs_f64(), ops, rate, cfg.flows)
+            );
+            let _ = std::io::stderr().flush();
+            last = (bytes, Instant::now());
+            shown = true;
+        }
+    }
+    if shown {
+        eprintln!();
+    }
+}
+
+fn expected_long(cfg: &RunConfig) -> bool {
+    match cfg.stop {
+        StopAt::Duration(d) => d > Duration::from_secs(2),
+        StopAt::Iters(_) => true,
+    }
+}
