@@ -5,10 +5,12 @@
 //!
 //! Pipeline of a run: [`client`] opens the device and builds one [`shard`] per thread (its own
 //! CQ, buffers and flows), exchanges endpoints with [`server`], waits for the common start, and
-//! lets each thread drive its flows ([`worker`] for throughput, [`pingpong`] for round trips),
+//! lets each thread drive its flows (one loop, [`drive`], with a pattern: [`worker`] for
+//! throughput, [`pingpong`] for round trips),
 //! then gathers [`stats::FlowStats`] into a [`crate::report::RunReport`].
 pub mod client;
 pub mod cm;
+pub mod drive;
 pub mod pacing;
 pub mod pingpong;
 pub mod progress;

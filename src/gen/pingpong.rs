@@ -1,15 +1,16 @@
 //! Round trips, like perftest's `ib_write_lat` / `ib_send_lat`: each flow sends one message,
 //! the server echoes it, and the time from post to the echo's arrival is one round trip.
+//! A [`Pattern`] of the thread loop ([`drive`]).
 //!
 //! WRITE: we write `size` bytes whose last byte is a sequence number into the server's buffer;
 //! the server watches that byte and writes back; we watch our own buffer's last byte.
 //! SEND: we keep a receive posted; the server answers each SEND with a SEND.
+use super::drive::{drive, Limits, Pattern, Transport};
 use super::progress::Counters;
 use super::shard::Shard;
 use super::stats::{FlowStats, Recorder};
-use super::stop;
-use super::worker::{WorkerOutput, WorkerParams, DRAIN_TIMEOUT};
-use super::{Op, StopAt};
+use super::worker::{WorkerOutput, WorkerParams};
+use super::Op;
 use crate::verbs::{wc_status_str, WorkCompletion};
 use std::time::Instant;
 
@@ -31,49 +32,26 @@ fn next_seq(seq: u8) -> u8 {
     seq % 255 + 1
 }
 
-pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) -> WorkerOutput {
-    let now_ns = || t0.elapsed().as_nanos() as u64;
-    let size = p.size as usize;
-    let mut stats: Vec<FlowStats> = shard.flows.iter().map(|f| FlowStats::new(f.id)).collect();
-    let mut flows: Vec<Flow> = shard
-        .flows
-        .iter()
-        .map(|_| Flow {
-            seq: 0,
-            waiting: false,
-            posted_ns: 0,
-            unreaped: 0,
-            round_trips: 0,
-        })
-        .collect();
-    let mut recorder = Recorder::new(p.interval_ns, p.hdr_interval_ns, p.warmup_ns);
-    let (deadline_ns, max_trips) = match p.stop {
-        StopAt::Duration(d) => (Some(d.as_nanos() as u64), u64::MAX),
-        StopAt::Iters(n) => (None, n),
-    };
-    let post_recv = |i: usize| {
-        let f = &shard.flows[i];
-        f.qp.post_recv(
-            (i as u64) << 16 | KIND_RECV,
-            shard.mr.sge(f.recv_off, shard.slot as u32),
-        )
-    };
-    // Sends the next message of flow i.
-    let send = |i: usize, fl: &mut Flow, fs: &mut FlowStats| {
-        let f = &shard.flows[i];
-        let remote = f.remote.expect("flow connected before the start");
+struct PingPong<'a, C: Fn() -> u64> {
+    p: &'a WorkerParams,
+    now_ns: C,
+    flows: Vec<Flow>,
+    stats: Vec<FlowStats>,
+    recorder: Recorder,
+    counters: &'a Counters,
+    max_trips: u64,
+    /// Flows whose echo arrived this round (reused: no allocation per round).
+    echoes: Vec<usize>,
+}
+
+impl<C: Fn() -> u64> PingPong<'_, C> {
+    /// Sends flow i's next message.
+    fn send<T: Transport>(&mut self, io: &T, i: usize) {
+        let (fl, fs) = (&mut self.flows[i], &mut self.stats[i]);
         fl.seq = next_seq(fl.seq);
-        shard.mr.write_byte(f.send_off + size - 1, fl.seq);
-        let now = now_ns();
-        let id = (i as u64) << 16 | KIND_SEND;
-        let local = shard.mr.sge(f.send_off, p.size);
-        let r = match p.op {
-            Op::Write => {
-                f.qp.post_write(id, local, remote.buf.addr, remote.buf.rkey, true)
-            }
-            Op::Send => f.qp.post_send(id, local, true),
-        };
-        match r {
+        io.stamp(i, self.p.size, fl.seq);
+        let now = (self.now_ns)();
+        match io.post(i, self.p.op, self.p.size, (i as u64) << 16 | KIND_SEND) {
             Ok(()) => {
                 fl.posted_ns = now;
                 fl.waiting = true;
@@ -81,112 +59,154 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
                 fs.posted(now);
             }
             Err(e) => {
-                fs.error.get_or_insert_with(|| format!("post failed: {e}"));
-            }
-        }
-    };
-
-    if p.op == Op::Send {
-        for (i, fs) in stats.iter_mut().enumerate() {
-            if let Err(e) = post_recv(i) {
-                fs.error = Some(format!("posting a receive failed: {e}"));
+                fs.error.get_or_insert(e);
             }
         }
     }
-    for i in 0..flows.len() {
-        if stats[i].error.is_none() && max_trips > 0 {
-            send(i, &mut flows[i], &mut stats[i]);
+
+    fn post_recv<T: Transport>(&mut self, io: &T, i: usize) {
+        if let Err(e) = io.post_recv(i, (i as u64) << 16 | KIND_RECV) {
+            self.stats[i].error.get_or_insert(e);
+        }
+    }
+}
+
+impl<T: Transport, C: Fn() -> u64> Pattern<T> for PingPong<'_, C> {
+    fn start(&mut self, io: &T) {
+        if self.p.op == Op::Send {
+            for i in 0..self.flows.len() {
+                self.post_recv(io, i);
+            }
+        }
+        for i in 0..self.flows.len() {
+            if self.stats[i].error.is_none() && self.max_trips > 0 {
+                self.send(io, i);
+            }
         }
     }
 
-    let mut wcs = [WorkCompletion::EMPTY; 64];
-    let mut stopping = false;
-    let mut drain_until = 0;
-    let mut echoes = Vec::with_capacity(flows.len());
-    loop {
-        let got = shard.cq.poll(&mut wcs).unwrap_or_else(|e| {
-            for fs in stats.iter_mut() {
-                fs.error
-                    .get_or_insert_with(|| format!("polling the CQ failed: {e}"));
-            }
-            0
-        });
-        let mut now = now_ns();
-        echoes.clear();
-        for wc in &wcs[..got] {
+    fn completed(&mut self, io: &T, wcs: &[WorkCompletion], now: u64, _stopping: bool) {
+        self.echoes.clear();
+        for wc in wcs {
             let i = (wc.wr_id >> 16) as usize;
             if !wc.ok() {
-                stats[i]
+                self.stats[i]
                     .error
                     .get_or_insert_with(|| wc_status_str(wc.status));
-                flows[i].waiting = false;
+                self.flows[i].waiting = false;
                 continue;
             }
             if wc.wr_id & 0xffff == KIND_SEND {
-                flows[i].unreaped -= 1;
+                self.flows[i].unreaped -= 1;
             } else if wc.is_recv() {
-                echoes.push(i);
+                self.echoes.push(i);
             }
         }
-        if p.op == Op::Write {
-            for (i, f) in shard.flows.iter().enumerate() {
-                if flows[i].waiting && shard.mr.read_byte(f.recv_off + size - 1) == flows[i].seq {
-                    echoes.push(i);
+        if self.p.op == Op::Write {
+            for (i, fl) in self.flows.iter().enumerate() {
+                if fl.waiting && io.echoed(i, self.p.size) == fl.seq {
+                    self.echoes.push(i);
                 }
             }
         }
-        if !echoes.is_empty() {
-            now = now_ns();
-        }
-        for &i in &echoes {
-            let (fl, fs) = (&mut flows[i], &mut stats[i]);
+        // An echo found in memory arrived after the poll: time it now.
+        let now = if self.echoes.is_empty() {
+            now
+        } else {
+            (self.now_ns)()
+        };
+        for k in 0..self.echoes.len() {
+            let i = self.echoes[k];
+            let (fl, fs) = (&mut self.flows[i], &mut self.stats[i]);
             if !fl.waiting {
                 continue;
             }
             fl.waiting = false;
             fl.round_trips += 1;
-            recorder.complete(fs, u64::from(p.size), fl.posted_ns, now);
-            counters.add(1, u64::from(p.size));
-            if p.op == Op::Send {
-                if let Err(e) = post_recv(i) {
-                    fs.error
-                        .get_or_insert_with(|| format!("posting a receive failed: {e}"));
-                }
+            self.recorder
+                .complete(fs, u64::from(self.p.size), fl.posted_ns, now);
+            self.counters.add(1, u64::from(self.p.size));
+            if self.p.op == Op::Send {
+                self.post_recv(io, i);
             }
-        }
-        if !stopping && (stop::requested().is_some() || deadline_ns.is_some_and(|d| now >= d)) {
-            stopping = true;
-            drain_until = now + DRAIN_TIMEOUT.as_nanos() as u64;
-        }
-        // Next round trip for every flow that is idle, if it may go on.
-        if !stopping {
-            for i in 0..flows.len() {
-                let (fl, fs) = (&mut flows[i], &mut stats[i]);
-                if !fl.waiting
-                    && fs.error.is_none()
-                    && fl.round_trips < max_trips
-                    && fl.unreaped < MAX_UNREAPED_SENDS
-                {
-                    send(i, fl, fs);
-                }
-            }
-        }
-        let finished = flows.iter().zip(&stats).all(|(fl, fs)| {
-            !fl.waiting && (fs.error.is_some() || stopping || fl.round_trips >= max_trips)
-        });
-        if finished || (stopping && now >= drain_until) {
-            break;
         }
     }
+
+    /// The next round trip of every idle flow that may go on.
+    fn post_more(&mut self, io: &T, _now: u64) {
+        for i in 0..self.flows.len() {
+            let fl = &self.flows[i];
+            if !fl.waiting
+                && self.stats[i].error.is_none()
+                && fl.round_trips < self.max_trips
+                && fl.unreaped < MAX_UNREAPED_SENDS
+            {
+                self.send(io, i);
+            }
+        }
+    }
+
+    fn finished(&self, stopping: bool) -> bool {
+        self.flows.iter().zip(&self.stats).all(|(fl, fs)| {
+            !fl.waiting && (fs.error.is_some() || stopping || fl.round_trips >= self.max_trips)
+        })
+    }
+
+    /// A round trip still waiting when the drain limit passed is simply not counted.
+    fn abandon(&mut self) {}
+
+    fn stats_mut(&mut self) -> &mut [FlowStats] {
+        &mut self.stats
+    }
+}
+
+fn pingpong<T: Transport>(
+    io: &T,
+    flow_ids: &[u32],
+    p: &WorkerParams,
+    limits: Limits,
+    now_ns: impl Fn() -> u64,
+    counters: &Counters,
+) -> WorkerOutput {
+    let mut pattern = PingPong {
+        p,
+        flows: flow_ids
+            .iter()
+            .map(|_| Flow {
+                seq: 0,
+                waiting: false,
+                posted_ns: 0,
+                unreaped: 0,
+                round_trips: 0,
+            })
+            .collect(),
+        stats: flow_ids.iter().map(|&id| FlowStats::new(id)).collect(),
+        recorder: Recorder::new(p.interval_ns, p.hdr_interval_ns, p.warmup_ns),
+        counters,
+        max_trips: p.max_ops(),
+        echoes: Vec::with_capacity(flow_ids.len()),
+        now_ns: &now_ns,
+    };
+    drive(io, &mut pattern, limits, &now_ns);
     WorkerOutput {
-        flows: stats,
-        intervals: recorder.intervals,
+        flows: pattern.stats,
+        intervals: pattern.recorder.intervals,
     }
+}
+
+/// Runs the shard's flows' round trips until the stop condition, Ctrl-C or a lost peer.
+/// `t0` is the common start.
+pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) -> WorkerOutput {
+    let ids: Vec<u32> = shard.flows.iter().map(|f| f.id).collect();
+    let now_ns = || t0.elapsed().as_nanos() as u64;
+    pingpong(shard, &ids, p, p.limits(), now_ns, counters)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::next_seq;
+    use super::super::drive::fake::Fake;
+    use super::super::StopAt;
+    use super::*;
 
     #[test]
     fn sequence_never_returns_to_zero() {
@@ -196,5 +216,97 @@ mod tests {
             assert!(n != 0 && n != s);
             s = n;
         }
+    }
+
+    fn params(op: Op, trips: u64) -> WorkerParams {
+        WorkerParams {
+            op,
+            size: 8,
+            depth: 1,
+            stop: StopAt::Iters(trips),
+            rate: None,
+            interval_ns: 1_000_000_000,
+            hdr_interval_ns: 1_000_000_000,
+            warmup_ns: 0,
+            seed: 1,
+        }
+    }
+
+    fn ticking() -> impl Fn() -> u64 {
+        let t = std::cell::Cell::new(0u64);
+        move || {
+            t.set(t.get() + 1_000);
+            t.get()
+        }
+    }
+
+    #[test]
+    fn every_flow_completes_its_round_trips_over_write_and_send() {
+        for op in [Op::Write, Op::Send] {
+            let mut fake = Fake::new(3);
+            fake.echo = true;
+            let p = params(op, 300);
+            let out = pingpong(
+                &fake,
+                &[0, 1, 2],
+                &p,
+                p.limits(),
+                ticking(),
+                &Counters::default(),
+            );
+            for f in &out.flows {
+                assert!(f.error.is_none(), "{op:?}: {:?}", f.error);
+                assert_eq!(f.ops, 300, "{op:?}");
+                assert!(
+                    f.latency.min() >= 1_000,
+                    "{op:?}: a round trip spans clock readings"
+                );
+            }
+            // One message in flight per flow, and sends reaped within the limit.
+            assert_eq!(fake.posts.get(), 900, "{op:?}");
+            assert!(
+                fake.max_outstanding
+                    .borrow()
+                    .iter()
+                    .all(|&m| m <= MAX_UNREAPED_SENDS),
+                "{op:?}: {:?}",
+                fake.max_outstanding.borrow()
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_send_ends_its_flow_and_a_missing_echo_ends_at_the_deadline() {
+        let mut fake = Fake::new(2);
+        fake.echo = true;
+        fake.fail = Some((0, 3));
+        let p = params(Op::Write, 10);
+        let out = pingpong(
+            &fake,
+            &[0, 1],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+        );
+        assert_eq!(out.flows[0].ops, 2);
+        assert!(out.flows[0].error.is_some());
+        assert_eq!(out.flows[1].ops, 10);
+
+        // No echo ever: the deadline stops the wait, nothing is counted.
+        let fake = Fake::new(1);
+        let limits = Limits {
+            deadline_ns: Some(10_000),
+            drain_ns: 10_000,
+        };
+        let out = pingpong(
+            &fake,
+            &[0],
+            &params(Op::Write, 10),
+            limits,
+            ticking(),
+            &Counters::default(),
+        );
+        assert_eq!(out.flows[0].ops, 0);
     }
 }

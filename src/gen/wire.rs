@@ -141,11 +141,7 @@ fn send(stream: &mut TcpStream, msg: &Message) -> io::Result<()> {
 
 /// Reads one message, waiting at most `timeout` (None: forever). A peer that closes the
 /// connection gives `UnexpectedEof`; a timeout gives `TimedOut`, both with what was awaited.
-fn recv(
-    stream: &mut TcpStream,
-    timeout: Option<Duration>,
-    awaiting: &str,
-) -> io::Result<Message> {
+fn recv(stream: &mut TcpStream, timeout: Option<Duration>, awaiting: &str) -> io::Result<Message> {
     stream.set_read_timeout(timeout)?;
     let mut len = [0u8; 4];
     read_exact(stream, &mut len, awaiting)?;

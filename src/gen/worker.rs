@@ -1,11 +1,11 @@
-//! One thread driving its shard's flows for throughput: closed loop (keep `depth` outstanding
-//! per flow) or open loop (post on a schedule, latency from the intended send time).
-//! Every operation is signaled and timed from post to completion.
+//! Throughput traffic, closed loop (keep `depth` outstanding per flow) or open loop (post on a
+//! schedule, latency from the intended send time), as a [`Pattern`] of the thread loop
+//! ([`drive`]). Every operation is signaled and timed from post to completion.
+use super::drive::{drive, Limits, Pattern, Transport};
 use super::pacing::{Arrival, Pacer};
 use super::progress::Counters;
 use super::shard::Shard;
 use super::stats::{FlowStats, Recorder};
-use super::stop;
 use super::{Op, StopAt};
 use crate::verbs::{wc_status_str, WorkCompletion};
 use hdrhistogram::Histogram;
@@ -27,6 +27,27 @@ pub struct WorkerParams {
     /// Operations posted before this (ns since the start) are not in the latency histograms.
     pub warmup_ns: u64,
     pub seed: u64,
+}
+
+impl WorkerParams {
+    /// The thread loop's limits: the duration (if any) and [`DRAIN_TIMEOUT`].
+    pub fn limits(&self) -> Limits {
+        Limits {
+            deadline_ns: match self.stop {
+                StopAt::Duration(d) => Some(d.as_nanos() as u64),
+                StopAt::Iters(_) => None,
+            },
+            drain_ns: DRAIN_TIMEOUT.as_nanos() as u64,
+        }
+    }
+
+    /// Operations (round trips) per flow, or unlimited.
+    pub fn max_ops(&self) -> u64 {
+        match self.stop {
+            StopAt::Iters(n) => n,
+            StopAt::Duration(_) => u64::MAX,
+        }
+    }
 }
 
 pub struct WorkerOutput {
@@ -52,57 +73,27 @@ fn decode(wr_id: u64) -> (usize, u16) {
     ((wr_id >> 16) as usize, (wr_id & 0xffff) as u16)
 }
 
-/// Runs until the stop condition, Ctrl-C or a lost peer, then drains. `t0` is the common start.
-pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) -> WorkerOutput {
-    let n = shard.flows.len();
-    let mut stats: Vec<FlowStats> = shard.flows.iter().map(|f| FlowStats::new(f.id)).collect();
-    let mut state: Vec<FlowState> = shard
-        .flows
-        .iter()
-        .map(|f| FlowState {
-            posted: 0,
-            outstanding: 0,
-            slot_ns: vec![0; p.depth as usize],
-            free: (0..p.depth as u16).rev().collect(),
-            pacer: p
-                .rate
-                .map(|(rate, arrival)| Pacer::new(rate, arrival, p.seed ^ u64::from(f.id))),
-        })
-        .collect();
-    let mut recorder = Recorder::new(p.interval_ns, p.hdr_interval_ns, p.warmup_ns);
-    let deadline_ns = match p.stop {
-        StopAt::Duration(d) => Some(d.as_nanos() as u64),
-        StopAt::Iters(_) => None,
-    };
-    let max_posts = match p.stop {
-        StopAt::Iters(n) => n,
-        StopAt::Duration(_) => u64::MAX,
-    };
-    let mut wcs = [WorkCompletion::EMPTY; 64];
-    let mut stopping = false;
-    let mut drain_until = 0u64;
-    let now_ns = || t0.elapsed().as_nanos() as u64;
+/// The throughput pattern's state: per flow, its free slots and when each busy one was posted.
+struct Throughput<'a, C: Fn() -> u64> {
+    p: &'a WorkerParams,
+    now_ns: C,
+    state: Vec<FlowState>,
+    stats: Vec<FlowStats>,
+    recorder: Recorder,
+    counters: &'a Counters,
+    max_posts: u64,
+}
 
-    // Post one operation of flow i if it may; returns false when the flow is finished posting.
-    let post = |i: usize, st: &mut FlowState, fs: &mut FlowStats, when_ns: u64| -> bool {
+impl<C: Fn() -> u64> Throughput<'_, C> {
+    /// Posts one operation of flow i if it has a free slot; false when the flow failed.
+    /// `when_ns`: when it was due (open loop), or 0 (closed loop: the latency starts now).
+    fn post<T: Transport>(&mut self, io: &T, i: usize, when_ns: u64) -> bool {
+        let (st, fs) = (&mut self.state[i], &mut self.stats[i]);
         let Some(slot) = st.free.pop() else {
             return true;
         };
-        let f = &shard.flows[i];
-        let remote = f.remote.expect("flow connected before the start");
-        let local = shard.mr.sge(f.send_off, p.size);
-        let posted_ns = now_ns();
-        let result = match p.op {
-            Op::Write => f.qp.post_write(
-                wr_id(i, slot),
-                local,
-                remote.buf.addr,
-                remote.buf.rkey,
-                true,
-            ),
-            Op::Send => f.qp.post_send(wr_id(i, slot), local, true),
-        };
-        match result {
+        let posted_ns = (self.now_ns)();
+        match io.post(i, self.p.op, self.p.size, wr_id(i, slot)) {
             Ok(()) => {
                 st.slot_ns[slot as usize] = when_ns.min(posted_ns);
                 st.posted += 1;
@@ -112,41 +103,40 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
             }
             Err(e) => {
                 st.free.push(slot);
-                fs.error.get_or_insert_with(|| format!("post failed: {e}"));
+                fs.error.get_or_insert(e);
                 false
             }
         }
-    };
+    }
 
-    // Closed loop starts with `depth` posts per flow, round by round: every flow's first
-    // operation goes out before any flow's second, so flows start as close together as posting
-    // allows (each post is a system call on some providers). Open loop follows its schedule.
-    if p.rate.is_none() {
-        for _ in 0..p.depth {
-            for i in 0..n {
-                if stats[i].error.is_none() && state[i].posted < max_posts {
-                    post(i, &mut state[i], &mut stats[i], 0);
+    fn may_post(&self, i: usize) -> bool {
+        self.stats[i].error.is_none() && self.state[i].posted < self.max_posts
+    }
+}
+
+impl<T: Transport, C: Fn() -> u64> Pattern<T> for Throughput<'_, C> {
+    /// Closed loop starts with `depth` posts per flow, round by round: every flow's first
+    /// operation goes out before any flow's second, so flows start as close together as
+    /// posting allows (each post is a system call on some providers). Open loop follows its
+    /// schedule from the first `post_more`.
+    fn start(&mut self, io: &T) {
+        if self.p.rate.is_none() {
+            for _ in 0..self.p.depth {
+                for i in 0..self.state.len() {
+                    if self.may_post(i) {
+                        self.post(io, i, 0);
+                    }
                 }
             }
         }
     }
 
-    loop {
-        let got = match shard.cq.poll(&mut wcs) {
-            Ok(k) => k,
-            Err(e) => {
-                for fs in &mut stats {
-                    fs.error
-                        .get_or_insert_with(|| format!("polling the CQ failed: {e}"));
-                }
-                break;
-            }
-        };
-        let now = now_ns();
+    fn completed(&mut self, io: &T, wcs: &[WorkCompletion], now: u64, stopping: bool) {
         let (mut done_ops, mut done_bytes) = (0, 0);
-        for wc in &wcs[..got] {
+        let size = u64::from(self.p.size);
+        for wc in wcs {
             let (i, slot) = decode(wc.wr_id);
-            let (st, fs) = (&mut state[i], &mut stats[i]);
+            let (st, fs) = (&mut self.state[i], &mut self.stats[i]);
             st.outstanding -= 1;
             st.free.push(slot);
             if !wc.ok() {
@@ -154,56 +144,205 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
                 fs.error.get_or_insert_with(|| wc_status_str(wc.status));
                 continue;
             }
-            recorder.complete(fs, u64::from(p.size), st.slot_ns[slot as usize], now);
+            self.recorder
+                .complete(fs, size, st.slot_ns[slot as usize], now);
             done_ops += 1;
-            done_bytes += u64::from(p.size);
-            if p.rate.is_none() && !stopping && fs.error.is_none() && st.posted < max_posts {
-                post(i, st, fs, now);
+            done_bytes += size;
+            if self.p.rate.is_none() && !stopping && self.may_post(i) {
+                self.post(io, i, now);
             }
         }
         if done_ops > 0 {
-            counters.add(done_ops, done_bytes);
-        }
-
-        if !stopping && (stop::requested().is_some() || deadline_ns.is_some_and(|d| now >= d)) {
-            stopping = true;
-            drain_until = now + DRAIN_TIMEOUT.as_nanos() as u64;
-        }
-        if !stopping {
-            if p.rate.is_some() {
-                for i in 0..n {
-                    let (st, fs) = (&mut state[i], &mut stats[i]);
-                    while fs.error.is_none() && st.posted < max_posts && !st.free.is_empty() {
-                        let due = st.pacer.as_ref().map_or(0, Pacer::due_ns);
-                        if now < due || !post(i, st, fs, due) {
-                            break;
-                        }
-                        if let Some(pacer) = st.pacer.as_mut() {
-                            pacer.advance();
-                        }
-                    }
-                }
-            }
-        } else if now >= drain_until {
-            for (st, fs) in state.iter().zip(&mut stats) {
-                if st.outstanding > 0 && fs.error.is_none() {
-                    fs.error = Some(format!(
-                        "{} operations still outstanding when the run stopped",
-                        st.outstanding
-                    ));
-                }
-            }
-            break;
-        }
-        let finished = state.iter().zip(&stats).all(|(st, fs)| {
-            st.outstanding == 0 && (stopping || fs.error.is_some() || st.posted >= max_posts)
-        });
-        if finished {
-            break;
+            self.counters.add(done_ops, done_bytes);
         }
     }
+
+    fn post_more(&mut self, io: &T, now: u64) {
+        if self.p.rate.is_none() {
+            return;
+        }
+        for i in 0..self.state.len() {
+            while self.may_post(i) && !self.state[i].free.is_empty() {
+                let due = self.state[i].pacer.as_ref().map_or(0, Pacer::due_ns);
+                if now < due || !self.post(io, i, due) {
+                    break;
+                }
+                if let Some(pacer) = self.state[i].pacer.as_mut() {
+                    pacer.advance();
+                }
+            }
+        }
+    }
+
+    fn finished(&self, stopping: bool) -> bool {
+        self.state.iter().zip(&self.stats).all(|(st, fs)| {
+            st.outstanding == 0 && (stopping || fs.error.is_some() || st.posted >= self.max_posts)
+        })
+    }
+
+    fn abandon(&mut self) {
+        for (st, fs) in self.state.iter().zip(&mut self.stats) {
+            if st.outstanding > 0 && fs.error.is_none() {
+                fs.error = Some(format!(
+                    "{} operations still outstanding when the run stopped",
+                    st.outstanding
+                ));
+            }
+        }
+    }
+
+    fn stats_mut(&mut self) -> &mut [FlowStats] {
+        &mut self.stats
+    }
+}
+
+/// Drives `flow_ids` (the flows of `io`, in order) until the stop condition, Ctrl-C or a lost
+/// peer, then drains. `now_ns`: ns since the common start.
+fn throughput<T: Transport>(
+    io: &T,
+    flow_ids: &[u32],
+    p: &WorkerParams,
+    limits: Limits,
+    now_ns: impl Fn() -> u64,
+    counters: &Counters,
+) -> WorkerOutput {
+    let mut pattern = Throughput {
+        p,
+        state: flow_ids
+            .iter()
+            .map(|&id| FlowState {
+                posted: 0,
+                outstanding: 0,
+                slot_ns: vec![0; p.depth as usize],
+                free: (0..p.depth as u16).rev().collect(),
+                pacer: p
+                    .rate
+                    .map(|(rate, arrival)| Pacer::new(rate, arrival, p.seed ^ u64::from(id))),
+            })
+            .collect(),
+        stats: flow_ids.iter().map(|&id| FlowStats::new(id)).collect(),
+        recorder: Recorder::new(p.interval_ns, p.hdr_interval_ns, p.warmup_ns),
+        counters,
+        max_posts: p.max_ops(),
+        now_ns: &now_ns,
+    };
+    drive(io, &mut pattern, limits, &now_ns);
     WorkerOutput {
-        flows: stats,
-        intervals: recorder.intervals,
+        flows: pattern.stats,
+        intervals: pattern.recorder.intervals,
+    }
+}
+
+/// Runs the shard's flows until the stop condition, Ctrl-C or a lost peer, then drains.
+/// `t0` is the common start.
+pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) -> WorkerOutput {
+    let ids: Vec<u32> = shard.flows.iter().map(|f| f.id).collect();
+    let now_ns = || t0.elapsed().as_nanos() as u64;
+    throughput(shard, &ids, p, p.limits(), now_ns, counters)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::drive::fake::Fake;
+    use super::*;
+
+    fn params(depth: u32, ops: u64) -> WorkerParams {
+        WorkerParams {
+            op: Op::Write,
+            size: 64,
+            depth,
+            stop: StopAt::Iters(ops),
+            rate: None,
+            interval_ns: 1_000_000_000,
+            hdr_interval_ns: 1_000_000_000,
+            warmup_ns: 0,
+            seed: 1,
+        }
+    }
+
+    /// A clock that advances 1 µs per reading.
+    fn ticking() -> impl Fn() -> u64 {
+        let t = std::cell::Cell::new(0u64);
+        move || {
+            t.set(t.get() + 1_000);
+            t.get()
+        }
+    }
+
+    #[test]
+    fn closed_loop_keeps_depth_outstanding_and_completes_every_operation() {
+        let fake = Fake::new(3);
+        let p = params(4, 50);
+        let out = throughput(
+            &fake,
+            &[7, 8, 9],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+        );
+        for (f, id) in out.flows.iter().zip([7, 8, 9]) {
+            assert_eq!((f.flow, f.ops, f.bytes), (id, 50, 50 * 64));
+            assert!(f.error.is_none(), "{:?}", f.error);
+            assert_eq!(f.latency.len(), 50);
+        }
+        assert_eq!(fake.posts.get(), 150);
+        assert_eq!(*fake.max_outstanding.borrow(), [4, 4, 4]);
+        assert_eq!(*fake.outstanding.borrow(), [0, 0, 0]);
+    }
+
+    #[test]
+    fn an_error_completion_ends_its_flow_only() {
+        let mut fake = Fake::new(2);
+        fake.fail = Some((1, 5));
+        let p = params(2, 40);
+        let out = throughput(
+            &fake,
+            &[0, 1],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+        );
+        assert_eq!(out.flows[0].ops, 40);
+        assert!(out.flows[0].error.is_none());
+        // Four completed before the failed fifth; the one posted beside it drained.
+        assert!(
+            out.flows[1].ops >= 4 && out.flows[1].ops < 40,
+            "{}",
+            out.flows[1].ops
+        );
+        let err = out.flows[1].error.as_deref().unwrap_or("");
+        assert!(err.contains("retry"), "{err}");
+    }
+
+    #[test]
+    fn what_never_completes_is_reported_after_the_drain_limit() {
+        let mut fake = Fake::new(2);
+        fake.silent = true;
+        let p = params(3, 10);
+        let limits = Limits {
+            deadline_ns: Some(0),
+            drain_ns: 50_000,
+        };
+        let out = throughput(&fake, &[0, 1], &p, limits, ticking(), &Counters::default());
+        for f in &out.flows {
+            assert_eq!(f.ops, 0);
+            assert_eq!(
+                f.error.as_deref(),
+                Some("3 operations still outstanding when the run stopped")
+            );
+        }
+    }
+
+    #[test]
+    fn open_loop_posts_on_schedule_within_the_depth() {
+        let fake = Fake::new(1);
+        let mut p = params(2, 20);
+        // 1e5 ops/s = one every 10 µs of a clock that ticks 1 µs per reading.
+        p.rate = Some((1e5, Arrival::Fixed));
+        let out = throughput(&fake, &[0], &p, p.limits(), ticking(), &Counters::default());
+        assert_eq!(out.flows[0].ops, 20);
+        assert!(fake.max_outstanding.borrow()[0] <= 2);
     }
 }

@@ -1,0 +1,249 @@
+//! One thread's loop over its flows, shared by the throughput worker ([`super::worker`]) and
+//! ping-pong ([`super::pingpong`]): poll the CQ → hand the completions to the pattern → stop
+//! when asked or due → let the pattern post more → drain what is outstanding, up to a limit.
+//!
+//! The loop talks to its flows through [`Transport`] (a [`Shard`] on the device, a fake in
+//! the tests below) and leaves what to post to a [`Pattern`].
+use super::shard::Shard;
+use super::stats::FlowStats;
+use super::stop;
+use super::Op;
+use crate::verbs::WorkCompletion;
+
+/// One thread's flows, as the loop uses them.
+pub trait Transport {
+    /// Posts flow `i`'s message (`size` bytes, SEND or RDMA WRITE), signaled, as `wr_id`.
+    fn post(&self, i: usize, op: Op, size: u32, wr_id: u64) -> Result<(), String>;
+    /// Posts a receive for flow `i`'s incoming message, as `wr_id`.
+    fn post_recv(&self, i: usize, wr_id: u64) -> Result<(), String>;
+    /// Takes completions, at most `out.len()`.
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, String>;
+    /// Sets the last byte of flow `i`'s outgoing message (a ping-pong's sequence number).
+    fn stamp(&self, i: usize, size: u32, tag: u8);
+    /// The last byte where flow `i`'s peer writes back (the echoed sequence number).
+    fn echoed(&self, i: usize, size: u32) -> u8;
+}
+
+impl Transport for Shard {
+    #[inline]
+    fn post(&self, i: usize, op: Op, size: u32, wr_id: u64) -> Result<(), String> {
+        let f = &self.flows[i];
+        let remote = f.remote.expect("flow connected before the start");
+        let local = self.mr.sge(f.send_off, size);
+        match op {
+            Op::Write => {
+                f.qp.post_write(wr_id, local, remote.buf.addr, remote.buf.rkey, true)
+            }
+            Op::Send => f.qp.post_send(wr_id, local, true),
+        }
+        .map_err(|e| format!("post failed: {e}"))
+    }
+
+    fn post_recv(&self, i: usize, wr_id: u64) -> Result<(), String> {
+        let f = &self.flows[i];
+        f.qp.post_recv(wr_id, self.mr.sge(f.recv_off, self.slot as u32))
+            .map_err(|e| format!("posting a receive failed: {e}"))
+    }
+
+    #[inline]
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, String> {
+        self.cq
+            .poll(out)
+            .map_err(|e| format!("polling the CQ failed: {e}"))
+    }
+
+    #[inline]
+    fn stamp(&self, i: usize, size: u32, tag: u8) {
+        self.mr
+            .write_byte(self.flows[i].send_off + size as usize - 1, tag);
+    }
+
+    #[inline]
+    fn echoed(&self, i: usize, size: u32) -> u8 {
+        self.mr
+            .read_byte(self.flows[i].recv_off + size as usize - 1)
+    }
+}
+
+/// What one kind of traffic does at each step of the loop.
+pub trait Pattern<T: Transport> {
+    /// Before the loop: the first posts.
+    fn start(&mut self, io: &T);
+    /// This round's completions, polled at `now_ns`; `stopping`: post nothing new.
+    fn completed(&mut self, io: &T, wcs: &[WorkCompletion], now_ns: u64, stopping: bool);
+    /// After the completions, unless stopping: posts due now.
+    fn post_more(&mut self, io: &T, now_ns: u64);
+    /// Nothing is outstanding, and (`stopping`, or every flow done or failed) nothing more
+    /// will be posted.
+    fn finished(&self, stopping: bool) -> bool;
+    /// The drain limit passed: say what is still outstanding in the flows' errors.
+    fn abandon(&mut self);
+    /// Every flow's stats.
+    fn stats_mut(&mut self) -> &mut [FlowStats];
+}
+
+/// When the loop stops posting, and how long it then waits for what is outstanding.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Stop posting at this time (ns since the start); None: when the pattern is done.
+    pub deadline_ns: Option<u64>,
+    pub drain_ns: u64,
+}
+
+/// Runs `pattern` over `io` until it is finished, Ctrl-C or a lost peer ([`stop`]), or the
+/// deadline; then drains for at most `drain_ns`. `now_ns` is the common clock.
+pub fn drive<T: Transport, P: Pattern<T>>(
+    io: &T,
+    pattern: &mut P,
+    limits: Limits,
+    now_ns: impl Fn() -> u64,
+) {
+    let mut wcs = [WorkCompletion::EMPTY; 64];
+    let (mut stopping, mut drain_until) = (false, 0);
+    pattern.start(io);
+    loop {
+        let got = match io.poll(&mut wcs) {
+            Ok(k) => k,
+            Err(e) => {
+                for fs in pattern.stats_mut() {
+                    fs.error.get_or_insert_with(|| e.clone());
+                }
+                break;
+            }
+        };
+        let now = now_ns();
+        pattern.completed(io, &wcs[..got], now, stopping);
+        if !stopping
+            && (stop::requested().is_some() || limits.deadline_ns.is_some_and(|d| now >= d))
+        {
+            stopping = true;
+            drain_until = now + limits.drain_ns;
+        }
+        if !stopping {
+            pattern.post_more(io, now);
+        } else if now >= drain_until {
+            pattern.abandon();
+            break;
+        }
+        if pattern.finished(stopping) {
+            break;
+        }
+    }
+}
+
+/// A fake [`Transport`] for the patterns' host tests: every post completes at the next
+/// poll (or with the error status `fail` says), WRITE echoes land at once.
+#[cfg(test)]
+pub mod fake {
+    use super::*;
+    use std::cell::{Cell, RefCell};
+    use std::collections::VecDeque;
+
+    pub struct Fake {
+        pub pending: RefCell<VecDeque<WorkCompletion>>,
+        /// Outstanding posts per flow now, and the most seen.
+        pub outstanding: RefCell<Vec<u32>>,
+        pub max_outstanding: RefCell<Vec<u32>>,
+        pub posts: Cell<u64>,
+        /// (flow, nth post of that flow counting from 1) that completes with an error.
+        pub fail: Option<(usize, u64)>,
+        /// Posts never complete (to test the drain limit).
+        pub silent: bool,
+        /// Ping-pong: the peer echoes (WRITE: the stamped byte; SEND: a receive completes).
+        pub echo: bool,
+        per_flow_posts: RefCell<Vec<u64>>,
+        stamped: RefCell<Vec<u8>>,
+        landed: RefCell<Vec<u8>>,
+        recvs: RefCell<Vec<VecDeque<u64>>>,
+    }
+
+    impl Fake {
+        pub fn new(flows: usize) -> Fake {
+            Fake {
+                pending: RefCell::new(VecDeque::new()),
+                outstanding: RefCell::new(vec![0; flows]),
+                max_outstanding: RefCell::new(vec![0; flows]),
+                posts: Cell::new(0),
+                fail: None,
+                silent: false,
+                echo: false,
+                per_flow_posts: RefCell::new(vec![0; flows]),
+                stamped: RefCell::new(vec![0; flows]),
+                landed: RefCell::new(vec![0; flows]),
+                recvs: RefCell::new(vec![VecDeque::new(); flows]),
+            }
+        }
+    }
+
+    fn wc(wr_id: u64, status: u32, opcode: u32) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            ..WorkCompletion::EMPTY
+        }
+    }
+
+    impl Transport for Fake {
+        fn post(&self, i: usize, op: Op, _size: u32, wr_id: u64) -> Result<(), String> {
+            self.posts.set(self.posts.get() + 1);
+            let n = {
+                let mut p = self.per_flow_posts.borrow_mut();
+                p[i] += 1;
+                p[i]
+            };
+            let out = {
+                let mut o = self.outstanding.borrow_mut();
+                o[i] += 1;
+                o[i]
+            };
+            let m = &mut self.max_outstanding.borrow_mut()[i];
+            *m = (*m).max(out);
+            if self.silent {
+                return Ok(());
+            }
+            let failed = self.fail == Some((i, n));
+            let status = if failed { 12 } else { 0 }; // IBV_WC_RETRY_EXC_ERR
+            self.pending.borrow_mut().push_back(wc(wr_id, status, 0));
+            if self.echo && !failed {
+                match op {
+                    Op::Write => self.landed.borrow_mut()[i] = self.stamped.borrow()[i],
+                    Op::Send => {
+                        if let Some(r) = self.recvs.borrow_mut()[i].pop_front() {
+                            // IBV_WC_RECV = 128
+                            self.pending.borrow_mut().push_back(wc(r, 0, 128));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+
+        fn post_recv(&self, i: usize, wr_id: u64) -> Result<(), String> {
+            self.recvs.borrow_mut()[i].push_back(wr_id);
+            Ok(())
+        }
+
+        fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, String> {
+            let mut p = self.pending.borrow_mut();
+            let n = p.len().min(out.len());
+            for slot in out.iter_mut().take(n) {
+                let w = p.pop_front().expect("counted");
+                if w.opcode != 128 {
+                    let i = (w.wr_id >> 16) as usize;
+                    self.outstanding.borrow_mut()[i] -= 1;
+                }
+                *slot = w;
+            }
+            Ok(n)
+        }
+
+        fn stamp(&self, i: usize, _size: u32, tag: u8) {
+            self.stamped.borrow_mut()[i] = tag;
+        }
+
+        fn echoed(&self, i: usize, _size: u32) -> u8 {
+            self.landed.borrow()[i]
+        }
+    }
+}
