@@ -1,8 +1,8 @@
 //! `ibjitter incast`: argument parsing and output files; the driver is `ibjitter::incast`.
-use super::{create, units};
+use super::{create, exit, units};
 use clap::Args;
 use ibjitter::gen::server::ServeConfig;
-use ibjitter::gen::stop;
+use ibjitter::gen::stop::{self, StopToken};
 use ibjitter::incast::{run_step, IncastConfig, Step};
 use ibjitter::report::export::{hdrlog, timeseries};
 use ibjitter::report::plot::{line_chart, Series};
@@ -68,18 +68,18 @@ pub fn run(a: IncastArgs) -> i32 {
         Some(b) => b,
         None => {
             eprintln!("ibjitter incast: cannot tell where ibjitter is: give --bin");
-            return 2;
+            return exit::SETUP;
         }
     };
     if a.senders.iter().any(|s| s.is_empty()) {
         eprintln!("ibjitter incast: empty host name in --senders");
-        return 2;
+        return exit::SETUP;
     }
     let cm = match super::run::uses_cm(&a.run_args) {
         Ok(cm) => cm,
         Err(e) => {
             eprintln!("ibjitter incast: {e}");
-            return 2;
+            return exit::SETUP;
         }
     };
     let cfg = IncastConfig {
@@ -108,38 +108,38 @@ pub fn run(a: IncastArgs) -> i32 {
         a.sweep.clone()
     };
     let mut rows = Vec::new();
-    let mut code = 0;
+    let mut code = exit::OK;
     for &n in &steps {
         let dir = if a.sweep.is_empty() {
             a.out.clone()
         } else {
             a.out.join(format!("flows-{n}"))
         };
-        let step = match run_step(&cfg, n, &dir) {
+        let step = match run_step(&cfg, n, &dir, StopToken::process()) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("ibjitter incast: {e}");
-                return 2;
+                return exit::SETUP;
             }
         };
         if let Err(e) = write_step(&step, &dir, a.plot) {
             eprintln!("ibjitter incast: {e}");
-            code = code.max(2);
+            code = exit::with_write_failure(code);
         }
         print_step(&step, &dir);
         if !step.clean() {
-            code = code.max(1);
+            code = code.max(exit::PARTLY);
         }
         rows.push(SweepRow::of(n, &step));
         if step.interrupted {
-            code = 130;
+            code = exit::INTERRUPTED;
             break;
         }
     }
     if !a.sweep.is_empty() {
         if let Err(e) = write_sweep(&rows, &a.out.join("sweep.csv")) {
             eprintln!("ibjitter incast: {e}");
-            code = code.max(2);
+            code = exit::with_write_failure(code);
         }
         print_sweep(&rows);
     }

@@ -2,6 +2,7 @@
 //! calls lives in the library, so it can be tested without a process.
 use clap::{Args, Parser, Subcommand};
 
+mod exit;
 mod incast;
 mod pcap;
 mod run;

@@ -1,6 +1,6 @@
 //! `ibjitter pcap`: what RoCE / InfiniBand flows did on the wire, from a tcpdump or ibdump
 //! capture.
-use super::{create, units};
+use super::{create, exit, units};
 use clap::Args;
 use ibjitter::pcap::{analyze_file, ipd, Options};
 use ibjitter::report::export::{pcap as export, timeseries};
@@ -49,10 +49,10 @@ pub struct PcapArgs {
 
 pub fn run(a: PcapArgs) -> i32 {
     match analyse(&a) {
-        Ok(()) => 0,
+        Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("ibjitter pcap: {e}");
-            2
+            exit::PCAP_ERROR
         }
     }
 }

@@ -1,10 +1,11 @@
 //! `ibjitter run`: argument parsing and output files; the generator is `ibjitter::gen`.
-use super::{create, units, RdmaArgs};
+use super::{create, exit, units, RdmaArgs};
 use clap::{Args, ValueEnum};
 use ibjitter::gen::client::{self, RunOutput};
 use ibjitter::gen::pacing::Arrival;
+use ibjitter::gen::stop::{self, StopToken};
 use ibjitter::gen::wire::MAX_DEPTH;
-use ibjitter::gen::{stop, Load, Op, RunConfig, StopAt};
+use ibjitter::gen::{Load, Op, RunConfig, StopAt};
 use ibjitter::report::export::{hdrlog, json, text, timeseries};
 use ibjitter::report::Outcome;
 use std::path::{Path, PathBuf};
@@ -215,32 +216,28 @@ pub fn run(a: RunArgs) -> i32 {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ibjitter run: {e}");
-            return 2;
+            return exit::SETUP;
         }
     };
     stop::install_signal_handlers();
-    let out = match client::run(&cfg) {
+    let out = match client::run(&cfg, StopToken::process()) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("ibjitter run: {e}");
-            return if stop::requested().is_some() { 130 } else { 2 };
+            return exit::run_error(&e);
         }
     };
-    let mut code = match out.report.outcome {
-        Outcome::Completed => 0,
-        Outcome::FlowErrors => 1,
+    match out.report.outcome {
         Outcome::PeerLost => {
-            eprintln!("ibjitter run: lost the server mid-run; writing what was measured");
-            3
+            eprintln!("ibjitter run: lost the server mid-run; writing what was measured")
         }
-        Outcome::Interrupted => {
-            eprintln!("ibjitter run: interrupted; writing what was measured");
-            130
-        }
-    };
+        Outcome::Interrupted => eprintln!("ibjitter run: interrupted; writing what was measured"),
+        Outcome::Completed | Outcome::FlowErrors => {}
+    }
+    let mut code = exit::outcome(out.report.outcome);
     if let Err(e) = write_files(&a, &cfg, &out) {
         eprintln!("ibjitter run: {e}");
-        code = code.max(2);
+        code = exit::with_write_failure(code);
     }
     let to_stdout = a.json.as_deref() == Some(Path::new("-"));
     let written = if to_stdout {

@@ -1,7 +1,7 @@
 //! `ibjitter serve`: argument parsing; the server is `ibjitter::gen::server`.
-use super::{units, RdmaArgs};
+use super::{exit, units, RdmaArgs};
 use clap::Args;
-use ibjitter::gen::server::{serve, ServeConfig, ServeError};
+use ibjitter::gen::server::{serve, ServeConfig};
 use std::time::Duration;
 
 #[derive(Args)]
@@ -89,13 +89,10 @@ pub(super) fn to_args(cfg: &ServeConfig) -> Vec<String> {
 
 pub fn run(a: ServeArgs) -> i32 {
     match serve(a.config()) {
-        Ok(()) => 0,
+        Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("ibjitter serve: {e}");
-            match e {
-                ServeError::Sessions(_) => 1,
-                ServeError::Setup(_) => 2,
-            }
+            exit::serve_error(&e)
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `ibjitter table …`: make, fit and inspect delay tables. Argument parsing only; the work is
 //! in `ibjitter::table`.
 
+use super::exit;
 use clap::{Args, Subcommand, ValueEnum};
 use ibjitter::table::dist::{Dist, LogNormal};
 use ibjitter::table::duration::{Duration, Unit};
@@ -9,7 +10,7 @@ use ibjitter::table::fit::{fit_lognormal, ks_distance};
 use ibjitter::table::generate::make_table;
 use ibjitter::table::samples::{read_samples, Layout, Samples};
 use ibjitter::table::stats::Stats;
-use ibjitter::table::{read, resolve_named_dist, Kind, Table, TableError};
+use ibjitter::table::{read, resolve_named_dist, ErrorKind, Kind, Table, TableError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -221,10 +222,10 @@ struct SeedArgs {
 /// Runs `ibjitter table …`; returns the exit code. Errors print one line to stderr.
 pub fn run(args: TableArgs) -> i32 {
     match dispatch(args.command) {
-        Ok(()) => 0,
+        Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("ibjitter table: {e}");
-            1
+            exit::TABLE_ERROR
         }
     }
 }
@@ -501,7 +502,7 @@ fn stats(a: StatsArgs) -> Result<(), TableError> {
     };
     let kind = if a.netem { Kind::Netem } else { Kind::Absolute };
     let table = read(&path, kind).map_err(|e| {
-        if !a.netem && e.message.contains("non-negative") {
+        if !a.netem && e.kind == ErrorKind::Negative {
             TableError::new(format!("{e} (a netem table? pass --netem)"))
         } else {
             e.into()

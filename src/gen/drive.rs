@@ -6,7 +6,7 @@
 //! the tests below) and leaves what to post to a [`Pattern`].
 use super::shard::Shard;
 use super::stats::FlowStats;
-use super::stop;
+use super::stop::StopToken;
 use super::Op;
 use crate::verbs::WorkCompletion;
 
@@ -88,9 +88,11 @@ pub struct Limits {
     /// Stop posting at this time (ns since the start); None: when the pattern is done.
     pub deadline_ns: Option<u64>,
     pub drain_ns: u64,
+    /// Ctrl-C or a lost peer.
+    pub stop: StopToken,
 }
 
-/// Runs `pattern` over `io` until it is finished, Ctrl-C or a lost peer ([`stop`]), or the
+/// Runs `pattern` over `io` until it is finished, Ctrl-C or a lost peer (`limits.stop`), or the
 /// deadline; then drains for at most `drain_ns`. `now_ns` is the common clock.
 pub fn drive<T: Transport, P: Pattern<T>>(
     io: &T,
@@ -113,9 +115,7 @@ pub fn drive<T: Transport, P: Pattern<T>>(
         };
         let now = now_ns();
         pattern.completed(io, &wcs[..got], now, stopping);
-        if !stopping
-            && (stop::requested().is_some() || limits.deadline_ns.is_some_and(|d| now >= d))
-        {
+        if !stopping && (limits.stop.is_set() || limits.deadline_ns.is_some_and(|d| now >= d)) {
             stopping = true;
             drain_until = now + limits.drain_ns;
         }

@@ -21,6 +21,7 @@ pub mod stop;
 pub mod wire;
 pub mod worker;
 
+pub use client::RunError;
 pub use wire::Op;
 
 use std::time::Duration;

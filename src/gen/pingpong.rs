@@ -205,6 +205,7 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
 #[cfg(test)]
 mod tests {
     use super::super::drive::fake::Fake;
+    use super::super::stop::StopToken;
     use super::super::StopAt;
     use super::*;
 
@@ -229,6 +230,7 @@ mod tests {
             hdr_interval_ns: 1_000_000_000,
             warmup_ns: 0,
             seed: 1,
+            stop_token: StopToken::new(),
         }
     }
 
@@ -298,6 +300,7 @@ mod tests {
         let limits = Limits {
             deadline_ns: Some(10_000),
             drain_ns: 10_000,
+            stop: StopToken::new(),
         };
         let out = pingpong(
             &fake,

@@ -6,6 +6,7 @@ use super::pacing::{Arrival, Pacer};
 use super::progress::Counters;
 use super::shard::Shard;
 use super::stats::{FlowStats, Recorder};
+use super::stop::StopToken;
 use super::{Op, StopAt};
 use crate::verbs::{wc_status_str, WorkCompletion};
 use hdrhistogram::Histogram;
@@ -27,6 +28,8 @@ pub struct WorkerParams {
     /// Operations posted before this (ns since the start) are not in the latency histograms.
     pub warmup_ns: u64,
     pub seed: u64,
+    /// Ctrl-C or a lost peer: stop posting, drain.
+    pub stop_token: StopToken,
 }
 
 impl WorkerParams {
@@ -38,6 +41,7 @@ impl WorkerParams {
                 StopAt::Iters(_) => None,
             },
             drain_ns: DRAIN_TIMEOUT.as_nanos() as u64,
+            stop: self.stop_token,
         }
     }
 
@@ -257,6 +261,7 @@ mod tests {
             hdr_interval_ns: 1_000_000_000,
             warmup_ns: 0,
             seed: 1,
+            stop_token: StopToken::new(),
         }
     }
 
@@ -324,6 +329,7 @@ mod tests {
         let limits = Limits {
             deadline_ns: Some(0),
             drain_ns: 50_000,
+            stop: StopToken::new(),
         };
         let out = throughput(&fake, &[0, 1], &p, limits, ticking(), &Counters::default());
         for f in &out.flows {

@@ -4,7 +4,7 @@
 pub mod launcher;
 pub mod merge;
 
-use crate::gen::stop::{self, Reason};
+use crate::gen::stop::{Reason, StopToken};
 use crate::report::RunReport;
 use merge::{Merged, SenderSummary};
 use std::fs::File;
@@ -50,7 +50,14 @@ impl Step {
 }
 
 /// Runs one incast of `flows_per_sender` flows from each sender; logs go to `dir`.
-pub fn run_step(cfg: &IncastConfig, flows_per_sender: u32, dir: &Path) -> Result<Step, String> {
+/// Runs one incast with `flows_per_sender`, its logs and reports in `dir`. Ctrl-C on `stop`
+/// is passed on to every sender (they write what they measured).
+pub fn run_step(
+    cfg: &IncastConfig,
+    flows_per_sender: u32,
+    dir: &Path,
+    stop: StopToken,
+) -> Result<Step, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let log = |name: &str| -> Result<Stdio, String> {
         let path = dir.join(name);
@@ -115,7 +122,7 @@ pub fn run_step(cfg: &IncastConfig, flows_per_sender: u32, dir: &Path) -> Result
     // Wait for the senders; Ctrl-C is passed on to each (they write what they measured).
     let mut forwarded = false;
     loop {
-        if stop::requested() == Some(Reason::Interrupted) && !forwarded {
+        if stop.requested() == Some(Reason::Interrupted) && !forwarded {
             for child in senders.iter().filter_map(|s| s.0.as_ref()) {
                 launcher::signal_group(child, libc::SIGINT);
             }
@@ -172,7 +179,7 @@ pub fn run_step(cfg: &IncastConfig, flows_per_sender: u32, dir: &Path) -> Result
     );
     Ok(Step {
         merged,
-        interrupted: stop::requested() == Some(Reason::Interrupted),
+        interrupted: stop.requested() == Some(Reason::Interrupted),
     })
 }
 

@@ -53,9 +53,23 @@ pub struct Table {
 ///
 /// `line` and `col` are 1-based (`col` counts characters). An error that has no position
 /// (an I/O error opening the file) has `line == 0` and `col == 0` and displays as
+/// What kind of problem an error is, for callers that react to one kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The file could not be read (missing, not a regular file, too large).
+    Io,
+    /// The text is not what was expected: a token, the number of values, the encoding.
+    Syntax,
+    /// A negative entry where delays are expected (a netem table read as an absolute one).
+    Negative,
+    /// Values that make no table: bad parameters, a fit that cannot be done.
+    Invalid,
+}
+
 /// `origin: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseError {
+    pub kind: ErrorKind,
     pub origin: String,
     pub line: usize,
     pub col: usize,
@@ -96,6 +110,7 @@ fn quote(token: &str) -> String {
 /// are kept in [`Table::comments`], later ones are ignored. `origin` names the source in errors.
 pub fn parse(text: &str, kind: Kind, origin: &str) -> Result<Table, ParseError> {
     let err = |line: usize, col: usize, message: String| ParseError {
+        kind: ErrorKind::Syntax,
         origin: origin.to_string(),
         line,
         col,
@@ -182,7 +197,11 @@ pub fn parse(text: &str, kind: Kind, origin: &str) -> Result<Table, ParseError> 
                         entries.len() + 1
                     ),
                 };
-                return Err(err(line_no, tok_col, message));
+                let mut e = err(line_no, tok_col, message);
+                if kind == Kind::Absolute && value < 0 {
+                    e.kind = ErrorKind::Negative;
+                }
+                return Err(e);
             }
             entries.push(value);
         }
@@ -284,6 +303,7 @@ pub fn read_small_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
 pub fn read(path: &Path, kind: Kind) -> Result<Table, ParseError> {
     let origin = path.display().to_string();
     let bytes = read_small_file(path, MAX_TABLE_BYTES).map_err(|e| ParseError {
+        kind: ErrorKind::Io,
         origin: origin.clone(),
         line: 0,
         col: 0,
@@ -298,6 +318,7 @@ pub fn read(path: &Path, kind: Kind) -> Result<Table, ParseError> {
             let line = good.matches('\n').count() + 1;
             let col = good.rsplit('\n').next().unwrap_or("").chars().count() + 1;
             return Err(ParseError {
+                kind: ErrorKind::Syntax,
                 origin,
                 line,
                 col,
@@ -548,6 +569,15 @@ mod tests {
         let e = err_of(&text, Kind::Absolute);
         assert_eq!((e.line, e.col), (1, 1));
         assert!(e.message.contains("non-negative"), "{e}");
+        assert_eq!(e.kind, ErrorKind::Negative);
+        // Other refusals are of other kinds.
+        assert_eq!(err_of("1 2 x", Kind::Absolute).kind, ErrorKind::Syntax);
+        assert_eq!(
+            read(Path::new("/nonexistent/table"), Kind::Absolute)
+                .unwrap_err()
+                .kind,
+            ErrorKind::Io
+        );
         assert_eq!(parse(&text, Kind::Netem, "f").unwrap().entries[0], -3);
     }
 

@@ -30,7 +30,8 @@ pub mod samples;
 pub mod stats;
 
 pub use format::{
-    parse, read, resolve_named_dist, Kind, ParseError, Table, ENTRIES, NETEM_SCALE, PER_LINE,
+    parse, read, resolve_named_dist, ErrorKind, Kind, ParseError, Table, ENTRIES, NETEM_SCALE,
+    PER_LINE,
 };
 
 use std::fmt;
@@ -38,12 +39,15 @@ use std::fmt;
 /// An error from making or analysing tables: a one-line message saying what was expected.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableError {
+    pub kind: ErrorKind,
     pub message: String,
 }
 
 impl TableError {
+    /// An [`ErrorKind::Invalid`] error.
     pub fn new(message: impl Into<String>) -> Self {
         TableError {
+            kind: ErrorKind::Invalid,
             message: message.into(),
         }
     }
@@ -59,6 +63,9 @@ impl std::error::Error for TableError {}
 
 impl From<ParseError> for TableError {
     fn from(e: ParseError) -> Self {
-        TableError::new(e.to_string())
+        TableError {
+            kind: e.kind,
+            message: e.to_string(),
+        }
     }
 }

@@ -18,7 +18,7 @@
 //! Values are returned in nanoseconds. Errors carry `file:line:col` and what was expected.
 
 use super::duration::Unit;
-use super::format::ParseError;
+use super::format::{ErrorKind, ParseError};
 use std::path::Path;
 
 /// Which layout a samples file had.
@@ -40,6 +40,7 @@ pub struct Samples {
 
 fn perr(origin: &str, line: usize, col: usize, message: String) -> ParseError {
     ParseError {
+        kind: ErrorKind::Syntax,
         origin: origin.to_string(),
         line,
         col,
@@ -316,6 +317,7 @@ fn finish(raw: Vec<f64>, layout: Layout, unit: Unit, origin: &str) -> Result<Sam
 pub fn read_samples(path: &Path, unit: Option<Unit>) -> Result<Samples, ParseError> {
     let origin = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| ParseError {
+        kind: ErrorKind::Io,
         origin: origin.clone(),
         line: 0,
         col: 0,
@@ -324,6 +326,7 @@ pub fn read_samples(path: &Path, unit: Option<Unit>) -> Result<Samples, ParseErr
     let text = std::str::from_utf8(&bytes).map_err(|e| {
         let good = std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default();
         ParseError {
+            kind: ErrorKind::Syntax,
             origin: origin.clone(),
             line: good.matches('\n').count() + 1,
             col: good.rsplit('\n').next().unwrap_or("").chars().count() + 1,

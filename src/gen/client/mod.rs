@@ -6,9 +6,9 @@ mod setup;
 mod threads;
 
 use super::stats::{new_histogram, FlowStats};
-use super::stop::{self, Reason};
+use super::stop::{Reason, StopToken};
 use super::wire::Control;
-use super::worker::{WorkerOutput, WorkerParams};
+use super::worker::WorkerParams;
 use super::RunConfig;
 use crate::report::RunReport;
 use hdrhistogram::Histogram;
@@ -25,42 +25,65 @@ pub struct RunOutput {
     pub start_time: SystemTime,
 }
 
-/// Runs the configured traffic. Errors are set-up failures (nothing measured yet); once
-/// traffic has started, every ending — complete, Ctrl-C, lost peer, QP errors — is a report.
-pub fn run(cfg: &RunConfig) -> Result<RunOutput, String> {
+/// Why a run measured nothing.
+#[derive(Debug)]
+pub enum RunError {
+    /// Set-up failed: the device, the server (unreachable, or it refused the run), a QP.
+    Setup(String),
+    /// Ctrl-C came before the start.
+    Interrupted(String),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Setup(e) | RunError::Interrupted(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Runs the configured traffic. Errors mean nothing was measured; once traffic has started,
+/// every ending — complete, Ctrl-C or a lost peer (on `stop`), QP errors — is a report.
+pub fn run(cfg: &RunConfig, stop: StopToken) -> Result<RunOutput, RunError> {
     let t_begin = Instant::now();
-    stop::reset();
-    let mut local = Local::prepare(cfg)?;
-    let interrupted = || stop::requested().is_some();
+    let why = |e: String| {
+        if stop.requested() == Some(Reason::Interrupted) {
+            RunError::Interrupted(e)
+        } else {
+            RunError::Setup(e)
+        }
+    };
+    let mut local = Local::prepare(cfg, stop).map_err(why)?;
+    let interrupted = || stop.is_set();
     let mut control = Control::connect(
         &local.server_host,
         cfg.port,
         cfg.setup_timeout,
         &interrupted,
-    )?;
-    exchange(cfg, &mut local, &mut control)?;
-    let params = worker_params(cfg, &local);
-    let finished = threads::start_and_watch(cfg, &local.shards, &params, &mut control)?;
+    )
+    .map_err(why)?;
+    exchange(cfg, &mut local, &mut control, stop).map_err(why)?;
+    let params = worker_params(cfg, &local, stop);
+    let finished =
+        threads::start_and_watch(cfg, &local.shards, &params, &mut control).map_err(why)?;
     let setup_s = finished.start.duration_since(t_begin).as_secs_f64();
-    Ok(gather(
-        cfg,
-        &local,
-        &mut control,
-        finished.outputs,
-        setup_s,
-        finished.start_time,
-    ))
+    Ok(gather(cfg, &local, &mut control, finished, setup_s, stop))
 }
 
 /// Our endpoints out, the server's back; our QPs connected to its; then Ready.
-fn exchange(cfg: &RunConfig, local: &mut Local, control: &mut Control) -> Result<(), String> {
+fn exchange(
+    cfg: &RunConfig,
+    local: &mut Local,
+    control: &mut Control,
+    stop: StopToken,
+) -> Result<(), String> {
     let client = format!("{}:{}", report::hostname(), std::process::id());
     let (theirs, token) = control.hello(local.request(cfg, client), cfg.setup_timeout)?;
-    local.connect(cfg, &theirs, token)?;
+    local.connect(cfg, &theirs, token, stop)?;
     control.ready()
 }
 
-fn worker_params(cfg: &RunConfig, local: &Local) -> WorkerParams {
+fn worker_params(cfg: &RunConfig, local: &Local, stop: StopToken) -> WorkerParams {
     WorkerParams {
         op: cfg.op,
         size: cfg.size,
@@ -71,6 +94,7 @@ fn worker_params(cfg: &RunConfig, local: &Local) -> WorkerParams {
         hdr_interval_ns: cfg.hdr_interval.as_nanos().max(1) as u64,
         warmup_ns: cfg.warmup.as_nanos() as u64,
         seed: cfg.seed,
+        stop_token: stop,
     }
 }
 
@@ -80,10 +104,15 @@ fn gather(
     cfg: &RunConfig,
     local: &Local,
     control: &mut Control,
-    outputs: Vec<WorkerOutput>,
+    finished: threads::Finished,
     setup_s: f64,
-    start_time: SystemTime,
+    stop: StopToken,
 ) -> RunOutput {
+    let threads::Finished {
+        outputs,
+        start_time,
+        ..
+    } = finished;
     let mut flows: Vec<FlowStats> = Vec::with_capacity(cfg.flows as usize);
     let mut intervals: Vec<Histogram<u64>> = Vec::new();
     for out in outputs {
@@ -100,7 +129,7 @@ fn gather(
     let (ops, bytes) = flows
         .iter()
         .fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
-    let server_received = if stop::requested() == Some(Reason::PeerLost) {
+    let server_received = if stop.requested() == Some(Reason::PeerLost) {
         None
     } else {
         control.done(ops, bytes)
@@ -118,7 +147,7 @@ fn gather(
         server_received_bytes: server_received,
         start: start_time,
     };
-    let report = report::build_report(cfg, local.ctx.name(), &flows, &measured);
+    let report = report::build_report(cfg, local.ctx.name(), &flows, &measured, stop);
     RunOutput {
         report,
         flows,

@@ -1,6 +1,6 @@
 //! The run's report from what the flows measured.
 use super::super::stats::{merge_into, new_histogram, FlowStats};
-use super::super::stop::{self, Reason};
+use super::super::stop::{Reason, StopToken};
 use super::super::{Load, RunConfig};
 use crate::report::{gbps, hist, jain, spread_us, FlowReport, Latency, Outcome, RunReport, Totals};
 
@@ -18,6 +18,7 @@ pub fn build_report(
     device: &str,
     flows: &[FlowStats],
     run: &Measured,
+    stop: StopToken,
 ) -> RunReport {
     let &Measured {
         setup_s,
@@ -49,7 +50,7 @@ pub fn build_report(
     let (ops, bytes) = flows
         .iter()
         .fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
-    let outcome = match stop::requested() {
+    let outcome = match stop.requested() {
         Some(Reason::Interrupted) => Outcome::Interrupted,
         Some(Reason::PeerLost) => Outcome::PeerLost,
         None if flows.iter().any(|f| f.error.is_some()) => Outcome::FlowErrors,

@@ -4,7 +4,7 @@
 use super::super::cm;
 use super::super::pacing::Arrival;
 use super::super::shard::Shard;
-use super::super::stop;
+use super::super::stop::StopToken;
 use super::super::wire::{FlowEndpoint, RunRequest};
 use super::super::{pingpong, Load, RunConfig};
 use crate::verbs::cm::{ConnParams, EventChannel};
@@ -60,7 +60,7 @@ fn sizing(cfg: &RunConfig, max_cqe: i32) -> Result<Sizing, String> {
 
 impl Local {
     /// Opens the device and makes every flow's QP and buffer. Set-up errors only.
-    pub fn prepare(cfg: &RunConfig) -> Result<Local, String> {
+    pub fn prepare(cfg: &RunConfig, stop: StopToken) -> Result<Local, String> {
         let ctx = if cfg.cm {
             verbs::cm::open_device(cfg.device.as_deref())
         } else {
@@ -99,7 +99,7 @@ impl Local {
             let ip = server_ip(&cfg.server)?;
             server_host = ip.to_string();
             let source = verbs::cm::gid_ipv4(&gid).map(IpAddr::V4);
-            let interrupted = || stop::requested().is_some();
+            let interrupted = || stop.is_set();
             let (channel, cm_ids) = cm::resolve_flows(
                 &ctx,
                 source,
@@ -175,6 +175,7 @@ impl Local {
         cfg: &RunConfig,
         theirs: &[FlowEndpoint],
         token: Option<u64>,
+        stop: StopToken,
     ) -> Result<(), String> {
         let mut flows = self.shards.iter().flat_map(|s| &s.flows);
         match (&self.cm_channel, token) {
@@ -189,7 +190,7 @@ impl Local {
                     let id = f.qp.cm_id().expect("--cm QPs are made on rdma_cm ids");
                     (f.id, id)
                 });
-                let interrupted = || stop::requested().is_some();
+                let interrupted = || stop.is_set();
                 cm::connect_flows(channel, ids, token, params, cfg.setup_timeout, &interrupted)?;
             }
             (Some(_), None) => {

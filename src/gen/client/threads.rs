@@ -3,7 +3,7 @@
 //! every worker has returned.
 use super::super::progress::{self, Counters};
 use super::super::shard::Shard;
-use super::super::stop::{self, Reason};
+use super::super::stop::Reason;
 use super::super::wire::Control;
 use super::super::worker::{self, WorkerOutput, WorkerParams};
 use super::super::{pingpong, RunConfig, StopAt};
@@ -57,7 +57,7 @@ pub fn start_and_watch(
             Ok(()) => {
                 let _ = t0.set((Instant::now(), SystemTime::now()));
                 release.wait();
-                watch(control, &handles, &counters, cfg);
+                watch(control, &handles, &counters, cfg, params);
             }
             Err(e) => {
                 go_error = Some(e);
@@ -87,6 +87,7 @@ fn watch<T>(
     handles: &[std::thread::ScopedJoinHandle<'_, T>],
     counters: &[Counters],
     cfg: &RunConfig,
+    params: &WorkerParams,
 ) {
     let started = Instant::now();
     let show = cfg.progress && std::io::stderr().is_terminal() && expected_long(cfg);
@@ -95,7 +96,7 @@ fn watch<T>(
     while !handles.iter().all(|h| h.is_finished()) {
         std::thread::sleep(Duration::from_millis(50));
         if control.peer_gone() {
-            stop::request(Reason::PeerLost);
+            params.stop_token.request(Reason::PeerLost);
         }
         if show && last.1.elapsed() >= Duration::from_millis(500) {
             let (ops, bytes) = progress::totals(counters);
