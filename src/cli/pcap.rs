@@ -4,6 +4,7 @@ use super::{create, exit, units};
 use clap::Args;
 use ibjitter::pcap::{analyze_file, ipd, Options};
 use ibjitter::report::export::{pcap as export, timeseries};
+use ibjitter::report::pcap::PcapReport;
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -65,7 +66,7 @@ fn analyse(a: &PcapArgs) -> Result<(), String> {
         interval_ns: keep_series.then(|| a.interval.as_nanos().max(1) as u64),
     };
     let (analysis, read) = analyze_file(&a.file, options)?;
-    let report = export::PcapReport::new(&a.file, &analysis, &read);
+    let report = PcapReport::new(&a.file, &analysis, &read);
 
     let out = io::stdout();
     let mut out = out.lock();
