@@ -3,10 +3,12 @@
 
 use super::exit;
 use clap::{Args, Subcommand, ValueEnum};
+use ibjitter::report::export::table as export;
+use ibjitter::report::table::{FamilyReport, FamilyRow, FitReport, TableStatsReport};
 use ibjitter::table::dist::{Dist, LogNormal};
 use ibjitter::table::duration::{Duration, Unit};
 use ibjitter::table::family::{family, member_name, uniform_name};
-use ibjitter::table::fit::{fit_lognormal, ks_distance};
+use ibjitter::table::fit::fit_lognormal;
 use ibjitter::table::generate::make_table;
 use ibjitter::table::samples::{read_samples, Layout, Samples};
 use ibjitter::table::stats::Stats;
@@ -364,57 +366,23 @@ fn fit(a: FitArgs) -> Result<(), TableError> {
     let s = load_samples(&a.samples)?;
     let source = describe_source(&s, &a.samples.samples);
     let f = fit_lognormal(&s.values_ns)?;
-    let ks = ks_distance(&s.values_ns, &f.lognormal);
-    let sample = Stats::of_f64(&s.values_ns);
-    let l = f.lognormal;
-    let text = if a.json {
-        let v = serde_json::json!({
-            "samples": f.n,
-            "source": source,
-            "shape": l.shape,
-            "loc_ns": l.loc_ns,
-            "scale_ns": l.scale_ns,
-            "mean_ns": l.mean(),
-            "sd_ns": l.sd(),
-            "mode_ns": l.mode(),
-            "sample_mean_ns": sample.mean,
-            "sample_sd_ns": sample.sd,
-            "ks_distance": ks,
-            "log_likelihood": f.log_likelihood,
-            "interior_maximum": f.interior,
-        });
-        format!("{v}\n")
-    } else {
-        let mut t = format!(
-            "fit: lognormal, maximum likelihood with location, to {source}\n\
-             shape  {:.6}\nloc    {:.3} ns\nscale  {:.3} ns\n\
-             mean   {:.3} ns   (samples: {:.3} ns)\nsd     {:.3} ns   (samples: {:.3} ns)\n\
-             mode   {:.3} ns\nKS distance  {:.5}\nlog-likelihood  {:.3}\n",
-            l.shape,
-            l.loc_ns,
-            l.scale_ns,
-            l.mean(),
-            sample.mean,
-            l.sd(),
-            sample.sd,
-            l.mode(),
-            ks,
-            f.log_likelihood
-        );
-        if !f.interior {
-            t.push_str("note: the likelihood has no interior maximum (the samples look closer to normal than to a shifted lognormal); this is the far end of the searched range\n");
-        }
-        t
-    };
+    let report = FitReport::new(&f, &s.values_ns, &source);
     if let Some(path) = &a.output {
-        let mut table = make_table(&Dist::LogNormal(l), a.format.kind())?;
+        let mut table = make_table(&Dist::LogNormal(f.lognormal), a.format.kind())?;
         table.comments.insert(
             2,
-            format!("fitted by maximum likelihood to {source}; KS distance {ks:.5}"),
+            format!(
+                "fitted by maximum likelihood to {source}; KS distance {:.5}",
+                report.ks_distance
+            ),
         );
         write_table(&table, path)?;
     }
-    print_out(&text)
+    print_out(&if a.json {
+        export::json(&report)
+    } else {
+        export::fit_text(&report)
+    })
 }
 
 /// A file of the family: name, (fraction, lognormal) unless uniform, table.
@@ -441,17 +409,6 @@ fn run_family(a: FamilyArgs) -> Result<(), TableError> {
     let fam = family(&base, &a.fractions, &source)?;
     std::fs::create_dir_all(&a.output)
         .map_err(|e| TableError::new(format!("{}: cannot create: {e}", a.output.display())))?;
-    let mut report = format!(
-        "family of {} ; table mean {:.3} ns\n{:<48} {:>9} {:>10} {:>14} {:>14} {:>14}\n",
-        base.describe(),
-        fam.target_mean_ns,
-        "file",
-        "fraction",
-        "shape",
-        "scale ns",
-        "table mean ns",
-        "table sd ns"
-    );
     let mut files: Vec<FamilyFile> = fam
         .members
         .iter()
@@ -464,29 +421,23 @@ fn run_family(a: FamilyArgs) -> Result<(), TableError> {
         })
         .collect();
     files.push((uniform_name(&a.prefix), None, &fam.uniform));
+    let mut report = FamilyReport {
+        base: base.describe(),
+        target_mean_ns: fam.target_mean_ns,
+        rows: Vec::new(),
+    };
     for (name, member, table) in files {
         let path = a.output.join(format!("{name}.dist"));
         write_table(table, &path)?;
         let st = Stats::of_i64(&table.entries);
-        let (frac, shape, scale) = match member {
-            Some((f, l)) => (
-                format!("{f}"),
-                format!("{:.6}", l.shape),
-                format!("{:.3}", l.scale_ns),
-            ),
-            None => ("-".into(), "-".into(), "-".into()),
-        };
-        report.push_str(&format!(
-            "{:<48} {:>9} {:>10} {:>14} {:>14.3} {:>14.3}\n",
-            path.display(),
-            frac,
-            shape,
-            scale,
-            st.mean,
-            st.sd
-        ));
+        report.rows.push(FamilyRow {
+            path: path.display().to_string(),
+            member,
+            mean: st.mean,
+            sd: st.sd,
+        });
     }
-    print_out(&report)
+    print_out(&export::family_text(&report))
 }
 
 fn stats(a: StatsArgs) -> Result<(), TableError> {
@@ -513,28 +464,16 @@ fn stats(a: StatsArgs) -> Result<(), TableError> {
         _ if a.netem => (Stats::of_i64(&table.entries), "netem units (8192 = 1 sd)"),
         _ => (Stats::of_i64(&table.entries), "ns"),
     };
-    let text = if a.json {
-        let v = serde_json::json!({
-            "table": path.display().to_string(),
-            "unit": unit,
-            "stats": st,
-        });
-        format!("{v}\n")
-    } else {
-        format!(
-            "{}  ({} entries, {unit})\nmean  {:.3}\nsd    {:.3}\nmin   {}\np50   {}\np90   {}\np99   {}\nmax   {}\n",
-            path.display(),
-            st.n,
-            st.mean,
-            st.sd,
-            st.min,
-            st.p50,
-            st.p90,
-            st.p99,
-            st.max
-        )
+    let report = TableStatsReport {
+        table: path.display().to_string(),
+        unit,
+        stats: st,
     };
-    print_out(&text)
+    print_out(&if a.json {
+        export::json(&report)
+    } else {
+        export::stats_text(&report)
+    })
 }
 
 fn seed(a: SeedArgs) -> Result<(), TableError> {

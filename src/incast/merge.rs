@@ -1,66 +1,8 @@
 //! One report out of every sender's: flows numbered across senders, latency histograms added
 //! exactly, time series aligned on the senders' common start, fairness over all flows.
 use crate::gen::stats::new_histogram;
-use crate::report::{hist, jain, spread_us, Latency, Outcome, RunReport, Totals};
-use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
-
-/// How one sender fared.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SenderSummary {
-    pub host: String,
-    /// "ok", or what went wrong ("exit status 3", "failed to launch: ...", "no report").
-    pub status: String,
-    pub exit_code: Option<i32>,
-    pub outcome: Option<Outcome>,
-    pub flows_requested: u32,
-    pub flows_started: u32,
-    pub gbps: f64,
-    /// The end of its stderr, when it failed.
-    #[serde(skip_serializing_if = "String::is_empty", default)]
-    pub stderr_tail: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct IncastFlow {
-    /// Numbered across all senders: sender k's flow i is `k * flows_per_sender + i`.
-    pub id: u32,
-    pub sender: String,
-    pub flow: u32,
-    pub ops: u64,
-    pub bytes: u64,
-    pub gbps: f64,
-    pub status: String,
-    pub latency: Latency,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct IncastReport {
-    pub tool: String,
-    pub receiver: String,
-    pub flows_per_sender: u32,
-    pub flows_requested: u32,
-    pub flows_started: u32,
-    /// From the launch of the first process to the first operation of any flow.
-    pub launch_to_first_byte_s: f64,
-    /// Spread of every flow's first post, across hosts (wall clocks: as synchronized as the
-    /// hosts' clocks are; exact on the bench, where all hosts share one).
-    pub start_skew_us: f64,
-    pub duration_s: f64,
-    pub total: Totals,
-    pub fairness: f64,
-    pub senders: Vec<SenderSummary>,
-    pub flows: Vec<IncastFlow>,
-}
-
-/// Everything merged, plus the data the exports need.
-pub struct Merged {
-    pub report: IncastReport,
-    pub latency: Histogram<u64>,
-    pub series_interval_s: f64,
-    pub ids: Vec<u32>,
-    pub series: Vec<Vec<u64>>,
-}
+use crate::report::incast::{IncastFlow, IncastReport, Merged, SenderSummary};
+use crate::report::{hist, jain, spread_us, RunReport, Totals};
 
 /// Merges the senders' reports (`None` where a sender produced none). `launch_unix_ns` is when
 /// the first process was launched.

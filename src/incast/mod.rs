@@ -5,8 +5,8 @@ pub mod launcher;
 pub mod merge;
 
 use crate::gen::stop::{Reason, StopToken};
+use crate::report::incast::{Merged, SenderSummary};
 use crate::report::RunReport;
-use merge::{Merged, SenderSummary};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,9 @@
 //! What a run measured, as data: per-flow and total throughput, latency percentiles from
 //! HdrHistograms, fairness. `export/` turns a [`RunReport`] into files, one format per file.
 pub mod export;
+pub mod incast;
 pub mod pcap;
+pub mod table;
 
 /// Nanoseconds as microseconds, the unit every report prints.
 pub fn us(ns: u64) -> f64 {

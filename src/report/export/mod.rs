@@ -1,7 +1,10 @@
 //! Output formats for a run, one per file: the perftest-style text table, JSON, the per-flow
-//! throughput time series (CSV) and the HdrHistogram interval log; `pcap` for `ibjitter pcap`.
+//! throughput time series (CSV) and the HdrHistogram interval log; `incast` and `pcap` for
+//! `ibjitter incast` and `ibjitter pcap`.
 pub mod hdrlog;
+pub mod incast;
 pub mod json;
 pub mod pcap;
+pub mod table;
 pub mod text;
 pub mod timeseries;
