@@ -135,9 +135,37 @@ pub fn drive<T: Transport, P: Pattern<T>>(
 /// poll (or with the error status `fail` says), WRITE echoes land at once.
 #[cfg(test)]
 pub mod fake {
+    use super::super::worker::WorkerParams;
+    use super::super::StopAt;
     use super::*;
     use std::cell::{Cell, RefCell};
     use std::collections::VecDeque;
+
+    /// A clock that advances 1 µs per reading.
+    pub fn ticking() -> impl Fn() -> u64 {
+        let t = Cell::new(0u64);
+        move || {
+            t.set(t.get() + 1_000);
+            t.get()
+        }
+    }
+
+    /// Thread-loop parameters for the tests: `ops` operations (round trips) per flow, 1 s
+    /// intervals, no warm-up, a token of their own.
+    pub fn params(op: Op, size: u32, depth: u32, ops: u64) -> WorkerParams {
+        WorkerParams {
+            op,
+            size,
+            depth,
+            stop: StopAt::Iters(ops),
+            rate: None,
+            interval_ns: 1_000_000_000,
+            hdr_interval_ns: 1_000_000_000,
+            warmup_ns: 0,
+            seed: 1,
+            stop_token: StopToken::new(),
+        }
+    }
 
     pub struct Fake {
         pub pending: RefCell<VecDeque<WorkCompletion>>,

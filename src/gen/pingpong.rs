@@ -204,9 +204,8 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
 
 #[cfg(test)]
 mod tests {
-    use super::super::drive::fake::Fake;
+    use super::super::drive::fake::{self, ticking, Fake};
     use super::super::stop::StopToken;
-    use super::super::StopAt;
     use super::*;
 
     #[test]
@@ -220,26 +219,7 @@ mod tests {
     }
 
     fn params(op: Op, trips: u64) -> WorkerParams {
-        WorkerParams {
-            op,
-            size: 8,
-            depth: 1,
-            stop: StopAt::Iters(trips),
-            rate: None,
-            interval_ns: 1_000_000_000,
-            hdr_interval_ns: 1_000_000_000,
-            warmup_ns: 0,
-            seed: 1,
-            stop_token: StopToken::new(),
-        }
-    }
-
-    fn ticking() -> impl Fn() -> u64 {
-        let t = std::cell::Cell::new(0u64);
-        move || {
-            t.set(t.get() + 1_000);
-            t.get()
-        }
+        fake::params(op, 8, 1, trips)
     }
 
     #[test]

@@ -247,31 +247,11 @@ pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) ->
 
 #[cfg(test)]
 mod tests {
-    use super::super::drive::fake::Fake;
+    use super::super::drive::fake::{self, ticking, Fake};
     use super::*;
 
     fn params(depth: u32, ops: u64) -> WorkerParams {
-        WorkerParams {
-            op: Op::Write,
-            size: 64,
-            depth,
-            stop: StopAt::Iters(ops),
-            rate: None,
-            interval_ns: 1_000_000_000,
-            hdr_interval_ns: 1_000_000_000,
-            warmup_ns: 0,
-            seed: 1,
-            stop_token: StopToken::new(),
-        }
-    }
-
-    /// A clock that advances 1 µs per reading.
-    fn ticking() -> impl Fn() -> u64 {
-        let t = std::cell::Cell::new(0u64);
-        move || {
-            t.set(t.get() + 1_000);
-            t.get()
-        }
+        fake::params(Op::Write, 64, depth, ops)
     }
 
     #[test]
