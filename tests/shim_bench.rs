@@ -35,6 +35,26 @@ fn shim_so() -> PathBuf {
     so
 }
 
+/// Compiles shim/tests/support/dlopen_verbs.c (verbs through its own dlopen handle, as NCCL
+/// resolves them) into target/bench-bin.
+fn dlopen_verbs() -> PathBuf {
+    let root = repo_root();
+    let dir = root.join("target/bench-bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("shim_dlopen_verbs");
+    let tmp = dir.join(format!("shim_dlopen_verbs.{}", std::process::id()));
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&tmp)
+        .arg(root.join("shim/tests/support/dlopen_verbs.c"))
+        .arg("-ldl")
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed on dlopen_verbs.c");
+    std::fs::rename(&tmp, &bin).unwrap();
+    bin
+}
+
 /// Compiles shim/tests/support/mt_post.c (a multi-threaded verbs poster) into target/bench-bin.
 fn mt_post() -> PathBuf {
     let root = repo_root();
@@ -576,6 +596,65 @@ fn threads_sharing_a_qp_wait_in_parallel_on_both_apis_and_per_wr_waits_each_requ
         "{}",
         out.output
     );
+}
+
+#[test]
+fn a_program_that_bypasses_the_hooks_hears_that_nothing_was_delayed_and_ports_show_what_was_sent() {
+    let so = shim_so();
+    let bin = dlopen_verbs();
+    let dir = scratch_dir("shim-bypass");
+    let (so, d) = (so.display(), dir.display());
+    // A program that reaches verbs only through its own dlopen handle (as NCCL does), and a
+    // linked utility that opens a device but makes no QP (ibv_devinfo): the first is told
+    // that nothing was delayed, the second stays quiet.
+    let out = Vm::new().timeout(300).writable(&dir).run(&format!(
+        "env LD_PRELOAD={so} IBJITTER_DELAY=300us IBJITTER_STATS={d}/dl.%p.json {} rxe0 2> {d}/dl.err || exit 1
+         env LD_PRELOAD={so} IBJITTER_DELAY=300us IBJITTER_STATS={d}/info.%p.json ibv_devinfo -d rxe0 > /dev/null 2> {d}/info.err || exit 1
+         . tools/vm/lib.sh
+         pair pp 'tcp_listening 18516' 'ibv_rc_pingpong -d rxe1 -g 1 -p 18516 -n 500' \
+             'env LD_PRELOAD={so} IBJITTER_DELAY=10us IBJITTER_STATS={d}/pp.%p.json ibv_rc_pingpong -d rxe0 -g 1 -p 18516 -n 500 10.0.0.2' || exit 1",
+        bin.display()
+    ));
+    out.assert_success();
+    let says = "libibverbs is loaded but no device was opened through the shim's hooks while 1 RDMA device file(s) are open";
+    let err = std::fs::read_to_string(dir.join("dl.err")).unwrap();
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: warning:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].contains(says) && warnings[0].ends_with("nothing was delayed"),
+        "{err}"
+    );
+    let s = one_stats(&dir, "dl");
+    assert!(
+        s["nothing_delayed"].as_str().unwrap_or("").contains(says),
+        "{s}"
+    );
+    assert_eq!(s["posts_total"], 0, "{s}");
+
+    let err = std::fs::read_to_string(dir.join("info.err")).unwrap();
+    assert!(!err.contains("warning"), "{err}");
+    let s = one_stats(&dir, "info");
+    assert!(s["nothing_delayed"].is_null(), "{s}");
+
+    // A linked program that posts: what the port sent meanwhile stands beside the posts
+    // (rxe has no port_xmit_* counters, only its hw_counters' sent_pkts, which also counts
+    // ACKs): at least one packet per post.
+    let s = one_stats(&dir, "pp");
+    assert!(s["nothing_delayed"].is_null(), "{s}");
+    let posts = s["posts_total"].as_u64().unwrap();
+    assert!(posts >= 500, "{s}");
+    let ports = s["ports_sent"].as_array().unwrap();
+    assert_eq!(ports.len(), 1, "{s}");
+    assert_eq!(
+        (&ports[0]["device"], &ports[0]["port"]),
+        (&"rxe0".into(), &1.into())
+    );
+    let sent = ports[0]["hw_sent_pkts"].as_u64().unwrap();
+    eprintln!("ibv_rc_pingpong -n 500: {posts} posts delayed, rxe0 port 1 sent {sent} packets");
+    assert!(sent >= posts, "{s}");
 }
 
 #[test]

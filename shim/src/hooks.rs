@@ -3,7 +3,9 @@
 //! `ibv_post_send` is a static inline, so there is nothing to interpose for it: instead the
 //! functions that hand out contexts are interposed, and the returned context is patched
 //! (see [`crate::patch`]). These are the only symbols libibjitter.so exports.
+use crate::coverage;
 use crate::patch;
+use crate::ports;
 use crate::real::{CLOSE_DEVICE, CREATE_QP, DESTROY_QP, IMPORT_DEVICE, OPEN_DEVICE};
 use crate::say;
 use crate::verbs_abi::*;
@@ -30,9 +32,22 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         return fail_enosys();
     };
     let ctx = real(device);
-    say::announce_once();
-    patch::patch_context(ctx);
+    opened(ctx);
     ctx
+}
+
+/// A context came back from the real open or import: say the startup line, patch it.
+unsafe fn opened(ctx: *mut ibv_context) {
+    say::announce_once();
+    if !ctx.is_null() {
+        coverage::context_opened();
+        let device = (*ctx).device;
+        if !device.is_null() {
+            let path = std::ffi::CStr::from_ptr((*device).ibdev_path.as_ptr());
+            ports::device_opened(std::path::Path::new(&*path.to_string_lossy()));
+        }
+    }
+    patch::patch_context(ctx);
 }
 
 /// Interposed `ibv_import_device@IBVERBS_1.10`.
@@ -45,8 +60,7 @@ pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
         return fail_enosys();
     };
     let ctx = real(cmd_fd);
-    say::announce_once();
-    patch::patch_context(ctx);
+    opened(ctx);
     ctx
 }
 
@@ -78,6 +92,9 @@ pub unsafe extern "C" fn ibv_create_qp(
         return fail_enosys();
     };
     let qp = real(pd, attr);
+    if !qp.is_null() {
+        coverage::qp_created();
+    }
     patch::patch_qp_ex_of(qp);
     qp
 }

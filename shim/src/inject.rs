@@ -71,6 +71,11 @@ pub fn delay(mode: u8, hook: Hook) {
     }
 }
 
+/// Whether a table is active (draws and waits; it may hold zeros).
+pub fn injecting() -> bool {
+    mode() & INJECT != 0
+}
+
 /// Whether each work request waits its own draw (`IBJITTER_PER=wr`).
 pub fn per_wr() -> bool {
     mode() & PER_WR != 0

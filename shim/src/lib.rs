@@ -19,9 +19,11 @@
 
 pub mod clock;
 pub mod config;
+pub mod coverage;
 pub mod hooks;
 pub mod inject;
 pub mod patch;
+pub mod ports;
 pub mod real;
 pub mod rng;
 pub mod say;
@@ -146,10 +148,16 @@ pub fn stats_json() -> Option<serde_json::Value> {
     Some(stats::to_json(&stats::snapshot(), &ctx))
 }
 
-/// Writes the stats file if `IBJITTER_STATS` asked for one and the process opened a device
-/// (shells and launchers under `LD_PRELOAD` leave no empty files behind).
+/// Writes the stats file if `IBJITTER_STATS` asked for one and the process opened a device,
+/// or loaded libibverbs and delayed nothing (shells and launchers under `LD_PRELOAD` leave no
+/// empty files behind).
 pub fn write_stats() {
-    if !say::opened() {
+    write_stats_noting(coverage::nothing_delayed());
+}
+
+/// [`write_stats`], with why nothing was delayed (if so) already known.
+fn write_stats_noting(nothing_delayed: Option<String>) {
+    if !say::opened() && nothing_delayed.is_none() {
         return;
     }
     let path = {
@@ -159,7 +167,10 @@ pub fn write_stats() {
             None => return,
         }
     };
-    let Some(doc) = stats_json() else { return };
+    let Some(mut doc) = stats_json() else { return };
+    doc["nothing_delayed"] = serde_json::json!(nothing_delayed);
+    // What the ports sent meanwhile (all processes' traffic on them), beside posts_total.
+    doc["ports_sent"] = ports::sent_since_open();
     let text = format!("{doc:#}\n");
     if let Err(e) = std::fs::write(&path, text) {
         say::warn_once(&format!("cannot write stats file {path}: {e}"));
@@ -234,6 +245,8 @@ extern "C" fn on_fork_child() {
     patch::unlock_after_fork();
     NOT_OWNER.store(true, Relaxed);
     rng::atfork_child();
+    coverage::reset_after_fork();
+    ports::reset_after_fork();
     stats::reset();
     // SAFETY: PATTERN is leaked, never freed. (glibc lets the forking thread allocate.)
     if let Some(p) = unsafe { PATTERN.load(Acquire).as_ref() } {
@@ -242,7 +255,13 @@ extern "C" fn on_fork_child() {
 }
 
 extern "C" fn on_exit() {
-    let _ = std::panic::catch_unwind(write_stats);
+    let _ = std::panic::catch_unwind(|| {
+        let nothing_delayed = coverage::nothing_delayed();
+        if let Some(why) = &nothing_delayed {
+            say::warn(why);
+        }
+        write_stats_noting(nothing_delayed);
+    });
 }
 
 #[used]

@@ -6,6 +6,7 @@
 //! providers looks the object up in a fixed open-addressing table (hash of its address, a
 //! few probes). Registration takes a lock (open, close, QP creation and destruction only) and
 //! never allocates.
+use crate::coverage;
 use crate::inject;
 use crate::real::{address, FnSlot, QP_TO_QP_EX};
 use crate::rng;
@@ -516,6 +517,9 @@ unsafe extern "C" fn create_qp_ex_hook(
         return null_mut();
     };
     let qp = orig(ctx, attr);
+    if !qp.is_null() {
+        coverage::qp_created();
+    }
     patch_qp_ex_of(qp);
     qp
 }

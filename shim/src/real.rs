@@ -123,6 +123,23 @@ impl<F: Copy> Real<F> {
     }
 }
 
+/// Whether libibverbs is loaded in this process, in any scope.
+pub fn libibverbs_loaded() -> bool {
+    // SAFETY: a valid C string; RTLD_NOLOAD loads nothing, and the reference it took is
+    // given back at once.
+    unsafe {
+        let h = libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        );
+        if h.is_null() {
+            return false;
+        }
+        libc::dlclose(h);
+    }
+    true
+}
+
 pub type OpenDeviceFn = unsafe extern "C" fn(*mut ibv_device) -> *mut ibv_context;
 pub type ImportDeviceFn = unsafe extern "C" fn(c_int) -> *mut ibv_context;
 pub type CloseDeviceFn = unsafe extern "C" fn(*mut ibv_context) -> c_int;

@@ -115,6 +115,12 @@ pub fn reset_current_thread() {
     unsafe { (*tls::state()).ready = 0 };
 }
 
+/// How many threads have posted (through a wrapper that draws or counts) since load, or
+/// since the fork that made this process.
+pub fn threads_posted() -> u32 {
+    NEXT_THREAD.load(Relaxed)
+}
+
 /// Gives the calling thread its stream: the next thread index k, and the stream of k.
 #[cold]
 #[inline(never)]

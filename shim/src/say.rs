@@ -40,6 +40,11 @@ pub fn opened() -> bool {
     OPENED.load(Relaxed)
 }
 
+/// Prints a warning (the few that are each said once by their callers).
+pub fn warn(msg: &str) {
+    let _ = std::io::stderr().write_all(format!("ibjitter: warning: {msg}\n").as_bytes());
+}
+
 /// Prints a warning at most once per process.
 pub fn warn_once(msg: &str) {
     static WARNED: AtomicBool = AtomicBool::new(false);

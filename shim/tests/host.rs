@@ -241,6 +241,7 @@ fn constant_delay_is_injected_counted_and_restored() {
     let s = &s[0];
     assert_eq!(s["posts"]["post_send"], 1000);
     assert_eq!(s["posts"]["wr_complete"], 500);
+    assert!(s["nothing_delayed"].is_null(), "{s}");
     // The stub libibverbs was dlopen'ed locally: only the RTLD_NOLOAD fallback finds it.
     assert!(
         s["symbols_via_noload_fallback"].as_u64().unwrap() >= 2,
@@ -1412,5 +1413,82 @@ fn the_spin_form_is_chosen_said_and_keeps_the_delay() {
             elapsed >= 300 * 20_000,
             "{spin:?}: 300 posts × 20 µs took only {elapsed} ns"
         );
+    }
+}
+
+/// Child: verbs used without the shim seeing them. "dlopen": the device is opened through the
+/// library's own handle, as NCCL resolves every verb (dlvsym on its dlopen handle); "qps": a
+/// device opened and a QP created through the hooks, but no send posted through them (as
+/// UCX's mlx5 transports write work requests to the NIC themselves).
+fn child_unseen(how: &str) {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    if how == "dlopen" {
+        let stub = std::ffi::CString::new(std::env::var("IBJITTER_TEST_STUB").unwrap()).unwrap();
+        // SAFETY: the stub is already loaded (load_shim); its ibv_open_device returns its
+        // argument.
+        unsafe {
+            let h = libc::dlopen(stub.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            assert!(!h.is_null());
+            let open = libc::dlsym(h, c"ibv_open_device".as_ptr());
+            let open: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_context =
+                std::mem::transmute(open);
+            assert_eq!(open(fc.ctx()), fc.ctx());
+        }
+    } else {
+        // SAFETY: the stub returns the fake context; its create_qp the fake QP.
+        unsafe {
+            let ctx = (shim.open_device)(fc.ctx() as *mut _);
+            let mut q = fake_qp(ctx);
+            (shim.create_qp)(&mut *q as *mut ibv_qp_ex as *mut _, std::ptr::null_mut());
+        }
+    }
+    emit(serde_json::json!({ "posts": PROVIDER_POSTS.load(std::sync::atomic::Ordering::Relaxed) }));
+}
+
+#[test]
+fn injecting_nothing_is_said_at_exit_and_in_the_stats() {
+    if let Some(how) = child_scenario() {
+        return child_unseen(&how);
+    }
+    for (how, says) in [
+        (
+            "dlopen",
+            "libibverbs is loaded but no device was opened through the shim's hooks",
+        ),
+        (
+            "qps",
+            "1 QP(s) were created but no send passed ibv_post_send or ibv_wr_*",
+        ),
+    ] {
+        let dir = scratch(&format!("unseen-{how}"));
+        let out = respawn(
+            "injecting_nothing_is_said_at_exit_and_in_the_stats",
+            how,
+            &[("IBJITTER_DELAY", "10us".into()), stats_env(&dir)],
+        );
+        let warnings: Vec<&String> = out
+            .stderr_lines
+            .iter()
+            .filter(|l| l.starts_with("ibjitter: warning: "))
+            .collect();
+        assert_eq!(warnings.len(), 1, "{how}: {:?}", out.stderr_lines);
+        assert!(
+            warnings[0].contains(says) && warnings[0].ends_with("nothing was delayed")
+                || warnings[0].contains(says) && warnings[0].contains("nothing was delayed ("),
+            "{how}: {}",
+            warnings[0]
+        );
+        let s = read_stats(&dir);
+        assert_eq!(s.len(), 1, "{how}: one stats file");
+        assert!(
+            s[0]["nothing_delayed"]
+                .as_str()
+                .unwrap_or("")
+                .contains(says),
+            "{how}: {}",
+            s[0]
+        );
+        assert_eq!(s[0]["posts_total"], 0, "{how}");
     }
 }
