@@ -11,6 +11,8 @@
 //! - [`inject`]: the active injection: table in wait units, clock kind, draw, wait;
 //! - [`stats`]: counters and the stats document; [`rng`]: per-thread PCG streams;
 //!   [`clock`]: TSC busy-wait; [`config`]: the `IBJITTER_*` environment;
+//! - [`coverage`]: whether anything passed the hooks (said at exit); [`ports`]: what the
+//!   device ports sent meanwhile;
 //! - [`real`]: typed function pointers, the real libibverbs symbols; [`say`]: stderr;
 //!   [`verbs_abi`]: struct layouts.
 //!
