@@ -24,6 +24,11 @@ fn refused(args: &[&str], says: &str) {
 fn run_refuses_bad_arguments() {
     refused(&["run"], "SERVER");
     refused(&["run", "h", "--flows", "0"], "--flows must be at least 1");
+    refused(&["run", "h", "--iters", "0"], "--iters must be at least 1");
+    refused(
+        &["run", "h", "--duration", "2s", "--warmup", "2s"],
+        "leaves nothing of --duration",
+    );
     refused(&["run", "h", "--depth", "5000"], "--depth must be 1..=4096");
     refused(&["run", "h", "--size", "8X"], "unknown size unit");
     refused(&["run", "h", "--duration", "5"], "no unit");

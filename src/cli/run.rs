@@ -135,10 +135,19 @@ impl RunArgs {
             (None, None) => Load::Closed,
         };
         let stop = match (self.iters, self.duration) {
+            (Some(0), _) => return Err("--iters must be at least 1".into()),
             (Some(n), _) => StopAt::Iters(n),
             (None, Some(d)) => StopAt::Duration(d),
             (None, None) => StopAt::Duration(Duration::from_secs(5)),
         };
+        if let StopAt::Duration(d) = stop {
+            if self.warmup >= d {
+                return Err(format!(
+                    "--warmup {:?} leaves nothing of --duration {d:?} to measure: make it shorter",
+                    self.warmup
+                ));
+            }
+        }
         Ok(RunConfig {
             server: self.server.clone(),
             port: self.port,

@@ -76,7 +76,8 @@ pub trait Pattern<T: Transport> {
     /// Nothing is outstanding, and (`stopping`, or every flow done or failed) nothing more
     /// will be posted.
     fn finished(&self, stopping: bool) -> bool;
-    /// The drain limit passed: say what is still outstanding in the flows' errors.
+    /// The drain limit passed: note what is still in flight in the flows' stats (not an
+    /// error: a timed run always ends with some operations in flight).
     fn abandon(&mut self);
     /// Every flow's stats.
     fn stats_mut(&mut self) -> &mut [FlowStats];

@@ -152,8 +152,12 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for PingPong<'_, C> {
         })
     }
 
-    /// A round trip still waiting when the drain limit passed is simply not counted.
-    fn abandon(&mut self) {}
+    /// A round trip still waiting when the drain limit passed is in flight, not counted.
+    fn abandon(&mut self) {
+        for (fl, fs) in self.flows.iter().zip(&mut self.stats) {
+            fs.in_flight = u32::from(fl.waiting);
+        }
+    }
 
     fn stats_mut(&mut self) -> &mut [FlowStats] {
         &mut self.stats
@@ -290,6 +294,7 @@ mod tests {
             ticking(),
             &Counters::default(),
         );
-        assert_eq!(out.flows[0].ops, 0);
+        assert_eq!((out.flows[0].ops, out.flows[0].in_flight), (0, 1));
+        assert!(out.flows[0].error.is_none());
     }
 }

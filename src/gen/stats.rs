@@ -45,6 +45,9 @@ pub struct FlowStats {
     /// Bytes completed in each interval since the start.
     pub series: Vec<u64>,
     pub error: Option<String>,
+    /// Operations still in flight when the run stopped and the drain limit passed: not
+    /// counted, not an error (a timed run always ends with some in flight).
+    pub in_flight: u32,
 }
 
 impl FlowStats {
@@ -58,6 +61,7 @@ impl FlowStats {
             last_completion_ns: 0,
             series: Vec::new(),
             error: None,
+            in_flight: 0,
         }
     }
 

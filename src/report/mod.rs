@@ -62,6 +62,9 @@ pub struct FlowReport {
     /// When the flow posted its first operation, after the common start (ns).
     pub first_post_ns: Option<u64>,
     pub latency: Latency,
+    /// Operations still in flight when the run ended (not counted; not an error).
+    #[serde(default)]
+    pub in_flight: u32,
     /// Bytes completed per `series_interval_s` since the start (with `--json-series`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub series: Option<Vec<u64>>,

@@ -43,6 +43,7 @@ pub fn build_report(
             status: f.error.clone().unwrap_or_else(|| "ok".into()),
             first_post_ns: f.first_post_ns,
             latency: Latency::of(&f.latency),
+            in_flight: f.in_flight,
             series: cfg.json_series.then(|| f.series.clone()),
         })
         .collect();

@@ -80,6 +80,13 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
             flow_row(f, &mut w)?;
         }
     }
+    let in_flight: u64 = r.flows.iter().map(|f| u64::from(f.in_flight)).sum();
+    if in_flight > 0 {
+        writeln!(
+            w,
+            " {in_flight} operations were still in flight when the run ended (not counted)"
+        )?;
+    }
     let failed: Vec<&FlowReport> = r.flows.iter().filter(|f| f.status != "ok").collect();
     if !failed.is_empty() && !per_flow {
         writeln!(w, "{RULE}")?;
