@@ -178,21 +178,24 @@ const RC_ROUNDS: usize = 5;
 ///   device, `duplicate_request` on the other), each adding ~40 ms to the run, i.e. +200 µs
 ///   to its average (5 of 6 clean runs); injected runs, whose sends are 1 ms apart, had none
 ///   in 6 runs;
-/// - an injected run's average grows by D plus 5–30 % of D (+118 µs at D = 500, +300 at
-///   D = 2000), with -e and with polling alike: most likely what a busy-waiting vCPU costs the
-///   other one under TCG, not the shim's delay (perftest's fastest round trip grows by
-///   D + 0.4..3 %, and the stats' sum is exactly 200 × D).
+/// - an injected run's average grows by D plus 5–30 % of D on an idle host (+118 µs at
+///   D = 500, +300 at D = 2000), with -e and with polling alike, and by D + 4.7 ms with a
+///   release build running beside the VM: what a busy-waiting vCPU costs the other one under
+///   TCG grows with the host's load, while perftest's fastest round trip still grew by
+///   D + 0.4..3 % and the stats' sum is exactly 200 × D.
 ///
-/// So the exact figures come from the counts (`delays_injected`, `sum_ns`) and perftest's
-/// t_min; for ibv_rc_pingpong the median over interleaved pairs of (injected − clean) must lie
-/// in [0.75 D, 1.5 D]: the delay is on the round trip's path, once per post (no delay gives
-/// ~0, a double delay 2 D). Returns the complaint if not.
-fn pairs_grew_by_d(what: &str, pairs: &[(f64, f64)]) -> Option<String> {
-    let mut growth: Vec<f64> = pairs.iter().map(|(base, shim)| shim - base).collect();
-    growth.sort_by(f64::total_cmp);
-    let median = growth[growth.len() / 2];
+/// So the exact figures come from the counts (`delays_injected`, `sum_ns`, which also rule
+/// out a double delay) and perftest's t_min; for ibv_rc_pingpong the fastest injected
+/// average must exceed the fastest clean one by at least 0.75 D (the delay is on the round
+/// trip's path; no delay gives ~0). The bench adds to injected averages without bound, so an
+/// upper limit here would measure the host, not the shim: the growth is printed, not bounded.
+/// Returns the complaint if not.
+fn averages_grew_by_d(what: &str, pairs: &[(f64, f64)]) -> Option<String> {
+    let fastest =
+        |side: fn(&(f64, f64)) -> f64| pairs.iter().map(side).fold(f64::INFINITY, f64::min);
+    let growth = fastest(|p| p.1) - fastest(|p| p.0);
     let line = format!(
-        "{what}: median growth over {} clean/injected pairs +{median:.1} µs (pairs: {}; D = {D_US})",
+        "{what}: fastest average grew by +{growth:.1} µs over {} interleaved clean/injected runs ({}; D = {D_US})",
         pairs.len(),
         pairs
             .iter()
@@ -201,7 +204,7 @@ fn pairs_grew_by_d(what: &str, pairs: &[(f64, f64)]) -> Option<String> {
             .join(", ")
     );
     eprintln!("{line}");
-    (!(0.75 * D_US..=1.5 * D_US).contains(&median)).then_some(line)
+    (growth < 0.75 * D_US).then_some(line)
 }
 
 #[test]
@@ -306,7 +309,10 @@ fn constant_delay_shows_in_unmodified_verbs_programs() {
                 (usec("base"), usec("shim"))
             })
             .collect();
-        bad.extend(pairs_grew_by_d(&format!("ibv_rc_pingpong {name}"), &pairs));
+        bad.extend(averages_grew_by_d(
+            &format!("ibv_rc_pingpong {name}"),
+            &pairs,
+        ));
         let all = stats(&dir, name);
         assert_eq!(all.len(), RC_ROUNDS, "{name}: one stats file per shim run");
         for s in all {
