@@ -326,3 +326,81 @@ fn rdma_cm_connects_every_flow() {
     assert_eq!(field(&out.output, "refused_rc"), Some(2.0), "{refused}");
     assert!(refused.contains("serve --cm"), "{refused}");
 }
+
+/// Open loop, asked for far more than the bench can carry (4 flows x 200k ops/s of 4 KiB
+/// WRITEs; rxe under TCG carries some thousands): the run says it was overloaded (stderr,
+/// outcome, exit 4), and its offered rate, achieved rate and the sends it never posted add
+/// up. A rate well within capacity is offered and says so.
+#[test]
+fn open_loop_says_when_it_cannot_offer_its_rate() {
+    let bin = ibjitter();
+    let out_dir = scratch_dir("gen-open");
+    let o = out_dir.display();
+    let out = Vm::new().timeout(300).writable(&out_dir).run(&format!(
+        r#". tools/vm/lib.sh
+        {bin} serve --dev rxe1 > {o}/serve.log 2>&1 & server=$!
+        wait_until 20 tcp_listening 18515
+        {bin} run 10.0.0.2 --dev rxe0 --flows 4 --op write --size 4K --duration 3s --rate 200k \
+            --json {o}/over.json --no-progress 2> {o}/over.err
+        echo "over_rc=$?"
+        {bin} run 10.0.0.2 --dev rxe0 --flows 4 --op write --size 4K --duration 3s --rate 200 \
+            --json {o}/fine.json --no-progress
+        echo "fine_rc=$?"
+        kill $server; wait $server
+        cat {o}/over.err"#
+    ));
+    out.assert_success();
+    assert_eq!(field(&out.output, "over_rc"), Some(4.0), "{}", out.output);
+    assert_eq!(field(&out.output, "fine_rc"), Some(0.0), "{}", out.output);
+
+    let check = |name: &str| -> Value {
+        let r = read_json(&out_dir.join(format!("{name}.json")));
+        let ol = &r["open_loop"];
+        let flows = r["flows"].as_array().unwrap();
+        let posted: u64 = flows
+            .iter()
+            .map(|f| f["ops"].as_u64().unwrap() + f["in_flight"].as_u64().unwrap())
+            .sum();
+        let missed: u64 = flows.iter().map(|f| f["missed"].as_u64().unwrap()).sum();
+        assert_eq!(ol["missed"].as_u64(), Some(missed), "{name}: {ol}");
+        assert_eq!(ol["due"].as_u64(), Some(posted + missed), "{name}: {ol}");
+        let share = ol["missed_share"].as_f64().unwrap();
+        assert!(
+            (share - missed as f64 / (posted + missed) as f64).abs() < 1e-9,
+            "{name}: {ol}"
+        );
+        let achieved = ol["achieved_ops_per_s"].as_f64().unwrap();
+        let ops = r["total"]["ops"].as_f64().unwrap();
+        let secs = r["duration_s"].as_f64().unwrap();
+        assert!(
+            (achieved - ops / secs).abs() < 1e-6 * achieved.max(1.0),
+            "{name}: {ol}"
+        );
+        eprintln!("{name}: {ol}");
+        r
+    };
+    let over = check("over");
+    let ol = &over["open_loop"];
+    assert_eq!(over["outcome"], "overloaded");
+    assert_eq!(ol["offered_ops_per_s"].as_f64(), Some(800_000.0));
+    let achieved = ol["achieved_ops_per_s"].as_f64().unwrap();
+    assert!(achieved < 0.95 * 800_000.0, "{ol}");
+    // A 3 s schedule of 200k/s per flow: about 600k sends due per flow.
+    let due = ol["due"].as_u64().unwrap();
+    assert!((4 * 590_000..=4 * 600_001).contains(&due), "{ol}");
+    assert!(ol["missed_share"].as_f64().unwrap() > 0.05, "{ol}");
+    assert!(
+        out.output
+            .contains("ibjitter run: overloaded: offered 800000 ops/s"),
+        "{}",
+        out.output
+    );
+
+    let fine = check("fine");
+    let ol = &fine["open_loop"];
+    assert_eq!(fine["outcome"], "completed");
+    assert_eq!(ol["offered_ops_per_s"].as_f64(), Some(800.0));
+    assert!(ol["missed_share"].as_f64().unwrap() < 0.05, "{ol}");
+    let achieved = ol["achieved_ops_per_s"].as_f64().unwrap();
+    assert!((0.85 * 800.0..=1.05 * 800.0).contains(&achieved), "{ol}");
+}

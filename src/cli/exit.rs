@@ -14,6 +14,9 @@ pub const PARTLY: i32 = 1;
 pub const SETUP: i32 = 2;
 /// The peer (the server) was lost mid-run; what was measured is written.
 pub const PEER_LOST: i32 = 3;
+/// Open loop: the rate asked for was not offered (more than 5 % of the sends due were never
+/// posted); what was measured is written, with offered and achieved rates.
+pub const OVERLOADED: i32 = 4;
 /// Ctrl-C (SIGINT/SIGTERM); what was measured is written.
 pub const INTERRUPTED: i32 = 130;
 
@@ -21,6 +24,7 @@ pub const INTERRUPTED: i32 = 130;
 pub fn outcome(o: Outcome) -> i32 {
     match o {
         Outcome::Completed => OK,
+        Outcome::Overloaded => OVERLOADED,
         Outcome::FlowErrors => PARTLY,
         Outcome::PeerLost => PEER_LOST,
         Outcome::Interrupted => INTERRUPTED,

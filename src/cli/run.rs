@@ -15,8 +15,9 @@ use std::time::Duration;
 #[command(
     after_help = "Exit status: 0 every flow completed; 1 some flows ended with a QP error \
 (the others finished; each error is in the report); 2 bad arguments or set-up failed (nothing \
-measured); 3 the server was lost mid-run (partial results written); 130 interrupted by Ctrl-C \
-(partial results written)."
+measured); 3 the server was lost mid-run (partial results written); 4 open loop overloaded: \
+more than 5 % of the sends the --rate/--load schedule made due were never posted (offered and \
+achieved rates in the report); 130 interrupted by Ctrl-C (partial results written)."
 )]
 pub struct RunArgs {
     /// Host running `ibjitter serve`
@@ -241,6 +242,18 @@ pub fn run(a: RunArgs) -> i32 {
             eprintln!("ibjitter run: lost the server mid-run; writing what was measured")
         }
         Outcome::Interrupted => eprintln!("ibjitter run: interrupted; writing what was measured"),
+        Outcome::Overloaded => {
+            if let Some(o) = &out.report.open_loop {
+                eprintln!(
+                    "ibjitter run: overloaded: offered {:.0} ops/s, achieved {:.0} ops/s; {} of {} sends due ({:.1} %) were never posted",
+                    o.offered_ops_per_s,
+                    o.achieved_ops_per_s,
+                    o.missed,
+                    o.due,
+                    o.missed_share * 100.0
+                )
+            }
+        }
         Outcome::Completed | Outcome::FlowErrors => {}
     }
     let mut code = exit::outcome(out.report.outcome);

@@ -37,6 +37,18 @@ impl Pacer {
         self.next_ns as u64
     }
 
+    /// How many sends are due from the next one up to `end_ns` (inclusive): exact for fixed
+    /// gaps, the expected count for Poisson arrivals (their mean gap). The sends a flow that
+    /// falls behind its schedule never posted.
+    pub fn due_until(&self, end_ns: u64) -> u64 {
+        let end = end_ns as f64;
+        if self.next_ns > end {
+            0
+        } else {
+            ((end - self.next_ns) / self.mean_gap_ns).floor() as u64 + 1
+        }
+    }
+
     /// Moves on to the following send.
     pub fn advance(&mut self) {
         let gap = match self.arrival {
@@ -69,6 +81,17 @@ mod tests {
                 g
             })
             .collect()
+    }
+
+    #[test]
+    fn due_until_counts_the_schedule_left_behind() {
+        let mut p = Pacer::new(100_000.0, Arrival::Fixed, 7);
+        p.next_ns = 1_000.0;
+        assert_eq!(p.due_until(999), 0);
+        assert_eq!(p.due_until(1_000), 1);
+        assert_eq!(p.due_until(10_999), 1);
+        assert_eq!(p.due_until(11_000), 2);
+        assert_eq!(p.due_until(1_001_000), 101);
     }
 
     #[test]

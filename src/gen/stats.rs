@@ -48,6 +48,9 @@ pub struct FlowStats {
     /// Operations still in flight when the run stopped and the drain limit passed: not
     /// counted, not an error (a timed run always ends with some in flight).
     pub in_flight: u32,
+    /// Open loop: sends the schedule made due before posting stopped that were never posted
+    /// (the flow could not keep up: all its depth was in flight).
+    pub missed: u64,
 }
 
 impl FlowStats {
@@ -62,6 +65,7 @@ impl FlowStats {
             series: Vec::new(),
             error: None,
             in_flight: 0,
+            missed: 0,
         }
     }
 

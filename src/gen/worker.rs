@@ -226,6 +226,15 @@ fn throughput<T: Transport>(
         now_ns: &now_ns,
     };
     drive(io, &mut pattern, limits, &now_ns);
+    // Open loop: what the schedule asked for until posting stopped (the deadline, or now if
+    // stopped early) and was never posted.
+    let end_ns = limits.deadline_ns.map_or_else(&now_ns, |d| d.min(now_ns()));
+    for (st, fs) in pattern.state.iter().zip(&mut pattern.stats) {
+        if let Some(pacer) = &st.pacer {
+            let allowed = pattern.max_posts.saturating_sub(st.posted);
+            fs.missed = pacer.due_until(end_ns).min(allowed);
+        }
+    }
     WorkerOutput {
         flows: pattern.stats,
         intervals: pattern.recorder.intervals,
@@ -311,6 +320,47 @@ mod tests {
             assert_eq!((f.ops, f.in_flight), (0, 3));
             assert!(f.error.is_none(), "{:?}", f.error);
         }
+    }
+
+    #[test]
+    fn open_loop_beyond_capacity_counts_the_sends_it_never_posted() {
+        let fake = Fake::new(2);
+        let mut p = params(1, u64::MAX);
+        // One send due per µs per flow, on a clock that ticks 1 µs per reading: a flow posts
+        // at most one per loop, which reads the clock several times.
+        p.rate = Some((1e6, Arrival::Fixed));
+        let limits = Limits {
+            deadline_ns: Some(2_000_000),
+            drain_ns: 50_000,
+            stop: StopToken::new(),
+        };
+        let out = throughput(&fake, &[0, 1], &p, limits, ticking(), &Counters::default());
+        for f in &out.flows {
+            let posted = f.ops + u64::from(f.in_flight);
+            // About 2,000 sends were due per flow by the deadline.
+            let due = posted + f.missed;
+            assert!(
+                (1_990..=2_001).contains(&due),
+                "due {due}: {posted} posted, {} missed",
+                f.missed
+            );
+            assert!(f.missed > due / 2, "{} of {due} missed", f.missed);
+        }
+    }
+
+    #[test]
+    fn open_loop_within_capacity_misses_nothing() {
+        let fake = Fake::new(1);
+        let mut p = params(4, u64::MAX);
+        p.rate = Some((1e4, Arrival::Fixed)); // one per 100 µs
+        let limits = Limits {
+            deadline_ns: Some(5_000_000),
+            drain_ns: 50_000,
+            stop: StopToken::new(),
+        };
+        let out = throughput(&fake, &[0], &p, limits, ticking(), &Counters::default());
+        assert!(out.flows[0].ops >= 49, "{}", out.flows[0].ops);
+        assert!(out.flows[0].missed <= 1, "{}", out.flows[0].missed);
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub struct FlowReport {
     /// Operations still in flight when the run ended (not counted; not an error).
     #[serde(default)]
     pub in_flight: u32,
+    /// Open loop: sends due by its schedule that it never posted (it could not keep up).
+    #[serde(default)]
+    pub missed: u64,
     /// Bytes completed per `series_interval_s` since the start (with `--json-series`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub series: Option<Vec<u64>>,
@@ -106,9 +109,60 @@ pub fn spread_us(instants: &[u64]) -> f64 {
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     Completed,
+    /// Open loop: fewer than [`OVERLOAD_SHARE`] of the sends its schedule made due were
+    /// posted: the rate asked for was not offered.
+    Overloaded,
     FlowErrors,
     PeerLost,
     Interrupted,
+}
+
+/// An open-loop run that posted less than this share of its due sends is `Overloaded`.
+pub const OVERLOAD_SHARE: f64 = 0.95;
+
+/// What an open-loop run was asked to offer and what it did.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OpenLoop {
+    /// The rate asked for: per flow × flows started, operations per second.
+    pub offered_ops_per_s: f64,
+    /// Operations completed per second of measured time.
+    pub achieved_ops_per_s: f64,
+    /// Sends the schedule made due before posting stopped, and of those, how many were
+    /// never posted (every slot of the flow was in flight) and their share.
+    pub due: u64,
+    pub missed: u64,
+    pub missed_share: f64,
+}
+
+impl OpenLoop {
+    /// From the flows' counts: posted = completed + in flight (+ failed), due = posted + missed.
+    pub fn new(ops_per_s_per_flow: f64, flows: &[FlowReport], duration_s: f64) -> OpenLoop {
+        let started = flows.iter().filter(|f| f.first_post_ns.is_some()).count();
+        let ops: u64 = flows.iter().map(|f| f.ops).sum();
+        let posted: u64 = flows.iter().map(|f| f.ops + u64::from(f.in_flight)).sum();
+        let missed: u64 = flows.iter().map(|f| f.missed).sum();
+        let due = posted + missed;
+        OpenLoop {
+            offered_ops_per_s: ops_per_s_per_flow * started as f64,
+            achieved_ops_per_s: if duration_s > 0.0 {
+                ops as f64 / duration_s
+            } else {
+                0.0
+            },
+            due,
+            missed,
+            missed_share: if due > 0 {
+                missed as f64 / due as f64
+            } else {
+                0.0
+            },
+        }
+    }
+
+    /// Whether the run failed to offer its rate.
+    pub fn overloaded(&self) -> bool {
+        self.missed_share > 1.0 - OVERLOAD_SHARE
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -143,6 +197,9 @@ pub struct RunReport {
     /// Measured time: from the start signal to the last completion.
     pub duration_s: f64,
     pub outcome: Outcome,
+    /// Open loop: offered vs achieved rate and the sends never posted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_loop: Option<OpenLoop>,
     pub total: Totals,
     /// Jain's index over per-flow throughput: 1 = perfectly fair, 1/n = one flow has it all.
     pub fairness: f64,
@@ -202,6 +259,36 @@ pub fn gbps(bytes: u64, seconds: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn flow(ops: u64, in_flight: u32, missed: u64, started: bool) -> FlowReport {
+        FlowReport {
+            flow: 0,
+            ops,
+            bytes: ops * 64,
+            gbps: 0.0,
+            status: "ok".into(),
+            first_post_ns: started.then_some(1),
+            latency: Latency::of(&Histogram::<u64>::new(3).unwrap()),
+            in_flight,
+            missed,
+            series: None,
+        }
+    }
+
+    #[test]
+    fn open_loop_adds_up_and_says_when_it_was_overloaded() {
+        // Two flows started at 100 ops/s each over 2 s: 400 due.
+        let ok = OpenLoop::new(100.0, &[flow(198, 1, 1, true), flow(199, 0, 1, true)], 2.0);
+        assert_eq!((ok.due, ok.missed), (400, 2));
+        assert_eq!(ok.offered_ops_per_s, 200.0);
+        assert_eq!(ok.achieved_ops_per_s, 198.5);
+        assert!(!ok.overloaded());
+        // A flow that never started offers nothing; 30 of 100 missed is overload.
+        let over = OpenLoop::new(100.0, &[flow(60, 10, 30, true), flow(0, 0, 0, false)], 1.0);
+        assert_eq!(over.offered_ops_per_s, 100.0);
+        assert!((over.missed_share - 0.3).abs() < 1e-12);
+        assert!(over.overloaded());
+    }
 
     #[test]
     fn jain_index_bounds() {

@@ -146,6 +146,7 @@ fn gather(
         rss: report::peak_rss_bytes(),
         server_received_bytes: server_received,
         start: start_time,
+        rate_per_flow: local.rate.map(|(ops_per_s, _)| ops_per_s),
     };
     let report = report::build_report(cfg, local.ctx.name(), &flows, &measured, stop);
     RunOutput {

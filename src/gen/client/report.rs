@@ -2,7 +2,9 @@
 use super::super::stats::{merge_into, new_histogram, FlowStats};
 use super::super::stop::{Reason, StopToken};
 use super::super::{Load, RunConfig};
-use crate::report::{gbps, hist, jain, spread_us, FlowReport, Latency, Outcome, RunReport, Totals};
+use crate::report::{
+    gbps, hist, jain, spread_us, FlowReport, Latency, OpenLoop, Outcome, RunReport, Totals,
+};
 
 /// What the run measured besides the flows themselves.
 pub struct Measured {
@@ -11,6 +13,8 @@ pub struct Measured {
     pub rss: u64,
     pub server_received_bytes: Option<u64>,
     pub start: std::time::SystemTime,
+    /// Open loop: the rate each flow was paced at (`--rate`, or `--load` resolved).
+    pub rate_per_flow: Option<f64>,
 }
 
 pub fn build_report(
@@ -26,6 +30,7 @@ pub fn build_report(
         rss,
         server_received_bytes,
         start,
+        rate_per_flow,
     } = run;
     let mut all = new_histogram();
     for f in flows {
@@ -44,6 +49,7 @@ pub fn build_report(
             first_post_ns: f.first_post_ns,
             latency: Latency::of(&f.latency),
             in_flight: f.in_flight,
+            missed: f.missed,
             series: cfg.json_series.then(|| f.series.clone()),
         })
         .collect();
@@ -51,10 +57,14 @@ pub fn build_report(
     let (ops, bytes) = flows
         .iter()
         .fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
+    let open_loop = rate_per_flow
+        .filter(|_| !cfg.pingpong)
+        .map(|rate| OpenLoop::new(rate, &per_flow, measured_s));
     let outcome = match stop.requested() {
         Some(Reason::Interrupted) => Outcome::Interrupted,
         Some(Reason::PeerLost) => Outcome::PeerLost,
         None if flows.iter().any(|f| f.error.is_some()) => Outcome::FlowErrors,
+        None if open_loop.as_ref().is_some_and(OpenLoop::overloaded) => Outcome::Overloaded,
         None => Outcome::Completed,
     };
     RunReport {
@@ -84,6 +94,7 @@ pub fn build_report(
         warmup_s: cfg.warmup.as_secs_f64(),
         duration_s: measured_s,
         outcome,
+        open_loop,
         total: Totals::new(ops, bytes, measured_s, &all),
         fairness: jain(&rates),
         rss_per_flow_bytes: rss / u64::from(cfg.flows.max(1)),

@@ -80,6 +80,18 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
             flow_row(f, &mut w)?;
         }
     }
+    if let Some(o) = &r.open_loop {
+        writeln!(
+            w,
+            " open loop: offered {:.0} ops/s, achieved {:.0} ops/s; {} of {} sends due never posted ({:.1} %){}",
+            o.offered_ops_per_s,
+            o.achieved_ops_per_s,
+            o.missed,
+            o.due,
+            o.missed_share * 100.0,
+            if o.overloaded() { ": OVERLOADED" } else { "" }
+        )?;
+    }
     let in_flight: u64 = r.flows.iter().map(|f| u64::from(f.in_flight)).sum();
     if in_flight > 0 {
         writeln!(
