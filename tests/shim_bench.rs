@@ -35,43 +35,34 @@ fn shim_so() -> PathBuf {
     so
 }
 
-/// Compiles shim/tests/support/dlopen_verbs.c (verbs through its own dlopen handle, as NCCL
-/// resolves them) into target/bench-bin.
-fn dlopen_verbs() -> PathBuf {
+/// Compiles shim/tests/support/NAME.c with `flags` into target/bench-bin/OUT.
+fn support_program(name: &str, out: &str, flags: &[&str]) -> PathBuf {
     let root = repo_root();
     let dir = root.join("target/bench-bin");
     std::fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join("shim_dlopen_verbs");
-    let tmp = dir.join(format!("shim_dlopen_verbs.{}", std::process::id()));
+    let bin = dir.join(out);
+    let tmp = dir.join(format!("{out}.{}", std::process::id()));
     let st = Command::new("cc")
         .args(["-O2", "-Wall", "-o"])
         .arg(&tmp)
-        .arg(root.join("shim/tests/support/dlopen_verbs.c"))
-        .arg("-ldl")
+        .arg(root.join(format!("shim/tests/support/{name}.c")))
+        .args(flags)
         .status()
         .expect("run cc");
-    assert!(st.success(), "cc failed on dlopen_verbs.c");
+    assert!(st.success(), "cc failed on {name}.c");
     std::fs::rename(&tmp, &bin).unwrap();
     bin
 }
 
-/// Compiles shim/tests/support/mt_post.c (a multi-threaded verbs poster) into target/bench-bin.
+/// shim/tests/support/dlopen_verbs.c: verbs from a libibverbs in a dlmopen namespace of
+/// its own, which no preloaded object reaches.
+fn dlopen_verbs() -> PathBuf {
+    support_program("dlopen_verbs", "shim_dlopen_verbs", &["-ldl"])
+}
+
+/// shim/tests/support/mt_post.c: a multi-threaded verbs poster.
 fn mt_post() -> PathBuf {
-    let root = repo_root();
-    let dir = root.join("target/bench-bin");
-    std::fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join("shim_mt_post");
-    let tmp = dir.join(format!("shim_mt_post.{}", std::process::id()));
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-pthread", "-o"])
-        .arg(&tmp)
-        .arg(root.join("shim/tests/support/mt_post.c"))
-        .arg("-libverbs")
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed on mt_post.c");
-    std::fs::rename(&tmp, &bin).unwrap();
-    bin
+    support_program("mt_post", "shim_mt_post", &["-pthread", "-libverbs"])
 }
 
 /// The text `pair NAME …` printed, from "=== NAME" to its "=== NAME: client rc=" line
@@ -360,27 +351,38 @@ fn constant_delay_shows_in_unmodified_verbs_programs() {
     assert_none(bad);
 }
 
+/// Open MPI ping-pongs over UCX, rank 0 delayed, at each layer: over `rc_verbs` with the
+/// verbs layer (each `ibv_post_send`) and with the UCP layer (`IBJITTER_LAYER=auto`: UCX is
+/// loaded, so each UCP message), and over `tcp,self`, where no verbs call carries the data:
+/// the UCP layer delays it, the verbs layer cannot and says so.
 #[test]
-fn mpi_pingpong_over_ucx_rc_verbs_grows_by_the_delay() {
+fn mpi_pingpong_over_ucx_grows_by_the_delay_at_verbs_and_at_ucp() {
     let so = shim_so();
     let pingpong = mpi_pingpong();
     let dir = scratch_dir("shim-mpi");
     // Only rank 0 gets the shim (set in its own shell, so libibverbs arrives later, in UCX's
     // dlopen'ed scope: the RTLD_NOLOAD fallback): one side delayed. Every round trip is
-    // printed (PINGPONG_RAW), tagged with the run.
+    // printed (PINGPONG_RAW), tagged with the run. Open MPI 4.1's pml_ucx accepts a UCX
+    // without RDMA transports only when told `pml_ucx_tls any`, `pml_ucx_devices any`.
     let script = format!(
         r#"F=0
         run() {{
-            PINGPONG_RAW=1 mpirun --allow-run-as-root -np 2 --bind-to none --mca pml ucx --mca btl self \
-                --mca osc ^ucx -x PINGPONG_RAW -x UCX_TLS=rc_verbs,ud_verbs:aux,self \
-                -x UCX_UD_VERBS_ETH_DGID_CHECK=n \
-                sh -c "$2"' exec tools/mpi/rank-device "$@"' sh {pp} 300 8 > /tmp/run.out 2>&1 || F=1
+            case $2 in
+            rc) tls='-x UCX_TLS=rc_verbs,ud_verbs:aux,self -x UCX_UD_VERBS_ETH_DGID_CHECK=n' ;;
+            tcp) tls='-x UCX_TLS=tcp,self -x UCX_NET_DEVICES=all --mca pml_ucx_tls any --mca pml_ucx_devices any' ;;
+            esac
+            PINGPONG_RAW=1 mpirun --allow-run-as-root -np 2 --bind-to none --mca pml ucx --mca btl self                 --mca osc ^ucx -x PINGPONG_RAW $tls                 sh -c "$3"' exec tools/mpi/rank-device "$@"' sh {pp} 300 8 > /tmp/run.out 2>&1 || F=1
             sed "s/^/$1 /" /tmp/run.out
         }}
+        shim() {{ echo '[ "$OMPI_COMM_WORLD_RANK" = 0 ] && export LD_PRELOAD={so} IBJITTER_DELAY={D_US}us IBJITTER_LAYER='$1' IBJITTER_STATS={d}/'$2'.%p.json;'; }}
         for r in 0 1 2; do
-            run base 'true;'
-            run shim '[ "$OMPI_COMM_WORLD_RANK" = 0 ] && export LD_PRELOAD={so} IBJITTER_DELAY={D_US}us IBJITTER_STATS={d}/mpi.%p.json;'
+            run rc_base rc 'true;'
+            run rc_verbs rc "$(shim verbs rc_verbs)"
+            run rc_ucp rc "$(shim auto rc_ucp)"
+            run tcp_base tcp 'true;'
+            run tcp_ucp tcp "$(shim auto tcp_ucp)"
         done
+        run tcp_verbs tcp "$(shim verbs tcp_verbs)"
         exit $F
         "#,
         pp = pingpong.display(),
@@ -413,26 +415,72 @@ fn mpi_pingpong_over_ucx_rc_verbs_grows_by_the_delay() {
             })
             .fold(f64::INFINITY, f64::min)
     };
-    let (base, with) = (p10("base"), p10("shim"));
-    assert_none(
-        grew_by_d("MPI ping-pong (UCX rc_verbs)", base, with)
-            .into_iter()
-            .collect(),
-    );
-    let all = stats(&dir, "mpi");
-    assert_eq!(all.len(), 3, "one stats file per shim run (rank 0 only)");
-    for s in all {
+    let mut bad = Vec::new();
+    for (base, shim, what) in [
+        (
+            "rc_base",
+            "rc_verbs",
+            "MPI ping-pong, UCX rc_verbs, verbs layer",
+        ),
+        (
+            "rc_base",
+            "rc_ucp",
+            "MPI ping-pong, UCX rc_verbs, UCP layer (auto)",
+        ),
+        (
+            "tcp_base",
+            "tcp_ucp",
+            "MPI ping-pong, UCX tcp, UCP layer (auto)",
+        ),
+    ] {
+        bad.extend(grew_by_d(what, p10(base), p10(shim)));
+    }
+    assert_none(bad);
+
+    for s in stats(&dir, "rc_verbs") {
         let posts = s["posts"]["post_send"].as_u64().unwrap();
         // 310 round trips (10 warm-up) put at least one send each on rc_verbs; UCX adds its
         // wire-up and flow-control sends.
         assert!((310..=700).contains(&posts), "rank 0 posted {posts}: {s}");
         assert_eq!(s["delays_injected"].as_u64(), Some(posts));
+        assert_eq!(
+            (&s["posts"]["ucp"], &s["layer_used"]),
+            (&0.into(), &"verbs".into()),
+            "{s}"
+        );
         // libibverbs lives in UCX's local scope here: RTLD_NEXT cannot see it.
         assert!(
             s["symbols_via_noload_fallback"].as_u64().unwrap() >= 1,
             "{s}"
         );
     }
+    for name in ["rc_ucp", "tcp_ucp"] {
+        let all = stats(&dir, name);
+        assert_eq!(all.len(), 3, "{name}: one stats file per run (rank 0 only)");
+        for s in all {
+            // Rank 0 sends 310 messages (10 warm-up); each waits once, however UCX carries it.
+            let ucp = s["posts"]["ucp"].as_u64().unwrap();
+            eprintln!(
+                "{name}: {ucp} UCP messages delayed, {} verbs posts passed undelayed",
+                s["posts"]["post_send"]
+            );
+            assert!((310..=320).contains(&ucp), "{name}: {s}");
+            assert_eq!(s["delays_injected"].as_u64(), Some(ucp), "{name}: {s}");
+            assert_eq!(s["layer_used"], "ucp", "{name}: {s}");
+            assert!(s["nothing_delayed"].is_null(), "{name}: {s}");
+        }
+    }
+    let s = stats(&dir, "tcp_verbs");
+    assert_eq!(s.len(), 1);
+    let why = s[0]["nothing_delayed"].as_str().unwrap_or_default();
+    eprintln!("tcp with the verbs layer: {why}");
+    assert!(why.contains("the program uses UCX"), "{}", s[0]);
+    assert_eq!(s[0]["delays_injected"], 0, "{}", s[0]);
+    assert!(
+        out.output
+            .contains("ibjitter: warning: the program uses UCX"),
+        "the warning reaches stderr"
+    );
 }
 
 #[test]
@@ -612,9 +660,9 @@ fn a_program_that_bypasses_the_hooks_hears_that_nothing_was_delayed_and_ports_sh
     let bin = dlopen_verbs();
     let dir = scratch_dir("shim-bypass");
     let (so, d) = (so.display(), dir.display());
-    // A program that reaches verbs only through its own dlopen handle (as NCCL does), and a
-    // linked utility that opens a device but makes no QP (ibv_devinfo): the first is told
-    // that nothing was delayed, the second stays quiet.
+    // A program whose libibverbs lives in a dlmopen namespace of its own (out of any
+    // preload's reach), and a linked utility that opens a device but makes no QP
+    // (ibv_devinfo): the first is told that nothing was delayed, the second stays quiet.
     let out = Vm::new().timeout(300).writable(&dir).run(&format!(
         "env LD_PRELOAD={so} IBJITTER_DELAY=300us IBJITTER_STATS={d}/dl.%p.json {} rxe0 2> {d}/dl.err || exit 1
          env LD_PRELOAD={so} IBJITTER_DELAY=300us IBJITTER_STATS={d}/info.%p.json ibv_devinfo -d rxe0 > /dev/null 2> {d}/info.err || exit 1
@@ -790,4 +838,105 @@ fn hostile_tables_signals_and_shared_stats_paths() {
     for s in mpi {
         assert!(s["posts_total"].as_u64().unwrap() >= 110, "{s}");
     }
+}
+
+/// NCCL-style loading: shim/tests/support/pingpong_verbs.c built twice from one source, once
+/// linked against libibverbs and once resolving every verb with
+/// `dlvsym(dlopen("libibverbs.so.1"), name, "IBVERBS_1.1")`. An RC SEND ping-pong between
+/// rxe0 and rxe1 in one process: two posted sends per round trip, both delayed.
+#[test]
+fn a_program_that_resolves_verbs_through_dlopen_is_delayed_like_a_linked_one() {
+    const ITERS: u64 = 300;
+    let so = shim_so();
+    let linked = support_program(
+        "pingpong_verbs",
+        "pingpong_linked",
+        &["-DLINKED", "-libverbs"],
+    );
+    let dlopen = support_program("pingpong_verbs", "pingpong_dlopen", &["-ldl"]);
+    let dir = scratch_dir("shim-dlopen");
+    let (so, d) = (so.display(), dir.display());
+    let mut script = String::from("F=0\n");
+    // Clean and injected runs of both builds interleaved, ABBA by round.
+    for r in 0..ROUNDS {
+        let mut runs = vec![("linked", &linked), ("dlopen", &dlopen)];
+        if r % 2 == 1 {
+            runs.reverse();
+        }
+        for (name, bin) in runs {
+            let bin = bin.display();
+            for (side, pre) in [
+                ("base", String::new()),
+                (
+                    "shim",
+                    format!("env LD_PRELOAD={so} IBJITTER_DELAY={D_US}us IBJITTER_STATS={d}/{name}.%p.json"),
+                ),
+            ] {
+                let n = format!("{name}_{side}_{r}");
+                script += &format!(
+                    "echo '=== {n}'; timeout 120 {pre} {bin} rxe0 rxe1 {ITERS} 2>&1; rc=$?\n\
+                     echo \"=== {n}: client rc=$rc\"; [ $rc = 0 ] || F=1\n"
+                );
+            }
+        }
+    }
+    script += "exit $F\n";
+    let out = Vm::new().timeout(600).writable(&dir).run(&script);
+    out.assert_success();
+    let o = &out.output;
+    let fastest = |name: &str, side: &str| {
+        (0..ROUNDS)
+            .map(|r| {
+                let text = section(o, &format!("{name}_{side}_{r}"));
+                let min = text
+                    .split("min ")
+                    .nth(1)
+                    .and_then(|t| t.split(" us").next())
+                    .and_then(|t| t.parse::<f64>().ok())
+                    .unwrap_or_else(|| panic!("no round trip in {name}_{side}_{r}:\n{text}"));
+                if side == "shim" {
+                    let lines: Vec<&str> =
+                        text.lines().filter(|l| l.starts_with("ibjitter")).collect();
+                    assert_eq!(
+                        lines.len(),
+                        1,
+                        "{name}: one startup line, no warning: {text}"
+                    );
+                }
+                min
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let mut growth = Vec::new();
+    let mut bad = Vec::new();
+    for name in ["linked", "dlopen"] {
+        let (base, shim) = (fastest(name, "base"), fastest(name, "shim"));
+        let g = shim - base;
+        let line = format!(
+            "{name}: fastest round trip {base:.1} -> {shim:.1} µs (+{g:.1}, two posts of D = {D_US} µs)"
+        );
+        eprintln!("{line}");
+        // Both sends of a round trip wait D: at least 0.9 × 2 D, less than 1.5 × 2 D.
+        if !(1.8 * D_US..3.0 * D_US).contains(&g) {
+            bad.push(line);
+        }
+        growth.push(g);
+        let all = stats(&dir, name);
+        assert_eq!(all.len(), ROUNDS, "{name}: one stats file per injected run");
+        for s in all {
+            assert_eq!(s["posts"]["post_send"], 2 * ITERS, "{name}: {s}");
+            assert_eq!(s["delays_injected"], 2 * ITERS, "{name}: {s}");
+            assert_eq!(s["sum_ns"], 2 * ITERS * (D_US as u64) * 1000, "{name}: {s}");
+            assert!(s["nothing_delayed"].is_null(), "{name}: {s}");
+            // The dlopen build got the open, close, create and destroy hooks by dlvsym.
+            let via_dlsym = if name == "dlopen" { 4 } else { 0 };
+            assert_eq!(s["hooks_via_dlsym"], via_dlsym, "{name}: {s}");
+        }
+    }
+    let apart = (growth[1] - growth[0]).abs();
+    eprintln!("dlopen vs linked growth: {apart:.1} µs apart (±25 % of D allowed)");
+    if apart > 0.25 * D_US {
+        bad.push(format!("dlopen and linked grew {apart:.1} µs apart"));
+    }
+    assert_none(bad);
 }

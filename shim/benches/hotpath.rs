@@ -73,12 +73,51 @@ fn child_cost(trampoline_only: bool) {
         }
         (now_ns() - t0) as f64 / CALLS as f64
     };
-    time(&mut qd);
-    time(&mut qp);
+    alternate(|| time(&mut qd), || time(&mut qp));
+}
+
+/// ns per call of `ucp_tag_send_nbx` on a stand-in libucp directly and through the shim's
+/// UCP wrapper.
+fn child_ucp_cost() {
+    type SendNbx = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
+    let stub_ucp = std::env::var("IBJITTER_BENCH_UCP").unwrap();
+    let sym = |lib: &str, flags: i32| -> SendNbx {
+        let lib = std::ffi::CString::new(lib).unwrap();
+        // SAFETY: valid C strings; the symbol has this type (stub_ucp.c, the shim's ucp.rs).
+        unsafe {
+            let h = libc::dlopen(lib.as_ptr(), flags);
+            assert!(!h.is_null(), "dlopen {lib:?}");
+            let p = libc::dlsym(h, c"ucp_tag_send_nbx".as_ptr());
+            assert!(!p.is_null());
+            std::mem::transmute::<*mut std::ffi::c_void, SendNbx>(p)
+        }
+    };
+    let direct = sym(&stub_ucp, libc::RTLD_NOW);
+    let _shim = load();
+    let wrapped = sym(
+        &std::env::var("IBJITTER_BENCH_SO").unwrap(),
+        libc::RTLD_NOW | libc::RTLD_NOLOAD,
+    );
+    let time = |f: SendNbx| {
+        let t0 = now_ns();
+        for i in 0..CALLS {
+            // SAFETY: the stub only computes with its arguments.
+            std::hint::black_box(unsafe { f(1, 2, i, 4, 5) });
+        }
+        (now_ns() - t0) as f64 / CALLS as f64
+    };
+    alternate(|| time(direct), || time(wrapped));
+}
+
+/// Runs `direct` and `shim` (each returning ns per call) once to warm up, then alternately
+/// for ROUNDS rounds; prints "RESULT direct shim added min_added" (medians but the last).
+fn alternate(mut direct: impl FnMut() -> f64, mut shim: impl FnMut() -> f64) {
+    direct();
+    shim();
     let (mut d, mut p, mut diff) = (vec![], vec![], vec![]);
     for _ in 0..ROUNDS {
-        let a = time(&mut qd);
-        let b = time(&mut qp);
+        let a = direct();
+        let b = shim();
         d.push(a);
         p.push(b);
         diff.push(b - a);
@@ -148,9 +187,15 @@ fn pause_ns() -> f64 {
 
 fn run_child(so: &Path, stub: &Path, role: &str, env: &[(&str, &str)]) -> Vec<f64> {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let stub_ucp = build_c(
+        "stub_ucp",
+        "libucp.so.0",
+        &["-shared", "-fPIC", "-Wl,-soname,libucp.so.0"],
+    );
     cmd.args(["--child", role])
         .env("IBJITTER_BENCH_SO", so)
         .env("IBJITTER_BENCH_STUB", stub)
+        .env("IBJITTER_BENCH_UCP", stub_ucp)
         .env("IBJITTER_QUIET", "1");
     for (k, v) in env {
         cmd.env(k, v);
@@ -177,6 +222,7 @@ fn main() {
         match args[i + 1].as_str() {
             "cost" => child_cost(false),
             "trampoline" => child_cost(true),
+            "ucp" => child_ucp_cost(),
             role => {
                 let (d, n) = role.split_once(':').unwrap();
                 child_accuracy(d.parse().unwrap(), n.parse().unwrap());
@@ -206,6 +252,16 @@ fn main() {
             "zero-delay table + IBJITTER_STATS",
             "cost",
             vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_STATS", stats)],
+        ),
+        (
+            "UCP send, layer verbs (pass)",
+            "ucp",
+            vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_LAYER", "verbs")],
+        ),
+        (
+            "UCP send, zero-delay table",
+            "ucp",
+            vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_LAYER", "ucp")],
         ),
     ] {
         let r = run_child(&so, &stub, role, &env);

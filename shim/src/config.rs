@@ -43,6 +43,29 @@ impl Per {
     }
 }
 
+/// Where a message is delayed (`IBJITTER_LAYER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layer {
+    /// Each `ibv_post_send` call or `ibv_wr_*` batch.
+    Verbs,
+    /// Each message a program hands to UCX's UCP API (`ucp_tag_send_nbx`, `ucp_put_nbx`, …),
+    /// whatever transport UCX then picks.
+    Ucp,
+    /// UCP once the process is seen using UCX (libucp loaded when a device is opened, or a
+    /// UCP send), verbs otherwise: no message is delayed at both.
+    Auto,
+}
+
+impl Layer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layer::Verbs => "verbs",
+            Layer::Ucp => "ucp",
+            Layer::Auto => "auto",
+        }
+    }
+}
+
 /// How the clock spins wait (`IBJITTER_SPIN`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spin {
@@ -78,6 +101,7 @@ pub struct Settings {
     pub delays: Option<Delays>,
     pub unit: Unit,
     pub per: Per,
+    pub layer: Layer,
     pub spin: Spin,
     pub seed: u64,
     /// Where the seed came from ("default", "IBJITTER_SEED", a file).
@@ -96,6 +120,7 @@ impl Settings {
             delays: None,
             unit: Unit::Ns,
             per: Per::Post,
+            layer: Layer::Auto,
             spin: Spin::Auto,
             seed: DEFAULT_SEED,
             seed_source: "default".into(),
@@ -124,6 +149,14 @@ impl Settings {
             Some("wr") => s.per = Per::Wr,
             Some(other) => problems.push(format!(
                 "IBJITTER_PER={other}: expected \"post\" (one delay per call or batch) or \"wr\" (one per work request)"
+            )),
+        }
+        match nonempty("IBJITTER_LAYER").as_deref().map(str::trim) {
+            None | Some("auto") => {}
+            Some("verbs") => s.layer = Layer::Verbs,
+            Some("ucp") => s.layer = Layer::Ucp,
+            Some(other) => problems.push(format!(
+                "IBJITTER_LAYER={other}: expected \"auto\" (UCP when the process uses UCX, else verbs), \"verbs\" or \"ucp\""
             )),
         }
         match nonempty("IBJITTER_SPIN").as_deref().map(str::trim) {
@@ -406,6 +439,25 @@ mod tests {
     #[test]
     fn per_post_is_the_default_and_wr_is_chosen_by_name() {
         assert_eq!(settings(&[("IBJITTER_DELAY", "1us")]).per, Per::Post);
+        assert_eq!(settings(&[("IBJITTER_DELAY", "1us")]).layer, Layer::Auto);
+        for (v, layer) in [
+            ("verbs", Layer::Verbs),
+            (" ucp ", Layer::Ucp),
+            ("auto", Layer::Auto),
+        ] {
+            assert_eq!(
+                settings(&[("IBJITTER_DELAY", "1us"), ("IBJITTER_LAYER", v)]).layer,
+                layer
+            );
+        }
+        let s = settings(&[("IBJITTER_DELAY", "1us"), ("IBJITTER_LAYER", "nccl")]);
+        assert!(
+            s.delays.is_none()
+                && s.warning
+                    .as_deref()
+                    .unwrap()
+                    .contains("IBJITTER_LAYER=nccl")
+        );
         let s = settings(&[("IBJITTER_DELAY", "1us"), ("IBJITTER_PER", " wr ")]);
         assert_eq!((s.per, s.delays.is_some()), (Per::Wr, true));
         let s = settings(&[("IBJITTER_DELAY", "1us"), ("IBJITTER_PER", "post")]);

@@ -2,19 +2,41 @@
 //!
 //! `ibv_post_send` is a static inline, so there is nothing to interpose for it: instead the
 //! functions that hand out contexts are interposed, and the returned context is patched
-//! (see [`crate::patch`]). These are the only symbols libibjitter.so exports.
+//! (see [`crate::patch`]). With `dlsym`/`dlvsym` ([`crate::dl`]), these are the only symbols
+//! libibjitter.so exports; [`hook_for`] says which hook stands for which real function.
 use crate::coverage;
 use crate::patch;
 use crate::ports;
-use crate::real::{CLOSE_DEVICE, CREATE_QP, DESTROY_QP, IMPORT_DEVICE, OPEN_DEVICE};
+use crate::real::{address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP, IMPORT_DEVICE, OPEN_DEVICE};
+use crate::real::{CloseDeviceFn, CreateQpFn, DestroyQpFn, ImportDeviceFn, OpenDeviceFn};
 use crate::say;
 use crate::verbs_abi::*;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void, CStr};
 use std::ptr::null_mut;
 
 /// Names shown in the startup line.
-pub const HOOKED: &str =
-    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_destroy_qp -> ops.post_send, create_qp_ex -> wr_start";
+pub const HOOKED: &str = if cfg!(target_arch = "x86_64") {
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_destroy_qp (linked or via dlsym/dlvsym) -> ops.post_send, create_qp_ex -> wr_start"
+} else {
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_destroy_qp -> ops.post_send, create_qp_ex -> wr_start"
+};
+
+/// The hook that stands for `found`, the function a lookup of `name` through a handle
+/// returned, if the shim wraps that very function (the address its own lookup of the real
+/// symbol finds: not a compat version, another library's namesake or a `dlmopen` copy).
+pub fn hook_for(name: &CStr, found: *mut c_void) -> Option<*mut c_void> {
+    fn same<F: Copy>(real: &Real<F>, found: *mut c_void, hook: F) -> Option<*mut c_void> {
+        (real.find() == found).then(|| address(hook))
+    }
+    match name.to_bytes() {
+        b"ibv_open_device" => same(&OPEN_DEVICE, found, ibv_open_device as OpenDeviceFn),
+        b"ibv_import_device" => same(&IMPORT_DEVICE, found, ibv_import_device as ImportDeviceFn),
+        b"ibv_close_device" => same(&CLOSE_DEVICE, found, ibv_close_device as CloseDeviceFn),
+        b"ibv_create_qp" => same(&CREATE_QP, found, ibv_create_qp as CreateQpFn),
+        b"ibv_destroy_qp" => same(&DESTROY_QP, found, ibv_destroy_qp as DestroyQpFn),
+        _ => None,
+    }
+}
 
 fn fail_enosys<T>() -> *mut T {
     // SAFETY: errno is thread-local and always writable.
@@ -41,6 +63,12 @@ unsafe fn opened(ctx: *mut ibv_context) {
     say::announce_once();
     if !ctx.is_null() {
         coverage::context_opened();
+        // IBJITTER_LAYER=auto: a device opened while UCX is loaded is UCX's (its verbs sends
+        // carry UCP messages, delayed at UCP).
+        if crate::real::libucp_loaded() {
+            coverage::ucx_seen();
+            crate::inject::use_ucp();
+        }
         let device = (*ctx).device;
         if !device.is_null() {
             let path = std::ffi::CStr::from_ptr((*device).ibdev_path.as_ptr());

@@ -3,7 +3,7 @@
 //! Everything here that the post path reads is a plain atomic: no lock, no syscall, no
 //! allocation.
 use crate::clock::{self, WaitKind};
-use crate::config::{Delays, Per, Spin, Unit};
+use crate::config::{Delays, Layer, Per, Spin, Unit};
 use crate::rng;
 use crate::stats::{self, Hook};
 use ibjitter_table::ENTRIES;
@@ -16,8 +16,14 @@ const STATS: u8 = 2;
 /// Mode bit: one draw per work request (`IBJITTER_PER=wr`), not per call or batch.
 pub const PER_WR: u8 = 4;
 
-/// 0 until load finished (and whenever there is nothing to do): wrappers pass through.
+/// The verbs wrappers' mode: 0 until load finished (and whenever there is nothing to do):
+/// they pass through. Without INJECT while UCP is the layer (they may still count).
 static MODE: AtomicU8 = AtomicU8::new(0);
+/// The UCP wrappers' mode ([`crate::ucp`]): 0 while verbs is the layer.
+static UCP_MODE: AtomicU8 = AtomicU8::new(0);
+/// The full mode, and the layer asked for (a `Layer` as u8), for [`use_ucp`].
+static FULL_MODE: AtomicU8 = AtomicU8::new(0);
+static LAYER: AtomicU8 = AtomicU8::new(Layer::Auto as u8);
 /// The table in wait units (TSC ticks, ns or loops), read by the post path.
 static WAITS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
 /// Set once a configuration is active.
@@ -27,6 +33,33 @@ static LOADED: AtomicBool = AtomicBool::new(false);
 #[inline(always)]
 pub fn mode() -> u8 {
     MODE.load(Acquire)
+}
+
+/// What the UCP wrappers must do: 0 = pass through.
+#[inline(always)]
+pub fn ucp_mode() -> u8 {
+    UCP_MODE.load(Acquire)
+}
+
+/// `IBJITTER_LAYER=auto`: the process uses UCX, so from now on its messages are delayed at
+/// UCP and the verbs wrappers only count (UCX's own verbs sends are those messages). Called
+/// when a device is opened while libucp is loaded, and at a UCP send.
+pub fn use_ucp() {
+    if LAYER.load(Acquire) == Layer::Auto as u8 && MODE.load(Acquire) & INJECT != 0 {
+        MODE.store(FULL_MODE.load(Acquire) & !INJECT, Release);
+    }
+}
+
+/// Which layer delays now: "verbs" or "ucp" (for the stats), "none" if nothing is injected.
+pub fn layer_now() -> &'static str {
+    match (
+        MODE.load(Acquire) & INJECT != 0,
+        UCP_MODE.load(Acquire) & INJECT != 0,
+    ) {
+        (true, _) => "verbs",
+        (false, true) => "ucp",
+        (false, false) => "none",
+    }
 }
 
 /// Called before a post when [`mode`] is not 0: draw an index and count. Returns what to
@@ -71,8 +104,13 @@ pub fn delay(mode: u8, hook: Hook) {
     }
 }
 
-/// Whether a table is active (draws and waits; it may hold zeros).
+/// Whether a table is active (draws and waits; it may hold zeros), at either layer.
 pub fn injecting() -> bool {
+    FULL_MODE.load(Acquire) & INJECT != 0
+}
+
+/// Whether the verbs wrappers inject now (not when UCP took over).
+pub fn injecting_at_verbs() -> bool {
     mode() & INJECT != 0
 }
 
@@ -87,19 +125,22 @@ pub fn wait(units: u64) {
     clock::wait(units)
 }
 
-/// Activates `delays` (None: no injection) drawn once `per` post or work request, and
-/// counting, seeding the streams with `seed`: converts the table to wait units (calibrating
-/// the TSC). Returns the clock's description. Called at load (and by tests) while no thread
-/// is posting.
+/// Activates `delays` (None: no injection) drawn once `per` post or work request at `layer`,
+/// and counting, seeding the streams with `seed`: converts the table to wait units
+/// (calibrating the TSC). Returns the clock's description. Called at load (and by tests)
+/// while no thread is posting.
+#[allow(clippy::too_many_arguments)]
 pub fn activate(
     delays: Option<&Delays>,
     unit: Unit,
     per: Per,
+    layer: Layer,
     spin: Spin,
     seed: u64,
     count: bool,
 ) -> String {
     MODE.store(0, Release);
+    UCP_MODE.store(0, Release);
     let mut clock_desc = String::from("none");
     if let Some(d) = delays {
         let kind = match unit {
@@ -144,7 +185,15 @@ pub fn activate(
     if per == Per::Wr && mode != 0 {
         mode |= PER_WR;
     }
-    MODE.store(mode, Release);
+    FULL_MODE.store(mode, Release);
+    LAYER.store(layer as u8, Release);
+    let (verbs, ucp) = match layer {
+        Layer::Verbs => (mode, 0),
+        Layer::Ucp => (mode & !INJECT, mode),
+        Layer::Auto => (mode, mode),
+    };
+    UCP_MODE.store(ucp, Release);
+    MODE.store(verbs, Release);
     LOADED.store(true, Release);
     clock_desc
 }

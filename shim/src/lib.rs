@@ -4,10 +4,13 @@
 //! each batch of `ibv_wr_*` requests, at `ibv_wr_start`) by a busy-wait drawn from a 4096-entry table, without changing APP.
 //!
 //! Modules, each depending only on those listed after it:
+//! - [`dl`]: interposed `dlsym`/`dlvsym`, so lookups through a libibverbs handle get the
+//!   hooks; [`elf_lookup`]: libc's real ones, from its dynamic symbol table;
 //! - [`hooks`]: the interposed exported symbols (open/import/close a device, create a QP);
 //! - [`patch`]: swapping provider pointers in contexts and QPs, the registries of originals,
 //!   and the post wrappers; [`wr_ops`]: the `ibv_wr_*` work-request wrappers of
 //!   `IBJITTER_PER=wr`;
+//! - [`ucp`]: the UCP layer, UCX's send calls (`IBJITTER_LAYER`);
 //! - [`inject`]: the active injection: table in wait units, clock kind, draw, wait;
 //! - [`stats`]: counters and the stats document; [`rng`]: per-thread PCG streams;
 //!   [`clock`]: TSC busy-wait; [`config`]: the `IBJITTER_*` environment;
@@ -22,6 +25,8 @@
 pub mod clock;
 pub mod config;
 pub mod coverage;
+pub mod dl;
+pub mod elf_lookup;
 pub mod hooks;
 pub mod inject;
 pub mod patch;
@@ -31,6 +36,7 @@ pub mod rng;
 pub mod say;
 pub mod sigstats;
 pub mod stats;
+pub mod ucp;
 pub mod verbs_abi;
 pub mod wr_ops;
 
@@ -71,6 +77,7 @@ pub fn install(settings: Settings) {
         settings.delays.as_ref(),
         settings.unit,
         settings.per,
+        settings.layer,
         settings.spin,
         settings.seed,
         settings.stats.is_some(),
@@ -125,8 +132,13 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
         config::Per::Post => "",
         config::Per::Wr => ", one delay per work request",
     };
+    let layer = match s.layer {
+        config::Layer::Auto => ", layer auto (UCP if the process uses UCX)",
+        config::Layer::Verbs => ", layer verbs",
+        config::Layer::Ucp => ", layer ucp",
+    };
     Some(format!(
-        "ibjitter: {what}{per}{stats}; hooks {}",
+        "ibjitter: {what}{per}{layer}{stats}; hooks {}",
         hooks::HOOKED
     ))
 }
@@ -142,6 +154,7 @@ pub fn stats_json() -> Option<serde_json::Value> {
         table_source: s.delays.as_ref().map(|d| d.source.as_str()),
         unit: s.unit,
         per: s.per,
+        layer: s.layer,
         seed: s.seed,
         seed_source: &s.seed_source,
         clock: l.clock.clone(),
@@ -223,6 +236,8 @@ fn claim_stats_path() {
 extern "C" fn on_load() {
     // A panic must never cross into the host program: on any failure, pass through.
     let _ = std::panic::catch_unwind(|| {
+        // Before anything else may look a symbol up through the shim's dlsym/dlvsym.
+        dl::resolve();
         claim_stats_path();
         install(Settings::from_vars(|k| std::env::var(k).ok()));
         // SAFETY: handlers are plain functions of this object, unregistered by glibc if the

@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 pub static NOLOAD_FALLBACKS: AtomicU64 = AtomicU64::new(0);
 
 /// An atomic slot holding a function pointer of type `F` (an `unsafe extern "C" fn`), or null.
+/// `repr(C)`: the pointer is the first word, which [`crate::dl`]'s assembly reads.
+#[repr(C)]
 pub struct FnSlot<F> {
     ptr: AtomicPtr<c_void>,
     _f: PhantomData<F>,
@@ -67,10 +69,13 @@ pub unsafe fn as_fn<F: Copy>(p: *mut c_void) -> Option<F> {
     (!p.is_null()).then(|| std::mem::transmute_copy::<*mut c_void, F>(&p))
 }
 
-/// A real libibverbs symbol of type `F`, resolved on first use.
+/// A real symbol of type `F` (libibverbs', or UCX's libucp), resolved on first use.
 pub struct Real<F> {
     name: &'static CStr,
-    version: &'static CStr,
+    /// libibverbs' symbols are versioned, libucp's are not.
+    version: Option<&'static CStr>,
+    /// The library's soname, for the RTLD_NOLOAD fallback.
+    library: &'static CStr,
     slot: FnSlot<F>,
 }
 
@@ -78,28 +83,64 @@ impl<F: Copy> Real<F> {
     const fn new(name: &'static CStr, version: &'static CStr) -> Real<F> {
         Real {
             name,
-            version,
+            version: Some(version),
+            library: c"libibverbs.so.1",
+            slot: FnSlot::empty(),
+        }
+    }
+
+    /// An unversioned symbol of libucp (UCX's UCP API).
+    pub const fn ucp(name: &'static CStr) -> Real<F> {
+        Real {
+            name,
+            version: None,
+            library: c"libucp.so.0",
             slot: FnSlot::empty(),
         }
     }
 
     /// The real symbol: `dlvsym(RTLD_NEXT)`, else libibverbs already loaded in some local
-    /// scope (Open MPI loads UCX, and UCX libibverbs, with RTLD_LOCAL: there RTLD_NEXT finds
-    /// nothing). None, after one warning, if neither works.
+    /// scope (Open MPI loads UCX, and UCX libibverbs, with RTLD_LOCAL; NCCL dlopens it: there
+    /// RTLD_NEXT finds nothing). None, after one warning, if neither works.
     pub fn get(&self) -> Option<F> {
-        if let Some(f) = self.slot.get(Ordering::Acquire) {
-            return Some(f);
+        let p = self.find();
+        if p.is_null() {
+            say::warn_once(&format!(
+                "cannot find the real {}{}{}; the call fails",
+                self.name.to_string_lossy(),
+                if self.version.is_some() { "@" } else { "" },
+                self.version
+                    .map(|v| v.to_string_lossy())
+                    .unwrap_or_default()
+            ));
+            return None;
         }
-        // SAFETY: valid C strings; dlvsym/dlopen have no other preconditions.
+        // SAFETY: the symbol of this name and version has type F (the declarations below).
+        unsafe { as_fn(p) }
+    }
+
+    /// The real symbol's address as [`Real::get`] finds it, null (silently) if not found.
+    pub fn find(&self) -> *mut c_void {
+        let p = self.slot.raw(Ordering::Acquire);
+        if !p.is_null() {
+            return p;
+        }
+        // The real dlsym/dlvsym, not the shim's exports: RTLD_NEXT means "after the shim".
+        let (dlsym, dlvsym) = (crate::dl::real_dlsym(), crate::dl::real_dlvsym());
+        // SAFETY: valid C strings; dlsym/dlvsym/dlopen have no other preconditions.
+        let lookup = |h| unsafe {
+            match self.version {
+                Some(v) => dlvsym(h, self.name.as_ptr(), v.as_ptr()),
+                None => dlsym(h, self.name.as_ptr()),
+            }
+        };
+        // SAFETY: a valid C string; NOLOAD loads nothing.
         let p = unsafe {
-            let mut p = libc::dlvsym(libc::RTLD_NEXT, self.name.as_ptr(), self.version.as_ptr());
+            let mut p = lookup(libc::RTLD_NEXT);
             if p.is_null() {
-                let h = libc::dlopen(
-                    c"libibverbs.so.1".as_ptr(),
-                    libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-                );
+                let h = libc::dlopen(self.library.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
                 if !h.is_null() {
-                    p = libc::dlvsym(h, self.name.as_ptr(), self.version.as_ptr());
+                    p = lookup(h);
                     if !p.is_null() {
                         NOLOAD_FALLBACKS.fetch_add(1, Ordering::Relaxed);
                     }
@@ -109,29 +150,28 @@ impl<F: Copy> Real<F> {
             }
             p
         };
-        if p.is_null() {
-            say::warn_once(&format!(
-                "cannot find the real {}@{}; the call fails with ENOSYS",
-                self.name.to_string_lossy(),
-                self.version.to_string_lossy()
-            ));
-            return None;
+        if !p.is_null() {
+            self.slot.set_raw(p, Ordering::Release);
         }
-        self.slot.set_raw(p, Ordering::Release);
-        // SAFETY: the symbol of this name and version has type F (the declarations below).
-        unsafe { as_fn(p) }
+        p
     }
 }
 
 /// Whether libibverbs is loaded in this process, in any scope.
 pub fn libibverbs_loaded() -> bool {
+    loaded(c"libibverbs.so.1")
+}
+
+/// Whether UCX's libucp is loaded in this process, in any scope.
+pub fn libucp_loaded() -> bool {
+    loaded(c"libucp.so.0")
+}
+
+fn loaded(soname: &CStr) -> bool {
     // SAFETY: a valid C string; RTLD_NOLOAD loads nothing, and the reference it took is
     // given back at once.
     unsafe {
-        let h = libc::dlopen(
-            c"libibverbs.so.1".as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-        );
+        let h = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
         if h.is_null() {
             return false;
         }

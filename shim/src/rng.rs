@@ -24,6 +24,10 @@ struct ThreadState {
     /// `IBJITTER_PER=wr`: 1 when this thread's `ibv_wr_start` already waited for the first
     /// work request of its batch (see `wr_ops`). Kept in this block: the one TLS slot.
     batch_paid: u32,
+    /// How deep this thread is in UCP send calls (libucp's own `_nb`/`_nbi` forms call its
+    /// `_nbx` ones through the PLT, i.e. through the shim's hooks again): only the outermost
+    /// call delays. Kept in this block: the one TLS slot.
+    ucp_depth: u32,
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -77,7 +81,7 @@ mod tls {
 
     thread_local! {
         static STATE: UnsafeCell<ThreadState> = const {
-            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0 })
+            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0, ucp_depth: 0 })
         };
     }
 
@@ -161,6 +165,23 @@ pub(crate) fn take_batch_paid() -> bool {
     // SAFETY: the block is this thread's; no reference into it is alive.
     let s = unsafe { &mut *tls::state() };
     std::mem::replace(&mut s.batch_paid, 0) != 0
+}
+
+/// Enters a UCP send call; true if it is this thread's outermost one.
+#[inline(always)]
+pub(crate) fn enter_ucp() -> bool {
+    // SAFETY: the block is this thread's; no reference into it is alive.
+    let s = unsafe { &mut *tls::state() };
+    s.ucp_depth += 1;
+    s.ucp_depth == 1
+}
+
+/// Leaves a UCP send call entered with [`enter_ucp`].
+#[inline(always)]
+pub(crate) fn leave_ucp() {
+    // SAFETY: the block is this thread's; no reference into it is alive.
+    let s = unsafe { &mut *tls::state() };
+    s.ucp_depth = s.ucp_depth.saturating_sub(1);
 }
 
 /// A table index: the low bits of the next draw (ENTRIES is a power of two).

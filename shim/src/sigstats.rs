@@ -213,10 +213,15 @@ fn write_document(sig: c_int) {
         "post"
     });
     o.s("\"");
+    o.s(",\n  \"layer_used\": \"");
+    o.s(crate::inject::layer_now());
+    o.s("\"");
     o.s(",\n  \"posts\": { \"post_send\": ");
     o.u(counts.posts[Hook::PostSend as usize]);
     o.s(", \"wr_complete\": ");
     o.u(counts.posts[Hook::WrBatch as usize]);
+    o.s(", \"ucp\": ");
+    o.u(counts.posts[Hook::Ucp as usize]);
     o.s(" },\n  \"posts_total\": ");
     o.u(counts.posts.iter().sum());
     o.s(",\n  \"threads\": [");
@@ -228,6 +233,8 @@ fn write_document(sig: c_int) {
         o.u(p[0]);
         o.s(", \"wr_complete\": ");
         o.u(p[1]);
+        o.s(", \"ucp\": ");
+        o.u(p[2]);
         o.s("}");
     });
     o.s("]");

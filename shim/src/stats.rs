@@ -2,7 +2,7 @@
 //! per-thread slots (no contention, no atomic read-modify-write for the first
 //! [`EXCLUSIVE_SLOTS`] threads). Hits × entries give the injected-delay distribution exactly;
 //! it goes through an HdrHistogram at exit.
-use crate::config::{Per, Unit};
+use crate::config::{Layer, Per, Unit};
 use hdrhistogram::Histogram;
 use ibjitter_table::ENTRIES;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed};
@@ -18,11 +18,16 @@ pub enum Hook {
     /// `ibv_wr_start`: a batch of `ibv_wr_*` work requests (its key in the stats file stays
     /// `wr_complete`, where the batch used to be counted).
     WrBatch = 1,
+    /// A UCP send call (`IBJITTER_LAYER=ucp|auto`): one message.
+    Ucp = 2,
 }
+
+/// How many hooks count posts.
+pub const HOOKS: usize = 3;
 
 #[repr(C, align(64))]
 pub struct Slot {
-    posts: [AtomicU64; 2],
+    posts: [AtomicU64; HOOKS],
     hits: [AtomicU64; ENTRIES],
 }
 
@@ -93,11 +98,11 @@ pub fn count(thread: u32, hook: Hook, index: Option<usize>) {
 
 /// Posts per hook over all threads, read without allocating (for the signal handler).
 pub struct Counts {
-    pub posts: [u64; 2],
+    pub posts: [u64; HOOKS],
 }
 
 pub fn signal_safe_counts() -> Counts {
-    let mut c = Counts { posts: [0; 2] };
+    let mut c = Counts { posts: [0; HOOKS] };
     for slot in slots().unwrap_or(&[]) {
         for (t, p) in c.posts.iter_mut().zip(&slot.posts) {
             *t += p.load(Relaxed);
@@ -106,16 +111,16 @@ pub fn signal_safe_counts() -> Counts {
     c
 }
 
-/// Calls `f` with (post_send, wr_complete) of each slot up to the last one used, without
-/// allocating (the signal handler's `threads`).
-pub fn for_each_thread(mut f: impl FnMut([u64; 2])) {
+/// Calls `f` with (post_send, wr_complete, ucp) of each slot up to the last one used,
+/// without allocating (the signal handler's `threads`).
+pub fn for_each_thread(mut f: impl FnMut([u64; HOOKS])) {
     let all = slots().unwrap_or(&[]);
     let used = all
         .iter()
         .rposition(|s| s.posts.iter().any(|p| p.load(Relaxed) != 0))
         .map_or(0, |i| i + 1);
     for s in &all[..used] {
-        f([s.posts[0].load(Relaxed), s.posts[1].load(Relaxed)]);
+        f(std::array::from_fn(|h| s.posts[h].load(Relaxed)));
     }
 }
 
@@ -131,10 +136,11 @@ pub fn signal_safe_hits(i: usize) -> u64 {
 /// Totals at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
-    /// (post_send, wr_complete) per slot; the last slot is shared by threads ≥ 64.
-    pub per_thread: Vec<[u64; 2]>,
+    /// (post_send, wr_complete, ucp) per slot; the last slot is shared by threads ≥ 64.
+    pub per_thread: Vec<[u64; HOOKS]>,
     pub post_send: u64,
     pub wr_complete: u64,
+    pub ucp: u64,
     /// Hits per table index.
     pub hits: Vec<u64>,
 }
@@ -145,15 +151,16 @@ pub fn snapshot() -> Snapshot {
         ..Default::default()
     };
     for slot in slots().unwrap_or(&[]) {
-        let p = [slot.posts[0].load(Relaxed), slot.posts[1].load(Relaxed)];
+        let p: [u64; HOOKS] = std::array::from_fn(|h| slot.posts[h].load(Relaxed));
         s.post_send += p[0];
         s.wr_complete += p[1];
+        s.ucp += p[2];
         s.per_thread.push(p);
         for (h, c) in s.hits.iter_mut().zip(slot.hits.iter()) {
             *h += c.load(Relaxed);
         }
     }
-    while s.per_thread.last().is_some_and(|p| p == &[0, 0]) {
+    while s.per_thread.last().is_some_and(|p| p == &[0; HOOKS]) {
         s.per_thread.pop();
     }
     s
@@ -166,6 +173,8 @@ pub struct Context<'a> {
     pub unit: Unit,
     /// `IBJITTER_PER`: what one draw (and one count in `posts`) stands for.
     pub per: Per,
+    /// `IBJITTER_LAYER` as asked.
+    pub layer: Layer,
     pub seed: u64,
     pub seed_source: &'a str,
     pub clock: String,
@@ -234,9 +243,14 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
         "clock": ctx.clock,
         // Real libibverbs symbols found only through dlopen("libibverbs.so.1", RTLD_NOLOAD).
         "symbols_via_noload_fallback": crate::real::NOLOAD_FALLBACKS.load(Relaxed),
-        "posts": { "post_send": snap.post_send, "wr_complete": snap.wr_complete },
-        "posts_total": snap.post_send + snap.wr_complete,
-        "threads": snap.per_thread.iter().map(|p| json!({"post_send": p[0], "wr_complete": p[1]})).collect::<Vec<_>>(),
+        // Lookups through a library handle (dlsym/dlvsym, as NCCL does) answered with a hook.
+        "hooks_via_dlsym": crate::dl::HANDED_OUT.load(Relaxed),
+        // Asked for, and the one that delays at exit ("auto" becomes "ucp" once UCX is seen).
+        "layer": ctx.layer.name(),
+        "layer_used": crate::inject::layer_now(),
+        "posts": { "post_send": snap.post_send, "wr_complete": snap.wr_complete, "ucp": snap.ucp },
+        "posts_total": snap.post_send + snap.wr_complete + snap.ucp,
+        "threads": snap.per_thread.iter().map(|p| json!({"post_send": p[0], "wr_complete": p[1], "ucp": p[2]})).collect::<Vec<_>>(),
         "draws": draws,
         // Exact per-index counts ([index, hits], non-zero only): the injected distribution
         // without histogram rounding.

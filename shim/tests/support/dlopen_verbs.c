@@ -1,10 +1,11 @@
-/* A verbs program that links nothing from libibverbs: it dlopens the library and resolves
- * each verb through that handle with dlvsym(handle, name, "IBVERBS_1.1"), as NCCL does. It
- * opens DEVICE, allocates a PD, keeps the context open (as a long-running job would) and exits 0.
+/* A verbs program that the shim cannot reach: it loads libibverbs into a link namespace of
+ * its own (dlmopen LM_ID_NEWLM; preloaded objects live in the base namespace only) and
+ * resolves each verb through that handle. It opens DEVICE, allocates a PD, keeps the
+ * context open (as a long-running job would) and exits 0.
  *
  *   dlopen_verbs DEVICE
  */
-#define _GNU_SOURCE /* dlvsym */
+#define _GNU_SOURCE /* dlvsym, dlmopen */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,7 +16,7 @@ struct ibv_pd;
 
 int main(int argc, char **argv) {
     const char *want = argc > 1 ? argv[1] : "rxe0";
-    void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *h = dlmopen(LM_ID_NEWLM, "libibverbs.so.1", RTLD_NOW);
     if (!h) {
         fprintf(stderr, "dlopen: %s\n", dlerror());
         return 1;
@@ -37,7 +38,7 @@ int main(int argc, char **argv) {
                 perror("open");
                 return 1;
             }
-            printf("dlopen_verbs: opened %s through the library's own handle\n", want);
+            printf("dlopen_verbs: opened %s in a namespace of its own\n", want);
             return 0;
         }
     }

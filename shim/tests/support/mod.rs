@@ -67,6 +67,31 @@ pub fn build_stub() -> PathBuf {
     out
 }
 
+/// Compiles `tests/support/NAME.c` (with `-ldl`) into the target directory; returns the program.
+pub fn build_program(name: &str) -> PathBuf {
+    build_c(name, name, &["-ldl"])
+}
+
+/// Compiles `tests/support/SOURCE.c` with `flags` into `ibjitter-host-bin/OUT`; returns it.
+pub fn build_c(source: &str, out: &str, flags: &[&str]) -> PathBuf {
+    let dir = target_dir().join("ibjitter-host-bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = source;
+    let out = dir.join(out);
+    let tmp = dir.join(format!("{}.{}", out.display(), std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/support/{name}.c"));
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .args(flags)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed on {}", src.display());
+    std::fs::rename(&tmp, &out).unwrap();
+    out
+}
+
 fn dlopen(path: &Path) -> *mut c_void {
     let c = CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: valid C string.
