@@ -51,8 +51,8 @@ pub enum Layer {
     /// Each message a program hands to UCX's UCP API (`ucp_tag_send_nbx`, `ucp_put_nbx`, …),
     /// whatever transport UCX then picks.
     Ucp,
-    /// UCP once the process is seen using UCX (libucp loaded when a device is opened, or a
-    /// UCP send), verbs otherwise: no message is delayed at both.
+    /// UCP for UCX's messages (the verbs contexts UCX opens stay unpatched), verbs for every
+    /// other context of the process: no message is delayed at both.
     Auto,
 }
 
@@ -156,7 +156,7 @@ impl Settings {
             Some("verbs") => s.layer = Layer::Verbs,
             Some("ucp") => s.layer = Layer::Ucp,
             Some(other) => problems.push(format!(
-                "IBJITTER_LAYER={other}: expected \"auto\" (UCP when the process uses UCX, else verbs), \"verbs\" or \"ucp\""
+                "IBJITTER_LAYER={other}: expected \"auto\" (UCP for UCX's messages, verbs for the rest), \"verbs\" or \"ucp\""
             )),
         }
         match nonempty("IBJITTER_SPIN").as_deref().map(str::trim) {

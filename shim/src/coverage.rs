@@ -41,7 +41,7 @@ pub fn nothing_delayed() -> Option<String> {
         return None;
     }
     if UCX_SEEN.load(Relaxed) || real::libucp_loaded() {
-        return Some(if inject::layer_now() == "verbs" {
+        return Some(if inject::layer_is_verbs() {
             "the program uses UCX, and no send passed a verbs hook: UCX's transport writes to \
              the NIC itself (rc_mlx5, dc_mlx5, ud_mlx5) or is not RDMA (tcp, shared memory); \
              nothing was delayed (IBJITTER_LAYER=ucp or auto delays each UCP message)"

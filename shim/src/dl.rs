@@ -43,10 +43,10 @@ pub fn resolve() {
     }
 }
 
-/// `name` in the first loaded object after the shim's own (libc on glibc ≥ 2.34, libdl
-/// before it), None (after one warning) if none defines it.
+/// `name` in libc (glibc ≥ 2.34) or libdl (before it): never another interposer's or the
+/// program's own. None (after one warning) if neither defines it.
 fn find(name: &CStr) -> Option<*mut c_void> {
-    let found = elf_lookup::find_function(name, resolve as *const c_void);
+    let found = elf_lookup::find_function(name, &["libc.so", "libdl.so"], resolve as *const c_void);
     if found.is_none() {
         say::warn_once(&format!(
             "cannot find libc's {}: lookups through it return NULL",
@@ -105,8 +105,11 @@ unsafe fn hooked(name: *const c_char, found: *mut c_void) -> *mut c_void {
         return found;
     }
     // A panic must never cross into the host program.
-    std::panic::catch_unwind(|| hooks::hook_for(CStr::from_ptr(name), found))
-        .ok()
+    let hook = std::panic::catch_unwind(|| hooks::hook_for(CStr::from_ptr(name), found));
+    // The program's lookup succeeded: a failure of the shim's own lookups inside hook_for
+    // must not show in its next dlerror().
+    libc::dlerror();
+    hook.ok()
         .flatten()
         .inspect(|_| {
             HANDED_OUT.fetch_add(1, Relaxed);

@@ -1,7 +1,8 @@
 //! Finding a symbol in the objects already loaded, by reading their dynamic symbol tables in
 //! memory: how [`crate::dl`] gets libc's real `dlsym`/`dlvsym` while its own exports of those
 //! names shadow them (glibc has no other public or private name for them, and asking `dlsym`
-//! for `dlsym` would call the shim itself).
+//! for `dlsym` would call the shim itself), and [`crate::real`]'s last resort for a library
+//! loaded where neither `RTLD_NEXT` nor its soname finds it.
 //!
 //! Reads what the dynamic linker reads: `PT_DYNAMIC` → `DT_SYMTAB`, `DT_STRTAB`, and
 //! `DT_GNU_HASH` (or the older `DT_HASH`), `DT_VERSYM` to prefer a symbol's default version.
@@ -48,17 +49,22 @@ struct Tables {
 }
 
 /// The address of function `name` (its default version where it has several) in the first
-/// loaded object, in load order, that defines it and does not contain `skip` (an address in
-/// the caller's own object). None if no object does.
-pub fn find_function(name: &CStr, skip: *const c_void) -> Option<*mut c_void> {
+/// loaded object, in load order, whose file name starts with one of `objects` (e.g.
+/// `libc.so`), that defines it and does not contain `skip` (an address in the caller's own
+/// object). None if no object does.
+pub fn find_function(name: &CStr, objects: &[&str], skip: *const c_void) -> Option<*mut c_void> {
     struct Search<'a> {
         name: &'a CStr,
+        objects: &'a [&'a str],
         skip: usize,
         found: usize,
     }
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> c_int {
         // SAFETY: dl_iterate_phdr hands us a valid info for this object and our own `data`.
         let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
+        if !search.objects.iter().any(|o| named(info, o)) {
+            return 0;
+        }
         // SAFETY: the program headers of a loaded object, as the dynamic linker mapped them.
         let found = unsafe { lookup_in(info, search.name, search.skip) };
         match found {
@@ -71,12 +77,24 @@ pub fn find_function(name: &CStr, skip: *const c_void) -> Option<*mut c_void> {
     }
     let mut search = Search {
         name,
+        objects,
         skip: skip as usize,
         found: 0,
     };
     // SAFETY: `each` only reads the objects' mapped tables; `search` outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(each), &mut search as *mut Search as *mut c_void) };
     (search.found != 0).then_some(search.found as *mut c_void)
+}
+
+/// Whether the object's file name (its last path component) starts with `prefix`.
+fn named(info: &libc::dl_phdr_info, prefix: &str) -> bool {
+    if info.dlpi_name.is_null() {
+        return false;
+    }
+    // SAFETY: the loader's C string for this object.
+    let path = unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes();
+    let base = path.rsplit(|&c| c == b'/').next().unwrap_or(path);
+    base.starts_with(prefix.as_bytes())
 }
 
 /// `name` in the object `info` describes, unless that object contains address `skip`.
@@ -166,6 +184,9 @@ unsafe fn gnu_lookup(t: &Tables, name: &CStr) -> Option<u32> {
         .fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(c as u32));
     let header = t.gnu_hash;
     let (nbuckets, symoffset, bloom_size) = (*header, *header.add(1), *header.add(2));
+    if nbuckets == 0 {
+        return None;
+    }
     let buckets = header.add(4 + 2 * bloom_size as usize); // 64-bit bloom words
     let chains = buckets.add(nbuckets as usize);
     let mut index = *buckets.add((h % nbuckets) as usize);
@@ -196,6 +217,9 @@ unsafe fn sysv_lookup(t: &Tables, name: &CStr) -> Option<u32> {
         (h ^ (g >> 24)) & !g
     });
     let (nbucket, nchain) = (*t.hash, *t.hash.add(1));
+    if nbucket == 0 {
+        return None;
+    }
     let buckets = t.hash.add(2);
     let chains = buckets.add(nbucket as usize);
     let mut index = *buckets.add((h % nbucket) as usize);
@@ -224,7 +248,7 @@ mod tests {
     fn finds_libc_functions_where_the_dynamic_linker_does() {
         let here = finds_libc_functions_where_the_dynamic_linker_does as *const c_void;
         for name in [c"dlsym", c"dlvsym", c"getpid", c"dl_iterate_phdr"] {
-            let found = find_function(name, here).expect("found");
+            let found = find_function(name, &["libc.so"], here).expect("found");
             // glibc 2.34 moved the dl* functions into libc (GLIBC_2.34 is their default).
             let version = if name.to_bytes().starts_with(b"dl") && name != c"dl_iterate_phdr" {
                 c"GLIBC_2.34"
@@ -238,6 +262,14 @@ mod tests {
     #[test]
     fn a_name_nobody_defines_is_not_found() {
         let here = a_name_nobody_defines_is_not_found as *const c_void;
-        assert_eq!(find_function(c"ibjitter_no_such_function", here), None);
+        assert_eq!(
+            find_function(c"ibjitter_no_such_function", &["lib"], here),
+            None
+        );
+        // Only the objects named are searched.
+        assert_eq!(
+            find_function(c"getpid", &["libibjitter-nothing"], here),
+            None
+        );
     }
 }

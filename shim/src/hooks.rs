@@ -5,11 +5,13 @@
 //! (see [`crate::patch`]). With `dlsym`/`dlvsym` ([`crate::dl`]), these are the only symbols
 //! libibjitter.so exports; [`hook_for`] says which hook stands for which real function.
 use crate::coverage;
+use crate::inject;
 use crate::patch;
 use crate::ports;
 use crate::real::{address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP, IMPORT_DEVICE, OPEN_DEVICE};
 use crate::real::{CloseDeviceFn, CreateQpFn, DestroyQpFn, ImportDeviceFn, OpenDeviceFn};
 use crate::say;
+use crate::ucp;
 use crate::verbs_abi::*;
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr::null_mut;
@@ -58,21 +60,26 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     ctx
 }
 
-/// A context came back from the real open or import: say the startup line, patch it.
+/// A context came back from the real open or import: say the startup line, patch it
+/// (unless UCX opened it and its messages are delayed at UCP).
 unsafe fn opened(ctx: *mut ibv_context) {
     say::announce_once();
-    if !ctx.is_null() {
-        coverage::context_opened();
-        // IBJITTER_LAYER=auto: a device opened while UCX is loaded is UCX's (its verbs sends
-        // carry UCP messages, delayed at UCP).
-        if crate::real::libucp_loaded() {
-            coverage::ucx_seen();
-            crate::inject::use_ucp();
-        }
-        let device = (*ctx).device;
-        if !device.is_null() {
-            let path = std::ffi::CStr::from_ptr((*device).ibdev_path.as_ptr());
-            ports::device_opened(std::path::Path::new(&*path.to_string_lossy()));
+    if ctx.is_null() {
+        return;
+    }
+    coverage::context_opened();
+    let device = (*ctx).device;
+    if !device.is_null() {
+        let path = std::ffi::CStr::from_ptr((*device).ibdev_path.as_ptr());
+        ports::device_opened(std::path::Path::new(&*path.to_string_lossy()));
+    }
+    if crate::real::libucp_loaded() {
+        coverage::ucx_seen();
+        // IBJITTER_LAYER=auto|ucp: UCX's own contexts carry UCP messages, delayed at UCP;
+        // the process's other contexts (NCCL's, the program's) keep the verbs delay.
+        if inject::ucx_contexts_at_ucp() && ucp::opened_by_ucx() {
+            ucp::add_ucx_context(ctx.cast());
+            return;
         }
     }
     patch::patch_context(ctx);
@@ -103,6 +110,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
         return -1;
     };
     patch::unpatch_context(ctx);
+    ucp::forget_ucx_context(ctx.cast());
     real(ctx)
 }
 
@@ -120,10 +128,13 @@ pub unsafe extern "C" fn ibv_create_qp(
         return fail_enosys();
     };
     let qp = real(pd, attr);
-    if !qp.is_null() {
-        coverage::qp_created();
+    if qp.is_null() {
+        return qp;
     }
-    patch::patch_qp_ex_of(qp);
+    coverage::qp_created();
+    if !ucp::is_ucx_context((*qp).context.cast()) {
+        patch::patch_qp_ex_of(qp);
+    }
     qp
 }
 

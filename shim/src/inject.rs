@@ -17,11 +17,11 @@ const STATS: u8 = 2;
 pub const PER_WR: u8 = 4;
 
 /// The verbs wrappers' mode: 0 until load finished (and whenever there is nothing to do):
-/// they pass through. Without INJECT while UCP is the layer (they may still count).
+/// they pass through. Without INJECT when UCP is the only layer (they may still count).
 static MODE: AtomicU8 = AtomicU8::new(0);
 /// The UCP wrappers' mode ([`crate::ucp`]): 0 while verbs is the layer.
 static UCP_MODE: AtomicU8 = AtomicU8::new(0);
-/// The full mode, and the layer asked for (a `Layer` as u8), for [`use_ucp`].
+/// The full mode (both layers' bits), and the layer asked for (a `Layer` as u8).
 static FULL_MODE: AtomicU8 = AtomicU8::new(0);
 static LAYER: AtomicU8 = AtomicU8::new(Layer::Auto as u8);
 /// The table in wait units (TSC ticks, ns or loops), read by the post path.
@@ -41,22 +41,26 @@ pub fn ucp_mode() -> u8 {
     UCP_MODE.load(Acquire)
 }
 
-/// `IBJITTER_LAYER=auto`: the process uses UCX, so from now on its messages are delayed at
-/// UCP and the verbs wrappers only count (UCX's own verbs sends are those messages). Called
-/// when a device is opened while libucp is loaded, and at a UCP send.
-pub fn use_ucp() {
-    if LAYER.load(Acquire) == Layer::Auto as u8 && MODE.load(Acquire) & INJECT != 0 {
-        MODE.store(FULL_MODE.load(Acquire) & !INJECT, Release);
-    }
+/// Whether contexts that UCX opens stay unpatched (`IBJITTER_LAYER=auto|ucp`): their sends
+/// carry UCP messages, delayed at UCP; other contexts of the process (NCCL's, the program's
+/// own) keep the verbs delay in `auto`.
+pub fn ucx_contexts_at_ucp() -> bool {
+    LAYER.load(Acquire) != Layer::Verbs as u8
 }
 
-/// Which layer delays now: "verbs" or "ucp" (for the stats), "none" if nothing is injected.
-pub fn layer_now() -> &'static str {
-    match (
-        MODE.load(Acquire) & INJECT != 0,
-        UCP_MODE.load(Acquire) & INJECT != 0,
-    ) {
-        (true, _) => "verbs",
+/// Whether the layer asked for is `verbs`.
+pub fn layer_is_verbs() -> bool {
+    LAYER.load(Acquire) == Layer::Verbs as u8
+}
+
+/// Which layers delayed, from the counts (posts through verbs wrappers, UCP messages):
+/// "verbs", "ucp", "verbs+ucp" or "none". Allocation-free (the signal handler uses it).
+pub fn layer_used(verbs_posts: u64, ucp_messages: u64) -> &'static str {
+    let verbs = verbs_posts > 0 && MODE.load(Acquire) & INJECT != 0;
+    let ucp = ucp_messages > 0 && UCP_MODE.load(Acquire) & INJECT != 0;
+    match (verbs, ucp) {
+        (true, true) => "verbs+ucp",
+        (true, false) => "verbs",
         (false, true) => "ucp",
         (false, false) => "none",
     }
@@ -187,9 +191,10 @@ pub fn activate(
     }
     FULL_MODE.store(mode, Release);
     LAYER.store(layer as u8, Release);
+    // `ucp`: verbs wrappers only count (they are patched only on contexts UCX did not open).
     let (verbs, ucp) = match layer {
         Layer::Verbs => (mode, 0),
-        Layer::Ucp => (mode & !INJECT, mode),
+        Layer::Ucp => (mode & !INJECT & !PER_WR, mode),
         Layer::Auto => (mode, mode),
     };
     UCP_MODE.store(ucp, Release);

@@ -133,7 +133,7 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
         config::Per::Wr => ", one delay per work request",
     };
     let layer = match s.layer {
-        config::Layer::Auto => ", layer auto (UCP if the process uses UCX)",
+        config::Layer::Auto => ", layer auto (UCP for UCX, verbs for the rest)",
         config::Layer::Verbs => ", layer verbs",
         config::Layer::Ucp => ", layer ucp",
     };

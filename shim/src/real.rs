@@ -135,21 +135,42 @@ impl<F: Copy> Real<F> {
             }
         };
         // SAFETY: a valid C string; NOLOAD loads nothing.
-        let p = unsafe {
+        let mut p = unsafe {
             let mut p = lookup(libc::RTLD_NEXT);
             if p.is_null() {
                 let h = libc::dlopen(self.library.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
                 if !h.is_null() {
                     p = lookup(h);
-                    if !p.is_null() {
+                    if p.is_null() {
+                        libc::dlclose(h);
+                    } else {
+                        // The reference NOLOAD took stays: the library cannot be unloaded
+                        // (and reloaded elsewhere) under the cached address.
                         NOLOAD_FALLBACKS.fetch_add(1, Ordering::Relaxed);
                     }
-                    // NOLOAD took a reference; the library stays loaded by its other users.
-                    libc::dlclose(h);
                 }
             }
             p
         };
+        if p.is_null() {
+            // Last resort: the library under another file name in a local scope (a wheel's
+            // bundled libucp-<hash>.so, say), found in the loaded objects' symbol tables.
+            let stem = self
+                .library
+                .to_str()
+                .unwrap_or("")
+                .split('.')
+                .next()
+                .unwrap_or("");
+            if !stem.is_empty() {
+                p = crate::elf_lookup::find_function(
+                    self.name,
+                    &[stem],
+                    crate::dl::resolve as *const c_void,
+                )
+                .unwrap_or(std::ptr::null_mut());
+            }
+        }
         if !p.is_null() {
             self.slot.set_raw(p, Ordering::Release);
         }

@@ -116,7 +116,11 @@ pub fn set_seed(seed: u64) {
 /// Forgets the calling thread's stream; its next post takes a new thread index.
 pub fn reset_current_thread() {
     // SAFETY: the block is this thread's; nothing else holds a reference into it now.
-    unsafe { (*tls::state()).ready = 0 };
+    unsafe {
+        (*tls::state()).ready = 0;
+        // A fork child starts outside any UCP call (the forking thread may have been inside).
+        (*tls::state()).ucp_depth = 0;
+    }
 }
 
 /// How many threads have posted (through a wrapper that draws or counts) since load, or

@@ -214,7 +214,10 @@ fn write_document(sig: c_int) {
     });
     o.s("\"");
     o.s(",\n  \"layer_used\": \"");
-    o.s(crate::inject::layer_now());
+    o.s(crate::inject::layer_used(
+        counts.posts[Hook::PostSend as usize] + counts.posts[Hook::WrBatch as usize],
+        counts.posts[Hook::Ucp as usize],
+    ));
     o.s("\"");
     o.s(",\n  \"posts\": { \"post_send\": ");
     o.u(counts.posts[Hook::PostSend as usize]);

@@ -245,9 +245,9 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
         "symbols_via_noload_fallback": crate::real::NOLOAD_FALLBACKS.load(Relaxed),
         // Lookups through a library handle (dlsym/dlvsym, as NCCL does) answered with a hook.
         "hooks_via_dlsym": crate::dl::HANDED_OUT.load(Relaxed),
-        // Asked for, and the one that delays at exit ("auto" becomes "ucp" once UCX is seen).
+        // Asked for, and which layers delayed ("verbs", "ucp", "verbs+ucp" or "none").
         "layer": ctx.layer.name(),
-        "layer_used": crate::inject::layer_now(),
+        "layer_used": crate::inject::layer_used(snap.post_send + snap.wr_complete, snap.ucp),
         "posts": { "post_send": snap.post_send, "wr_complete": snap.wr_complete, "ucp": snap.ucp },
         "posts_total": snap.post_send + snap.wr_complete + snap.ucp,
         "threads": snap.per_thread.iter().map(|p| json!({"post_send": p[0], "wr_complete": p[1], "ucp": p[2]})).collect::<Vec<_>>(),

@@ -7,8 +7,10 @@
 //!
 //! One message, one delay: libucp's `_nb`, `_nbi` and `_nbr` forms, and its old blocking
 //! atomics, call its `_nbx` ones through the PLT, i.e. through these wrappers again; a
-//! per-thread depth counter lets only the outermost call wait. The wait comes before UCX sees
-//! the message, in the calling thread, as at verbs.
+//! per-thread depth counter lets only the outermost call wait (so a send that a callback makes
+//! while a blocking `ucp_put`/`ucp_get` progresses the worker is not delayed). The wait comes
+//! before UCX sees the message, in the calling thread, as at verbs. The verbs contexts UCX
+//! opens are left unpatched ([`crate::hooks`]), so its messages never wait twice.
 //!
 //! Every wrapped function takes only integer and pointer arguments and returns an integer
 //! (`ucs_status_t`) or a pointer (`ucs_status_ptr_t`): the wrappers pass each argument on as
@@ -17,7 +19,8 @@
 use crate::real::Real;
 use crate::stats::Hook;
 use crate::{inject, rng, say};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 /// `UCS_ERR_UNSUPPORTED`, returned (as a status or a status pointer) if the real function
 /// cannot be found, which a program that calls it can hardly meet.
@@ -26,13 +29,12 @@ const UCS_ERR_UNSUPPORTED: i64 = -22;
 /// Whether this process has sent a UCP message since load.
 static SEEN: AtomicBool = AtomicBool::new(false);
 
-/// The first UCP message: UCX is in use (auto layer → UCP), and the startup line is due.
+/// The first UCP message: UCX is in use, and the startup line is due.
 #[cold]
 #[inline(never)]
 fn first_message() {
     SEEN.store(true, Relaxed);
     crate::coverage::ucx_seen();
-    inject::use_ucp();
     say::announce_once();
 }
 
@@ -45,6 +47,55 @@ fn enter(mode: u8) {
         }
         inject::delay(mode, Hook::Ucp);
     }
+}
+
+/// Verbs contexts that UCX opened (left unpatched), by address; 0 = free. Lock-free, so a
+/// fork never inherits it locked.
+static UCX_CONTEXTS: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
+
+/// Whether the device being opened is opened by UCX (libuct's or libucp's code is on the
+/// calling stack): a few frames of `backtrace`, each looked up with `dladdr`. At open time
+/// only, never on a post path.
+pub fn opened_by_ucx() -> bool {
+    let mut frames = [std::ptr::null_mut::<c_void>(); 16];
+    // SAFETY: the buffer holds 16 entries; backtrace writes at most that many.
+    let n = unsafe { libc::backtrace(frames.as_mut_ptr(), frames.len() as c_int) };
+    frames[..n.clamp(0, 16) as usize].iter().any(|&ip| {
+        // SAFETY: dladdr only reads the loader's tables; `info` is ours.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        if ip.is_null() || unsafe { libc::dladdr(ip, &mut info) } == 0 || info.dli_fname.is_null() {
+            return false;
+        }
+        // SAFETY: dladdr's file name is a C string owned by the loader.
+        let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+        let base = path.rsplit(|&c| c == b'/').next().unwrap_or(path);
+        base.starts_with(b"libuct") || base.starts_with(b"libucp")
+    })
+}
+
+/// Notes a context UCX opened (not patched: its sends are UCP messages).
+pub fn add_ucx_context(ctx: *mut c_void) {
+    let key = ctx as usize;
+    for slot in &UCX_CONTEXTS {
+        if slot.compare_exchange(0, key, Relaxed, Relaxed).is_ok() {
+            return;
+        }
+    }
+    // Full: the context stays unpatched anyway; only its QPs' ibv_qp_ex could be patched.
+}
+
+/// Forgets a context (closed: its address may come back for another).
+pub fn forget_ucx_context(ctx: *mut c_void) {
+    let key = ctx as usize;
+    for slot in &UCX_CONTEXTS {
+        let _ = slot.compare_exchange(key, 0, Relaxed, Relaxed);
+    }
+}
+
+/// Whether UCX opened this context.
+pub fn is_ucx_context(ctx: *mut c_void) -> bool {
+    let key = ctx as usize;
+    key != 0 && UCX_CONTEXTS.iter().any(|s| s.load(Relaxed) == key)
 }
 
 /// `u64` for each argument name (the wrappers' parameter types).
@@ -65,8 +116,10 @@ macro_rules! ucp_sends {
             /// # Safety
             /// Same contract as UCX's function of this name.
             #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: u64),+) -> u64 {
-                type F = unsafe extern "C" fn($(word!($arg)),+) -> u64;
+            // "C-unwind": a callback that ends its thread (pthread_exit, cancellation) from
+            // inside the real call unwinds through here instead of aborting the process.
+            pub unsafe extern "C-unwind" fn $name($($arg: u64),+) -> u64 {
+                type F = unsafe extern "C-unwind" fn($(word!($arg)),+) -> u64;
                 static REAL: Real<F> = Real::ucp(
                     match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
                         Ok(c) => c,

@@ -1697,3 +1697,50 @@ fn ucp_sends_wait_once_per_message_and_pass_everything_through() {
         }
     }
 }
+
+/// In a process that uses UCX, a context UCX did not open (NCCL's, the program's own) keeps
+/// the verbs delay under `IBJITTER_LAYER=auto`: only UCX's own contexts move to the UCP layer.
+/// (That UCX's contexts are recognised is the MPI bench test's: rank 0's UCX posts pass no hook.)
+#[test]
+fn with_ucx_loaded_a_context_ucx_did_not_open_keeps_the_verbs_delay() {
+    if child_scenario().is_some() {
+        let lib = std::env::var("IBJITTER_TEST_UCP").unwrap();
+        let c = std::ffi::CString::new(lib).unwrap();
+        // SAFETY: a valid path; the stand-in libucp has no constructor.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        assert!(!h.is_null(), "dlopen stub libucp");
+        return child_basic(100);
+    }
+    let lib = build_c(
+        "stub_ucp",
+        "libucp.so.0",
+        &["-shared", "-fPIC", "-Wl,-soname,libucp.so.0"],
+    );
+    let dir = scratch("ucx-own-context");
+    let out = respawn(
+        "with_ucx_loaded_a_context_ucx_did_not_open_keeps_the_verbs_delay",
+        "ucx_loaded",
+        &[
+            ("IBJITTER_DELAY", "20us".into()),
+            ("IBJITTER_TEST_UCP", lib.display().to_string()),
+            stats_env(&dir),
+        ],
+    );
+    let r = &out.result;
+    assert_eq!(
+        (&r["patched"], &r["wr_patched"]),
+        (&true.into(), &true.into()),
+        "{r}"
+    );
+    assert!(r["elapsed_ns"].as_u64().unwrap() >= 150 * 20_000, "{r}");
+    let s = read_stats(&dir);
+    assert_eq!(s.len(), 1);
+    let s = &s[0];
+    assert_eq!(
+        (&s["posts"]["post_send"], &s["posts"]["wr_complete"]),
+        (&100.into(), &50.into()),
+        "{s}"
+    );
+    assert_eq!(s["delays_injected"], 150, "{s}");
+    assert_eq!(s["layer_used"], "verbs", "{s}");
+}
