@@ -41,7 +41,14 @@ fn support_program(name: &str, out: &str, flags: &[&str]) -> PathBuf {
     let dir = root.join("target/bench-bin");
     std::fs::create_dir_all(&dir).unwrap();
     let bin = dir.join(out);
-    let tmp = dir.join(format!("{out}.{}", std::process::id()));
+    // Unique per process and call: tests of this binary run in parallel threads, and two may
+    // build the same program at once.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        "{out}.{}.{}",
+        std::process::id(),
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let st = Command::new("cc")
         .args(["-O2", "-Wall", "-o"])
         .arg(&tmp)

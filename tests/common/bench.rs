@@ -213,8 +213,14 @@ pub fn mpi_pingpong() -> PathBuf {
         return bin;
     }
     fs::create_dir_all(&dir).expect("creating target/bench-bin");
-    // Build under a per-process name, then rename: concurrent test processes never see half a binary.
-    let tmp = dir.join(format!("pingpong.{}", std::process::id()));
+    // Build under a per-process, per-call name, then rename: concurrent test processes, and
+    // tests of one process running in parallel threads, never see half a binary.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        "pingpong.{}.{}",
+        std::process::id(),
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let status = Command::new("mpicc")
         .args(["-O2", "-Wall", "-o"])
         .arg(&tmp)

@@ -78,7 +78,14 @@ pub fn build_c(source: &str, out: &str, flags: &[&str]) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let name = source;
     let out = dir.join(out);
-    let tmp = dir.join(format!("{}.{}", out.display(), std::process::id()));
+    // Unique per process and call: parallel tests in one process build the same output.
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        "{}.{}.{}",
+        out.display(),
+        std::process::id(),
+        CALLS.fetch_add(1, Relaxed)
+    ));
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/support/{name}.c"));
     let st = Command::new("cc")
         .args(["-O2", "-Wall", "-o"])
