@@ -187,11 +187,9 @@ fn pause_ns() -> f64 {
 
 fn run_child(so: &Path, stub: &Path, role: &str, env: &[(&str, &str)]) -> Vec<f64> {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let stub_ucp = build_c(
-        "stub_ucp",
-        "libucp.so.0",
-        &["-shared", "-fPIC", "-Wl,-soname,libucp.so.0"],
-    );
+    // Built once for all children.
+    static STUB_UCP: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let stub_ucp = STUB_UCP.get_or_init(build_stub_ucp);
     cmd.args(["--child", role])
         .env("IBJITTER_BENCH_SO", so)
         .env("IBJITTER_BENCH_STUB", stub)

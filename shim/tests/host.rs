@@ -1560,13 +1560,7 @@ fn lookups_through_a_libibverbs_handle_get_the_hooks_and_nothing_else_changes() 
             cmd.env("LD_PRELOAD", &built().so)
                 .env("IBJITTER_DELAY", "10us");
         }
-        let out = cmd.output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (stdout, stderr) = run_ok(&mut cmd);
         let lines: Vec<(String, String)> = stdout
             .lines()
             .map(|l| {
@@ -1574,7 +1568,7 @@ fn lookups_through_a_libibverbs_handle_get_the_hooks_and_nothing_else_changes() 
                 (q.to_string(), a.to_string())
             })
             .collect();
-        (lines, String::from_utf8_lossy(&out.stderr).into_owned())
+        (lines, stderr)
     };
     let (clean, _) = run(false);
     let (shimmed, stderr) = run(true);
@@ -1623,11 +1617,7 @@ fn lookups_through_a_libibverbs_handle_get_the_hooks_and_nothing_else_changes() 
 #[test]
 fn ucp_sends_wait_once_per_message_and_pass_everything_through() {
     let dir = target_dir().join("ibjitter-host-bin");
-    let lib = build_c(
-        "stub_ucp",
-        "libucp.so.0",
-        &["-shared", "-fPIC", "-Wl,-soname,libucp.so.0"],
-    );
+    let lib = build_stub_ucp();
     let rpath = format!("-Wl,-rpath,{}", dir.display());
     let probe = build_c("ucp_probe", "ucp_probe", &[lib.to_str().unwrap(), &rpath]);
     const N: u64 = 5;
@@ -1639,10 +1629,7 @@ fn ucp_sends_wait_once_per_message_and_pass_everything_through() {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let out = cmd.output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{stdout}{stderr}");
+        let (stdout, stderr) = run_ok(&mut cmd);
         let field = |k: &str| -> String {
             stdout
                 .lines()
@@ -1711,11 +1698,7 @@ fn with_ucx_loaded_a_context_ucx_did_not_open_keeps_the_verbs_delay() {
         assert!(!h.is_null(), "dlopen stub libucp");
         return child_basic(100);
     }
-    let lib = build_c(
-        "stub_ucp",
-        "libucp.so.0",
-        &["-shared", "-fPIC", "-Wl,-soname,libucp.so.0"],
-    );
+    let lib = build_stub_ucp();
     let dir = scratch("ucx-own-context");
     let out = respawn(
         "with_ucx_loaded_a_context_ucx_did_not_open_keeps_the_verbs_delay",

@@ -99,6 +99,28 @@ pub fn build_c(source: &str, out: &str, flags: &[&str]) -> PathBuf {
     out
 }
 
+/// Compiles the stand-in libucp.so.0 (tests/support/stub_ucp.c, soname set) and returns it.
+pub fn build_stub_ucp() -> PathBuf {
+    build_c(
+        "stub_ucp",
+        "libucp.so.0",
+        &["-shared", "-fPIC", "-Wl,-soname,libucp.so.0"],
+    )
+}
+
+/// Runs `cmd`, asserts it succeeded, returns its (stdout, stderr).
+pub fn run_ok(cmd: &mut Command) -> (String, String) {
+    let out = cmd.output().expect("spawn");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{stdout}{stderr}",
+        out.status
+    );
+    (stdout, stderr)
+}
+
 fn dlopen(path: &Path) -> *mut c_void {
     let c = CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: valid C string.
