@@ -3,6 +3,7 @@
 //! it was delayed. Counted off the post path: contexts and QPs as they are made, posting
 //! threads from the per-thread streams.
 use crate::{inject, real, rng};
+use serde_json::Value;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// Contexts opened and QPs created through the hooks, in this process (reset in a fork child).
@@ -96,4 +97,77 @@ fn open_rdma_device_files() -> usize {
         .filter_map(|e| std::fs::read_link(e.path()).ok())
         .filter(|target| target.starts_with("/dev/infiniband"))
         .count()
+}
+
+/// The line said at exit by a process that used the hooks: how many of the sends that passed
+/// them were delayed, beside what its device ports sent meanwhile (`ports`, as in the stats
+/// file's `ports_sent`), so a user sees the share of the traffic the shim saw, e.g.
+/// "delayed 1000 of 1000 sends (post_send 1000); rxe0 port 1 sent 2003 packets".
+pub fn summary(posts: [u64; 3], delayed: u64, sum: &str, ports: &Value) -> String {
+    let total: u64 = posts.iter().sum();
+    let by_hook: Vec<String> = ["post_send", "wr_complete", "ucp"]
+        .iter()
+        .zip(posts)
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    let by_hook = if by_hook.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", by_hook.join(", "))
+    };
+    let sent: Vec<String> = ports
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| {
+            let packets = p["xmit_packets"].as_u64().or(p["hw_sent_pkts"].as_u64())?;
+            let bytes = p["xmit_bytes"]
+                .as_u64()
+                .map(|b| format!(", {b} bytes"))
+                .unwrap_or_default();
+            Some(format!(
+                "{} port {} sent {packets} packets{bytes}",
+                p["device"].as_str().unwrap_or("?"),
+                p["port"]
+            ))
+        })
+        .collect();
+    let ports = if sent.is_empty() {
+        String::new()
+    } else {
+        // Port counters count every process's traffic on the port, and the RC transport's
+        // acknowledgements and read responses: more packets than sends is the rule.
+        format!(
+            "; since the device was opened {} (all traffic on the port)",
+            sent.join(", ")
+        )
+    };
+    format!("ibjitter: delayed {delayed} of {total} sends{by_hook}, {sum} in all{ports}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn summary_names_delays_hooks_and_port_counts() {
+        let ports = json!([
+            {"device": "rxe0", "port": 1, "xmit_packets": null, "xmit_bytes": null, "hw_sent_pkts": 603},
+            {"device": "mlx5_0", "port": 1, "xmit_packets": 2003, "xmit_bytes": 81920, "hw_sent_pkts": null},
+            {"device": "odd", "port": 1, "xmit_packets": null, "xmit_bytes": null, "hw_sent_pkts": null},
+        ]);
+        assert_eq!(
+            summary([200, 0, 0], 200, "200.000 ms", &ports),
+            "ibjitter: delayed 200 of 200 sends (post_send 200), 200.000 ms in all; since the device \
+             was opened rxe0 port 1 sent 603 packets, mlx5_0 port 1 sent 2003 packets, 81920 bytes \
+             (all traffic on the port)"
+        );
+        assert_eq!(
+            summary([0, 0, 310], 0, "0.000 ms", &json!([])),
+            "ibjitter: delayed 0 of 310 sends (ucp 310), 0.000 ms in all"
+        );
+    }
 }

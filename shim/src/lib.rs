@@ -276,9 +276,38 @@ extern "C" fn on_exit() {
         let nothing_delayed = coverage::nothing_delayed();
         if let Some(why) = &nothing_delayed {
             say::warn(why);
+        } else if let Some(line) = exit_summary() {
+            say::line(&line);
         }
         write_stats_noting(nothing_delayed);
     });
+}
+
+/// The coverage line said at exit ([`coverage::summary`]) by a process that injects and
+/// whose sends passed a hook, unless `IBJITTER_QUIET` (a utility that only opens a device,
+/// like ibv_devinfo, stays quiet).
+fn exit_summary() -> Option<String> {
+    let snap = stats::snapshot();
+    if snap.post_send + snap.wr_complete + snap.ucp == 0 {
+        return None;
+    }
+    let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let s = &guard.as_ref()?.settings;
+    let table = s.delays.as_ref()?;
+    if s.quiet {
+        return None;
+    }
+    let d = stats::drawn(Some(&table.values), &snap.hits);
+    let sum = match s.unit {
+        config::Unit::Ns => format!("{:.3} ms", d.sum as f64 / 1e6),
+        config::Unit::Loops => format!("{} loops", d.sum),
+    };
+    Some(coverage::summary(
+        [snap.post_send, snap.wr_complete, snap.ucp],
+        d.injected,
+        &sum,
+        &ports::sent_since_open(),
+    ))
 }
 
 #[used]

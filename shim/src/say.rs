@@ -40,6 +40,11 @@ pub fn opened() -> bool {
     OPENED.load(Relaxed)
 }
 
+/// Prints one line as it is (the coverage line at exit).
+pub fn line(msg: &str) {
+    let _ = std::io::stderr().write_all(format!("{msg}\n").as_bytes());
+}
+
 /// Prints a warning (the few that are each said once by their callers).
 pub fn warn(msg: &str) {
     let _ = std::io::stderr().write_all(format!("ibjitter: warning: {msg}\n").as_bytes());

@@ -181,24 +181,45 @@ pub struct Context<'a> {
     pub disabled_reason: Option<&'a str>,
 }
 
+/// What the draws of a table added up to.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Drawn {
+    pub draws: u64,
+    /// Draws of a non-zero delay.
+    pub injected: u64,
+    /// Their sum, in the table's unit.
+    pub sum: u128,
+}
+
+/// Totals of `hits` (per table index) over `table`.
+pub fn drawn(table: Option<&[u64]>, hits: &[u64]) -> Drawn {
+    let mut d = Drawn::default();
+    for (&v, &n) in table.unwrap_or_default().iter().zip(hits) {
+        d.draws += n;
+        if v > 0 {
+            d.injected += n;
+        }
+        d.sum += u128::from(v) * u128::from(n);
+    }
+    d
+}
+
 /// The stats document for `snap`.
 pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> serde_json::Value {
     use serde_json::json;
     let u = ctx.unit.name();
     let mut hist = Histogram::<u64>::new(3).expect("3 significant figures is valid");
-    let (mut draws, mut injected, mut sum) = (0u64, 0u64, 0u128);
+    let Drawn {
+        draws,
+        injected,
+        sum,
+    } = drawn(ctx.table, &snap.hits);
     if let Some(table) = ctx.table {
         for (&v, &n) in table.iter().zip(&snap.hits) {
-            if n == 0 {
-                continue;
+            if n > 0 {
+                // Saturate rather than fail on absurd entries: the stats must not kill the host.
+                let _ = hist.record_n(v, n);
             }
-            draws += n;
-            if v > 0 {
-                injected += n;
-            }
-            sum += u128::from(v) * u128::from(n);
-            // Saturate rather than fail on absurd entries: the stats must not kill the host.
-            let _ = hist.record_n(v, n);
         }
     }
     let mut dist = serde_json::Map::new();
