@@ -1,12 +1,13 @@
 //! libibjitter.so in the Soft-RoCE bench, LD_PRELOADed into real, unmodified programs:
 //! rdma-core's ibv_rc_pingpong (legacy and `ibv_wr_*` API), perftest (TCP and rdma_cm
-//! connection setup), Open MPI over UCX rc_verbs, and a multi-threaded verbs poster.
+//! connection setup), Open MPI and MPICH over UCX, libfabric's verbs provider (fi_pingpong),
+//! rdma_cm programs (rping, ucmatose) and a multi-threaded verbs poster.
 //!
 //! Latencies under TCG swing between VM runs, so every comparison is between runs with and
 //! without the shim inside the same VM, with a 25 % margin on the injected delay D.
 mod common;
 
-use common::bench::{mpi_pingpong, repo_root, scratch_dir, Vm};
+use common::bench::{mpi_pingpong, mpich_pingpong, repo_root, scratch_dir, Vm};
 use ibjitter::table::dist::{Dist, LogNormal};
 use ibjitter::table::generate::make_table;
 use ibjitter::table::Kind;
@@ -139,6 +140,33 @@ fn one_stats(dir: &Path, prefix: &str) -> Value {
         "expected one stats file {prefix}.*.json, found {s:?}"
     );
     s.remove(0)
+}
+
+/// The coverage line a process that used the hooks says at exit: "ibjitter: delayed N of M
+/// sends (...); since the device was opened rxe0 port 1 sent P packets, ...". Checks that all
+/// `sends` were delayed and that its ports sent at least one packet per send (each send here
+/// is one packet; acknowledgements and other processes' traffic only add). Returns the line.
+#[track_caller]
+fn assert_coverage(text: &str, sends: u64) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: delayed "))
+        .collect();
+    assert_eq!(lines.len(), 1, "one coverage line at exit:\n{text}");
+    let line = lines[0];
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (delayed, total): (u64, u64) = (words[2].parse().unwrap(), words[4].parse().unwrap());
+    assert_eq!((delayed, total), (sends, sends), "{line}");
+    let packets: u64 = line
+        .split(" sent ")
+        .skip(1)
+        .map(|t| t.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        packets >= sends,
+        "ports sent {packets} packets for {sends} sends: {line}"
+    );
+    line.to_string()
 }
 
 /// Checks that a fastest round trip grew by D: at least 0.9 D (the delay is on the path),
@@ -297,7 +325,12 @@ fn constant_delay_shows_in_unmodified_verbs_programs() {
         for r in 0..RC_ROUNDS {
             let c = client(section(o, &format!("{name}_shim_{r}")));
             let lines: Vec<&str> = c.lines().filter(|l| l.starts_with("ibjitter")).collect();
-            assert_eq!(lines.len(), 1, "one startup line: {lines:?}");
+            assert_eq!(lines.len(), 2, "a startup and a coverage line: {lines:?}");
+            let line = assert_coverage(c, 200);
+            assert!(line.contains(&format!("({hook} 200)")), "{line}");
+            if r == 0 {
+                eprintln!("ibv_rc_pingpong {name}: {line}");
+            }
         }
         let pairs: Vec<(f64, f64)> = (0..RC_ROUNDS)
             .map(|r| {
@@ -906,9 +939,13 @@ fn a_program_that_resolves_verbs_through_dlopen_is_delayed_like_a_linked_one() {
                         text.lines().filter(|l| l.starts_with("ibjitter")).collect();
                     assert_eq!(
                         lines.len(),
-                        1,
-                        "{name}: one startup line, no warning: {text}"
+                        2,
+                        "{name}: a startup and a coverage line, no warning: {text}"
                     );
+                    let line = assert_coverage(text, 2 * ITERS);
+                    if r == 0 {
+                        eprintln!("{name}: {line}");
+                    }
                 }
                 min
             })
@@ -944,6 +981,155 @@ fn a_program_that_resolves_verbs_through_dlopen_is_delayed_like_a_linked_one() {
     eprintln!("dlopen vs linked growth: {apart:.1} µs apart (±25 % of D allowed)");
     if apart > 0.25 * D_US {
         bad.push(format!("dlopen and linked grew {apart:.1} µs apart"));
+    }
+    assert_none(bad);
+}
+
+/// Other real clients, unmodified: libfabric's verbs provider (`fi_pingpong -p verbs -e msg`),
+/// the rdma_cm examples `rping` and `ucmatose`, and MPICH (Debian's is ch4:ucx) over UCX
+/// `rc_verbs` with the UCP layer. Each is delayed once per send, counted exactly, and says
+/// its coverage line at exit.
+#[test]
+fn libfabric_rdma_cm_and_mpich_clients_are_delayed_with_exact_counts() {
+    const FI_ITERS: u64 = 200;
+    const RPING: u64 = 100;
+    const UCM_MSGS: u64 = 100;
+    const UCM_CONNS: u64 = 2;
+    let so = shim_so();
+    let pingpong = mpich_pingpong();
+    let dir = scratch_dir("shim-clients");
+    let (so, d) = (so.display(), dir.display());
+    let shim = |tag: &str| {
+        format!("env LD_PRELOAD={so} IBJITTER_DELAY={D_US}us IBJITTER_STATS={d}/{tag}.%p.json")
+    };
+    let fi = |n: String, pre: &str| {
+        format!(
+            "pair {n} 'tcp_listening 47592' 'timeout 120 fi_pingpong -p verbs -e msg -d rxe1 -I {FI_ITERS} -S 64' \
+             'timeout 120 {pre} fi_pingpong -p verbs -e msg -d rxe0 -I {FI_ITERS} -S 64 10.0.0.2' || F=1\n"
+        )
+    };
+    let mut script = String::from(". tools/vm/lib.sh\nF=0\n");
+    for r in 0..ROUNDS {
+        script += &fi(format!("fi_base_{r}"), "");
+        script += &fi(format!("fi_shim_{r}"), &shim("fi"));
+    }
+    script += &format!(
+        "pair rping 'cm_listening 7174' 'timeout 120 rping -s -a 10.0.0.2 -p 7174 -C {RPING}' \
+         'timeout 120 {} rping -c -a 10.0.0.2 -p 7174 -C {RPING}' || F=1\n\
+         pair ucmatose 'cm_listening 7471' 'timeout 120 ucmatose -p 7471 -C {UCM_MSGS} -c {UCM_CONNS}' \
+         'timeout 120 {} ucmatose -s 10.0.0.2 -p 7471 -C {UCM_MSGS} -c {UCM_CONNS}' || F=1\n",
+        shim("rping"),
+        shim("ucmatose")
+    );
+    // MPICH's hydra launcher; rank 0 delayed at the UCP layer (auto), over rc_verbs between
+    // rxe0 and rxe1 (by default UCX would pick shared memory for two ranks on one host).
+    script += &format!(
+        r#"mpich() {{
+            echo "=== $1"
+            UCX_TLS=rc_verbs,ud_verbs:aux,self UCX_UD_VERBS_ETH_DGID_CHECK=n PINGPONG_RAW=1 \
+                timeout 300 mpirun.mpich -np 2 sh -c "$2"' exec tools/mpi/rank-device "$@"' sh {pp} 300 8 2>&1 || F=1
+            echo "=== $1: client rc=done"
+        }}
+        for r in 0 1 2; do
+            mpich mpich_base_$r 'true;'
+            mpich mpich_shim_$r '[ "$PMI_RANK" = 0 ] && export LD_PRELOAD={so} IBJITTER_DELAY={D_US}us IBJITTER_STATS={d}/mpich.%p.json;'
+        done
+        exit $F
+        "#,
+        pp = pingpong.display(),
+    );
+    let out = Vm::new().timeout(900).writable(&dir).run(&script);
+    out.assert_success();
+    let o = &out.output;
+    let mut bad = Vec::new();
+
+    // fi_pingpong: usec/xfer is half a round trip, averaged; only the client is delayed.
+    let usec_per_xfer = |text: &str| -> f64 {
+        text.lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|w| w.len() == 8 && w[0] == "64" && w[1] == FI_ITERS.to_string())
+            .map(|w| w[6].parse().unwrap())
+            .unwrap_or_else(|| panic!("no fi_pingpong result line in:\n{text}"))
+    };
+    let pairs: Vec<(f64, f64)> = (0..ROUNDS)
+        .map(|r| {
+            let rtt =
+                |side: &str| 2.0 * usec_per_xfer(client(section(o, &format!("fi_{side}_{r}"))));
+            (rtt("base"), rtt("shim"))
+        })
+        .collect();
+    bad.extend(averages_grew_by_d("fi_pingpong -p verbs -e msg", &pairs));
+    // One message more than -I: fi_pingpong's synchronisation exchange before the timed loop.
+    for r in 0..ROUNDS {
+        let line = assert_coverage(client(section(o, &format!("fi_shim_{r}"))), FI_ITERS + 1);
+        if r == 0 {
+            eprintln!("fi_pingpong: {line}");
+        }
+    }
+    for s in stats(&dir, "fi") {
+        assert_eq!(s["posts"]["post_send"], FI_ITERS + 1, "fi_pingpong: {s}");
+        assert_eq!(s["sum_ns"], (FI_ITERS + 1) * (D_US as u64) * 1000, "{s}");
+    }
+
+    // rdma_cm: rping's client sends its buffer's address twice per ping (for the server's
+    // READ, then its WRITE); ucmatose's client sends -C messages on each of -c connections.
+    for (name, sends) in [("rping", 2 * RPING), ("ucmatose", UCM_MSGS * UCM_CONNS)] {
+        let line = assert_coverage(client(section(o, name)), sends);
+        eprintln!("{name}: {line}");
+        let s = one_stats(&dir, name);
+        assert_eq!(s["posts"]["post_send"], sends, "{name}: {s}");
+        assert_eq!(s["delays_injected"], sends, "{name}: {s}");
+        assert_eq!(s["sum_ns"], sends * (D_US as u64) * 1000, "{name}: {s}");
+    }
+
+    // MPICH: the fastest 10 % of 300 round trips, best of three runs, grew by D; rank 0's
+    // 310 messages (10 warm-up) each waited once, at the UCP layer.
+    let p10 = |side: &str| -> f64 {
+        (0..3)
+            .map(|r| {
+                let text = client(section(o, &format!("mpich_{side}_{r}")));
+                let mut v: Vec<f64> = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("rtt_us "))
+                    .map(|t| t.split_whitespace().nth(1).unwrap().parse().unwrap())
+                    .collect();
+                assert_eq!(v.len(), 300, "mpich_{side}_{r}:\n{text}");
+                v.sort_by(f64::total_cmp);
+                v[30]
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    bad.extend(grew_by_d(
+        "MPICH ping-pong, UCX rc_verbs, UCP layer (auto)",
+        p10("base"),
+        p10("shim"),
+    ));
+    let all = stats(&dir, "mpich");
+    assert_eq!(all.len(), 3, "one stats file per run (rank 0)");
+    let mut counts: Vec<u64> = Vec::new();
+    for s in &all {
+        let ucp = s["posts"]["ucp"].as_u64().unwrap();
+        assert!((310..=320).contains(&ucp), "MPICH rank 0: {s}");
+        assert_eq!(
+            s["posts"]["post_send"], 0,
+            "UCX's contexts left unpatched: {s}"
+        );
+        assert_eq!(s["delays_injected"].as_u64(), Some(ucp), "{s}");
+        assert_eq!(s["layer_used"], "ucp", "{s}");
+        counts.push(ucp);
+    }
+    // Each run's coverage line gives its own stats file's count (files are named by pid).
+    for r in 0..3 {
+        let text = client(section(o, &format!("mpich_shim_{r}")));
+        let n = counts
+            .iter()
+            .copied()
+            .find(|n| text.contains(&format!("ibjitter: delayed {n} of {n} sends (ucp {n})")))
+            .unwrap_or_else(|| panic!("no coverage line with {counts:?} UCP sends:\n{text}"));
+        let line = assert_coverage(text, n);
+        if r == 0 {
+            eprintln!("MPICH: {line}");
+        }
     }
     assert_none(bad);
 }

@@ -201,13 +201,22 @@ impl BenchLock {
     }
 }
 
-/// The MPI workload `tools/mpi/pingpong.c`, compiled with mpicc into `<target>/bench-bin/` when
-/// missing or older than its source. Returns the binary's path.
+/// The MPI workload `tools/mpi/pingpong.c`, compiled with mpicc (Open MPI, the default MPI)
+/// into `<target>/bench-bin/` when missing or older than its source. Returns the binary's path.
 pub fn mpi_pingpong() -> PathBuf {
+    mpi_pingpong_with("mpicc", "pingpong")
+}
+
+/// The same workload built with MPICH's `mpicc.mpich`, for its `mpirun.mpich`.
+pub fn mpich_pingpong() -> PathBuf {
+    mpi_pingpong_with("mpicc.mpich", "pingpong-mpich")
+}
+
+fn mpi_pingpong_with(mpicc: &str, name: &str) -> PathBuf {
     let root = repo_root();
     let src = root.join("tools/mpi/pingpong.c");
     let dir = target_dir().join("bench-bin");
-    let bin = dir.join("pingpong");
+    let bin = dir.join(name);
     let modified = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
     if modified(&bin).is_some() && modified(&bin) >= modified(&src) {
         return bin;
@@ -217,17 +226,17 @@ pub fn mpi_pingpong() -> PathBuf {
     // tests of one process running in parallel threads, never see half a binary.
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        "pingpong.{}.{}",
+        "{name}.{}.{}",
         std::process::id(),
         CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let status = Command::new("mpicc")
+    let status = Command::new(mpicc)
         .args(["-O2", "-Wall", "-o"])
         .arg(&tmp)
         .arg(&src)
         .status()
-        .unwrap_or_else(|e| panic!("mpicc not found ({e}): run tools/setup"));
-    assert!(status.success(), "mpicc failed on {}", src.display());
+        .unwrap_or_else(|e| panic!("{mpicc} not found ({e}): run tools/setup"));
+    assert!(status.success(), "{mpicc} failed on {}", src.display());
     fs::rename(&tmp, &bin).expect("installing the MPI pingpong binary");
     bin
 }
