@@ -315,9 +315,10 @@ impl Control {
     }
 
     /// Server: waits, without a limit, until the client says it is done.
-    pub fn await_done(&mut self) -> Result<(), String> {
+    /// Server: waits for the client's Done; returns the operations and bytes it completed.
+    pub fn await_done(&mut self) -> Result<(u64, u64), String> {
         match self.recv(None, "Done") {
-            Ok(Message::Done { .. }) => Ok(()),
+            Ok(Message::Done { ops, bytes }) => Ok((ops, bytes)),
             Ok(other) => Err(format!("expected Done, got {other:?}")),
             Err(e) => Err(format!("client lost: {e}")),
         }

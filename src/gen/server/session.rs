@@ -79,20 +79,33 @@ pub fn session(stream: TcpStream, sh: &Shared, id: usize) -> Result<(), String> 
         stop.store(true, Ordering::Relaxed);
         (data.join().unwrap_or_default(), done)
     });
-    let summary = format!(
-        "session {id} ({}): {} {} flows x {} B{}: received {} messages, {} bytes, {} errors",
+    let what = format!(
+        "session {id} ({}): {} {} flows x {} B{}",
         run.client,
         run.op.name(),
         run.flows.len(),
         run.size,
         if run.pingpong { " ping-pong" } else { "" },
-        received.messages,
-        received.bytes,
-        received.errors
     );
-    done.map_err(|e| format!("{e}; {summary}"))?;
-    control.bye(received.messages, received.bytes);
-    println!("{summary}");
+    let received_here = format!(
+        "received {} messages, {} bytes, {} errors",
+        received.messages, received.bytes, received.errors
+    );
+    let (client_ops, client_bytes) = done.map_err(|e| format!("{e}; {what}: {received_here}"))?;
+    // A WRITE lands in this memory without a completion here: only the client's count (of
+    // the writes whose completion it saw, i.e. that reached this memory) says what arrived.
+    let wrote_into_us = run.op == Op::Write && !run.pingpong;
+    if wrote_into_us {
+        control.bye(client_ops, client_bytes);
+        println!(
+            "{what}: the client wrote {client_ops} operations, {client_bytes} bytes into this \
+             server's memory (completed at the client: a WRITE raises no completion here), {} errors",
+            received.errors
+        );
+    } else {
+        control.bye(received.messages, received.bytes);
+        println!("{what}: {received_here}");
+    }
     Ok(())
 }
 
