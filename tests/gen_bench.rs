@@ -60,12 +60,31 @@ fn five_hundred_twelve_flows_of_write_and_send() {
     assert_every_flow_moved(&write, 512);
     let send = read_json(&out_dir.join("send.json"));
     assert_every_flow_moved(&send, 512);
-    // Every SEND the client counted as complete arrived at the server.
+    // Every SEND the client counted as complete arrived at the server; for WRITE the server
+    // reports the client's count (a WRITE raises no completion at the target).
     assert_eq!(
         send["server_received_bytes"], send["total"]["bytes"],
         "{}",
         out.output
     );
+    assert_eq!(write["server_received_bytes"], write["total"]["bytes"]);
+    let wrote = format!(
+        "the client wrote {} operations, {} bytes into this server's memory",
+        write["total"]["ops"], write["total"]["bytes"]
+    );
+    assert!(out.output.contains(&wrote), "{wrote}:\n{}", out.output);
+    // Steady state: the window after the (zero) warm-up and before the (zero) cool-down is
+    // the whole 3 s; the whole-run figure also counts the drain after it.
+    let steady = &write["steady"];
+    assert_eq!(
+        (steady["from_s"].as_f64(), steady["until_s"].as_f64()),
+        (Some(0.0), Some(3.0))
+    );
+    let (sb, tb) = (
+        steady["bytes"].as_u64().unwrap(),
+        write["total"]["bytes"].as_u64().unwrap(),
+    );
+    assert!(sb > 0 && sb <= tb, "steady {sb} of {tb} bytes");
 
     // The time series covers all 512 flows; its bytes add up to the report's.
     let csv = std::fs::read_to_string(out_dir.join("write.csv")).unwrap();
@@ -403,4 +422,95 @@ fn open_loop_says_when_it_cannot_offer_its_rate() {
     assert!(ol["missed_share"].as_f64().unwrap() < 0.05, "{ol}");
     let achieved = ol["achieved_ops_per_s"].as_f64().unwrap();
     assert!((0.85 * 800.0..=1.05 * 800.0).contains(&achieved), "{ol}");
+}
+
+/// Bounded memory: the time series streams to its file, so 1,000 flows for 20 s with a 1 ms
+/// series (and a 10 ms latency log) peak at no more than 1.2 x the same run for 5 s; without
+/// a series the RSS sampled every 0.5 s stays flat once the flows' histograms have grown to
+/// the run's latency range (the first 2 s: they grow with the largest latency, not with
+/// time). Also the steady-state window of a run with a warm-up (and the cool-down it implies).
+#[test]
+fn memory_stays_bounded_whatever_the_duration() {
+    let bin = ibjitter();
+    let out_dir = scratch_dir("gen-memory");
+    let o = out_dir.display();
+    let out = Vm::new().timeout(900).writable(&out_dir).run(&format!(
+        r#". tools/vm/lib.sh
+        {bin} serve --dev rxe1 > {o}/serve.log 2>&1 & server=$!
+        wait_until 20 tcp_listening 18515
+        common="10.0.0.2 --dev rxe0 --flows 1000 --threads 2 --size 4K --no-progress"
+        {bin} run $common --duration 5s --timeseries {o}/a5.csv --interval 1ms --json {o}/a5.json > /dev/null; echo "a5_rc=$?"
+        {bin} run $common --duration 20s --timeseries {o}/a20.csv --interval 1ms --hdr-log {o}/a20.hlog             --hdr-interval 10ms --json {o}/a20.json > /dev/null; echo "a20_rc=$?"
+        {bin} run $common --duration 12s --warmup 1s --json {o}/b.json > /dev/null & pid=$!
+        t0=$(date +%s%N)
+        while kill -0 $pid 2>/dev/null; do
+            echo "rss $(( ($(date +%s%N) - t0) / 1000000 )) $(awk '/VmRSS/ {{print $2}}' /proc/$pid/status 2>/dev/null)"
+            sleep 0.5
+        done
+        wait $pid; echo "b_rc=$?"
+        kill $server; wait $server
+        exit 0"#
+    ));
+    out.assert_success();
+    for run in ["a5", "a20", "b"] {
+        assert_eq!(
+            field(&out.output, &format!("{run}_rc")),
+            Some(0.0),
+            "{}",
+            out.output
+        );
+    }
+    let peak = |run: &str| {
+        let r = read_json(&out_dir.join(format!("{run}.json")));
+        assert_every_flow_moved(&r, 1000);
+        r["rss_per_flow_bytes"].as_u64().unwrap() * 1000
+    };
+    let (p5, p20) = (peak("a5"), peak("a20"));
+    eprintln!(
+        "peak RSS: 5 s {:.1} MB, 20 s {:.1} MB (x{:.2})",
+        p5 as f64 / 1e6,
+        p20 as f64 / 1e6,
+        p20 as f64 / p5 as f64
+    );
+    assert!(
+        p20 as f64 <= 1.2 * p5 as f64,
+        "20 s peaked at {p20} B, 5 s at {p5} B"
+    );
+    // The 20 s series streamed: its rows add up to the report's bytes.
+    let a20 = read_json(&out_dir.join("a20.json"));
+    let csv = std::fs::read_to_string(out_dir.join("a20.csv")).unwrap();
+    let bytes: u64 = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(2).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(Some(bytes), a20["total"]["bytes"].as_u64());
+    assert!(std::fs::metadata(out_dir.join("a20.hlog")).unwrap().len() > 0);
+
+    // Without a series: RSS over the run, from 2 s after its start to its end.
+    let b = read_json(&out_dir.join("b.json"));
+    let start_ms = b["setup_s"].as_f64().unwrap() * 1e3;
+    let samples: Vec<(f64, u64)> = out
+        .output
+        .lines()
+        .filter_map(|l| l.strip_prefix("rss "))
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .filter(|&(t, _)| t >= start_ms + 2_000.0 && t <= start_ms + 12_000.0)
+        .collect();
+    assert!(samples.len() >= 10, "{samples:?}");
+    let first = samples[0].1;
+    let max = samples.iter().map(|s| s.1).max().unwrap();
+    eprintln!("no series: RSS {first} KiB at 2 s, at most {max} KiB until 12 s");
+    assert!(
+        max as f64 <= first as f64 * 1.02,
+        "RSS grew from {first} to {max} KiB: {samples:?}"
+    );
+    let steady = &b["steady"];
+    assert_eq!(
+        (steady["from_s"].as_f64(), steady["until_s"].as_f64()),
+        (Some(1.0), Some(11.0))
+    );
 }

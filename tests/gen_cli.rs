@@ -27,7 +27,28 @@ fn run_refuses_bad_arguments() {
     refused(&["run", "h", "--iters", "0"], "--iters must be at least 1");
     refused(
         &["run", "h", "--duration", "2s", "--warmup", "2s"],
-        "leaves nothing of --duration",
+        "leave nothing of --duration",
+    );
+    // The cool-down defaults to the warm-up's length.
+    refused(
+        &["run", "h", "--duration", "2s", "--warmup", "1s"],
+        "--warmup 1s and --cooldown 1s leave nothing of --duration 2s",
+    );
+    refused(
+        &["run", "h", "--iters", "10", "--cooldown", "1s"],
+        "--cooldown needs --duration",
+    );
+    refused(
+        &["run", "h", "--interval", "1ns"],
+        "--interval 1ns is below the floor of 1ms",
+    );
+    refused(
+        &["run", "h", "--hdr-interval", "1ms"],
+        "--hdr-interval 1ms is below the floor of 10ms",
+    );
+    refused(
+        &["run", "h", "--timeseries", "/nonexistent/dir/ts.csv"],
+        "cannot write /nonexistent/dir/ts.csv",
     );
     refused(&["run", "h", "--depth", "5000"], "--depth must be 1..=4096");
     refused(&["run", "h", "--size", "8X"], "unknown size unit");

@@ -2,11 +2,12 @@
 use super::{create, exit, units, RdmaArgs};
 use clap::{Args, ValueEnum};
 use ibjitter::gen::client::{self, RunOutput};
+use ibjitter::gen::intervals::{Outputs, MIN_HDR_INTERVAL_NS, MIN_INTERVAL_NS};
 use ibjitter::gen::pacing::Arrival;
 use ibjitter::gen::stop::{self, StopToken};
 use ibjitter::gen::wire::MAX_DEPTH;
 use ibjitter::gen::{Load, Op, RunConfig, StopAt};
-use ibjitter::report::export::{hdrlog, json, text, timeseries};
+use ibjitter::report::export::{json, text};
 use ibjitter::report::Outcome;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -55,6 +56,10 @@ pub struct RunArgs {
     /// everyone's start-up
     #[arg(long, default_value = "0s", value_parser = parse_warmup)]
     warmup: Duration,
+    /// Leave completions of this last part of a timed run out of the steady-state throughput
+    /// (flows stopping, the drain); default: as long as --warmup
+    #[arg(long, value_parser = parse_warmup)]
+    cooldown: Option<Duration>,
     /// Threads; flows are spread over them, each with its own CQ
     #[arg(long, short = 't', default_value_t = 1)]
     threads: u32,
@@ -141,12 +146,31 @@ impl RunArgs {
             (None, Some(d)) => StopAt::Duration(d),
             (None, None) => StopAt::Duration(Duration::from_secs(5)),
         };
+        let cooldown = match stop {
+            StopAt::Duration(_) => self.cooldown.unwrap_or(self.warmup),
+            StopAt::Iters(_) if self.cooldown.is_some() => {
+                return Err(
+                    "--cooldown needs --duration (a run of --iters has no known end)".into(),
+                )
+            }
+            StopAt::Iters(_) => Duration::ZERO,
+        };
         if let StopAt::Duration(d) = stop {
-            if self.warmup >= d {
+            if self.warmup + cooldown >= d {
                 return Err(format!(
-                    "--warmup {:?} leaves nothing of --duration {d:?} to measure: make it shorter",
+                    "--warmup {:?} and --cooldown {cooldown:?} leave nothing of --duration {d:?} \
+                     to measure: make them shorter",
                     self.warmup
                 ));
+            }
+        }
+        for (name, d, floor) in [
+            ("--interval", self.interval, MIN_INTERVAL_NS),
+            ("--hdr-interval", self.hdr_interval, MIN_HDR_INTERVAL_NS),
+        ] {
+            let floor = Duration::from_nanos(floor);
+            if d < floor {
+                return Err(format!("{name} {d:?} is below the floor of {floor:?}"));
             }
         }
         Ok(RunConfig {
@@ -174,6 +198,7 @@ impl RunArgs {
             seed: self.seed,
             json_series: self.json_series,
             warmup: self.warmup,
+            cooldown,
             ..RunConfig::default()
         })
     }
@@ -229,8 +254,17 @@ pub fn run(a: RunArgs) -> i32 {
             return exit::SETUP;
         }
     };
+    // The streamed files are opened before any device: a path that cannot be written is a
+    // bad argument, found before minutes of set-up.
+    let outputs = match open_streams(&a, &cfg) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("ibjitter run: {e}");
+            return exit::SETUP;
+        }
+    };
     stop::install_signal_handlers();
-    let out = match client::run(&cfg, StopToken::process()) {
+    let out = match client::run(&cfg, StopToken::process(), outputs) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("ibjitter run: {e}");
@@ -257,7 +291,11 @@ pub fn run(a: RunArgs) -> i32 {
         Outcome::Completed | Outcome::FlowErrors => {}
     }
     let mut code = exit::outcome(out.report.outcome);
-    if let Err(e) = write_files(&a, &cfg, &out) {
+    if let Some(e) = &out.stream_error {
+        eprintln!("ibjitter run: {e}");
+        code = exit::with_write_failure(code);
+    }
+    if let Err(e) = write_files(&a, &out) {
         eprintln!("ibjitter run: {e}");
         code = exit::with_write_failure(code);
     }
@@ -273,27 +311,28 @@ pub fn run(a: RunArgs) -> i32 {
     code
 }
 
-fn write_files(a: &RunArgs, cfg: &RunConfig, out: &RunOutput) -> Result<(), String> {
+fn write_files(a: &RunArgs, out: &RunOutput) -> Result<(), String> {
     let failed = |path: &Path, e: std::io::Error| format!("writing {}: {e}", path.display());
     if let Some(path) = a.json.as_deref().filter(|p| *p != Path::new("-")) {
         json::write(&out.report, create(path)?).map_err(|e| failed(path, e))?;
     }
-    if let Some(path) = &a.timeseries {
-        let ids: Vec<u32> = out.flows.iter().map(|f| f.flow).collect();
-        let series: Vec<&[u64]> = out.flows.iter().map(|f| f.series.as_slice()).collect();
-        timeseries::write(&ids, &series, cfg.interval.as_secs_f64(), create(path)?)
-            .map_err(|e| failed(path, e))?;
-    }
-    if let Some(path) = &a.hdr_log {
-        hdrlog::write(
-            &out.intervals,
-            cfg.hdr_interval,
-            out.start_time,
-            create(path)?,
-        )
-        .map_err(|e| failed(path, e))?;
-    }
     Ok(())
+}
+
+/// The time series and latency log files, written as the run goes.
+fn open_streams(a: &RunArgs, cfg: &RunConfig) -> Result<Outputs, String> {
+    let open = |path: &Option<PathBuf>| -> Result<Option<Box<dyn std::io::Write + Send>>, String> {
+        Ok(match path {
+            Some(p) => Some(Box::new(create(p)?)),
+            None => None,
+        })
+    };
+    Ok(Outputs {
+        series: open(&a.timeseries)?,
+        series_interval_s: cfg.interval.as_secs_f64(),
+        latency: open(&a.hdr_log)?,
+        latency_interval: cfg.hdr_interval,
+    })
 }
 
 #[cfg(test)]

@@ -151,8 +151,8 @@ pub mod fake {
         }
     }
 
-    /// Thread-loop parameters for the tests: `ops` operations (round trips) per flow, 1 s
-    /// intervals, no warm-up, a token of their own.
+    /// Thread-loop parameters for the tests: `ops` operations (round trips) per flow, no
+    /// series kept, no warm-up, the whole run steady, a token of their own.
     pub fn params(op: Op, size: u32, depth: u32, ops: u64) -> WorkerParams {
         WorkerParams {
             op,
@@ -160,9 +160,9 @@ pub mod fake {
             depth,
             stop: StopAt::Iters(ops),
             rate: None,
-            interval_ns: 1_000_000_000,
-            hdr_interval_ns: 1_000_000_000,
+            kept_series_ns: None,
             warmup_ns: 0,
+            steady_ns: (0, u64::MAX),
             seed: 1,
             stop_token: StopToken::new(),
         }

@@ -11,6 +11,7 @@
 pub mod client;
 pub mod cm;
 pub mod drive;
+pub mod intervals;
 pub mod pacing;
 pub mod pingpong;
 pub mod progress;
@@ -77,8 +78,12 @@ pub struct RunConfig {
     pub interval: Duration,
     /// Interval of the HdrHistogram log.
     pub hdr_interval: Duration,
-    /// Operations posted in this first part of the run count in throughput, not in latency.
+    /// Operations posted in this first part of the run are left out of latency, and their
+    /// completions out of the steady-state throughput.
     pub warmup: Duration,
+    /// Completions in this last part of a timed run are left out of the steady-state
+    /// throughput (the ramp down: flows stopping, the drain).
+    pub cooldown: Duration,
     pub qp_timeout: u8,
     /// How long to wait for the server at each step of the exchange.
     pub setup_timeout: Duration,
@@ -110,6 +115,7 @@ impl Default for RunConfig {
             interval: Duration::from_millis(10),
             hdr_interval: Duration::from_secs(1),
             warmup: Duration::ZERO,
+            cooldown: Duration::ZERO,
             qp_timeout: 18,
             setup_timeout: Duration::from_secs(30),
             start_timeout: Duration::from_secs(120),

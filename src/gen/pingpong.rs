@@ -6,6 +6,7 @@
 //! the server watches that byte and writes back; we watch our own buffer's last byte.
 //! SEND: we keep a receive posted; the server answers each SEND with a SEND.
 use super::drive::{drive, Limits, Pattern, Transport};
+use super::intervals::Sink;
 use super::progress::Counters;
 use super::shard::Shard;
 use super::stats::{FlowStats, Recorder};
@@ -86,6 +87,7 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for PingPong<'_, C> {
     }
 
     fn completed(&mut self, io: &T, wcs: &[WorkCompletion], now: u64, _stopping: bool) {
+        self.recorder.tick(now);
         self.echoes.clear();
         for wc in wcs {
             let i = (wc.wr_id >> 16) as usize;
@@ -124,7 +126,7 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for PingPong<'_, C> {
             fl.waiting = false;
             fl.round_trips += 1;
             self.recorder
-                .complete(fs, u64::from(self.p.size), fl.posted_ns, now);
+                .complete(i, fs, u64::from(self.p.size), fl.posted_ns, now);
             self.counters.add(1, u64::from(self.p.size));
             if self.p.op == Op::Send {
                 self.post_recv(io, i);
@@ -171,6 +173,7 @@ fn pingpong<T: Transport>(
     limits: Limits,
     now_ns: impl Fn() -> u64,
     counters: &Counters,
+    sink: Option<Sink>,
 ) -> WorkerOutput {
     let mut pattern = PingPong {
         p,
@@ -185,25 +188,31 @@ fn pingpong<T: Transport>(
             })
             .collect(),
         stats: flow_ids.iter().map(|&id| FlowStats::new(id)).collect(),
-        recorder: Recorder::new(p.interval_ns, p.hdr_interval_ns, p.warmup_ns),
+        recorder: Recorder::new(sink, p.kept_series_ns, p.warmup_ns, p.steady_ns),
         counters,
         max_trips: p.max_ops(),
         echoes: Vec::with_capacity(flow_ids.len()),
         now_ns: &now_ns,
     };
     drive(io, &mut pattern, limits, &now_ns);
+    pattern.recorder.finish();
     WorkerOutput {
         flows: pattern.stats,
-        intervals: pattern.recorder.intervals,
     }
 }
 
 /// Runs the shard's flows' round trips until the stop condition, Ctrl-C or a lost peer.
 /// `t0` is the common start.
-pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) -> WorkerOutput {
+pub fn run(
+    shard: &Shard,
+    p: &WorkerParams,
+    t0: Instant,
+    counters: &Counters,
+    sink: Option<Sink>,
+) -> WorkerOutput {
     let ids: Vec<u32> = shard.flows.iter().map(|f| f.id).collect();
     let now_ns = || t0.elapsed().as_nanos() as u64;
-    pingpong(shard, &ids, p, p.limits(), now_ns, counters)
+    pingpong(shard, &ids, p, p.limits(), now_ns, counters, sink)
 }
 
 #[cfg(test)]
@@ -239,6 +248,7 @@ mod tests {
                 p.limits(),
                 ticking(),
                 &Counters::default(),
+                None,
             );
             for f in &out.flows {
                 assert!(f.error.is_none(), "{op:?}: {:?}", f.error);
@@ -274,6 +284,7 @@ mod tests {
             p.limits(),
             ticking(),
             &Counters::default(),
+            None,
         );
         assert_eq!(out.flows[0].ops, 2);
         assert!(out.flows[0].error.is_some());
@@ -293,6 +304,7 @@ mod tests {
             limits,
             ticking(),
             &Counters::default(),
+            None,
         );
         assert_eq!((out.flows[0].ops, out.flows[0].in_flight), (0, 1));
         assert!(out.flows[0].error.is_none());

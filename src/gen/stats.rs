@@ -1,5 +1,7 @@
-//! What one flow measured: operation and byte counts, a latency histogram, bytes per
-//! time-series interval, and why it ended if it ended early.
+//! What one flow measured: operation and byte counts (all, and in the steady-state window), a
+//! latency histogram, bytes per time-series interval when kept, and why it ended if it ended
+//! early.
+use super::intervals::Sink;
 use hdrhistogram::{Counter, Histogram};
 
 /// Latency histograms: 1 ns resolution at 3 significant digits, starting at the smallest
@@ -19,7 +21,7 @@ pub type FlowHistogram = Histogram<u32>;
 
 /// Records one latency, growing the histogram to fit it. (`saturating_record` would clamp
 /// to the current range instead of growing.) Beyond the counters' own limits, it saturates.
-fn record<T: Counter>(h: &mut Histogram<T>, latency_ns: u64) {
+pub fn record<T: Counter>(h: &mut Histogram<T>, latency_ns: u64) {
     let v = latency_ns.max(1);
     if h.record(v).is_err() {
         h.saturating_record(v);
@@ -42,7 +44,12 @@ pub struct FlowStats {
     pub latency: FlowHistogram,
     pub first_post_ns: Option<u64>,
     pub last_completion_ns: u64,
-    /// Bytes completed in each interval since the start.
+    /// Operations and bytes completed inside the steady-state window (after the warm-up,
+    /// before the cool-down).
+    pub steady_ops: u64,
+    pub steady_bytes: u64,
+    /// Bytes completed in each interval since the start: kept only for `--json-series`
+    /// (it grows with the run; the CSV time series streams instead).
     pub series: Vec<u64>,
     pub error: Option<String>,
     /// Operations still in flight when the run stopped and the drain limit passed: not
@@ -62,6 +69,8 @@ impl FlowStats {
             latency: new_histogram(),
             first_post_ns: None,
             last_completion_ns: 0,
+            steady_ops: 0,
+            steady_bytes: 0,
             series: Vec::new(),
             error: None,
             in_flight: 0,
@@ -70,19 +79,27 @@ impl FlowStats {
     }
 
     /// Counts one completed operation of `bytes`, completing at `now_ns`; its latency goes into
-    /// the histogram unless it is None (warm-up).
-    pub fn complete(&mut self, bytes: u64, latency_ns: Option<u64>, now_ns: u64, interval_ns: u64) {
+    /// the histogram unless it is None (warm-up); `series_ns`: the kept series' interval.
+    pub fn complete(
+        &mut self,
+        bytes: u64,
+        latency_ns: Option<u64>,
+        now_ns: u64,
+        series_ns: Option<u64>,
+    ) {
         self.ops += 1;
         self.bytes += bytes;
         if let Some(latency) = latency_ns {
             record(&mut self.latency, latency);
         }
         self.last_completion_ns = now_ns;
-        let bucket = (now_ns / interval_ns) as usize;
-        if bucket >= self.series.len() {
-            self.series.resize(bucket + 1, 0);
+        if let Some(interval_ns) = series_ns {
+            let bucket = (now_ns / interval_ns) as usize;
+            if bucket >= self.series.len() {
+                self.series.resize(bucket + 1, 0);
+            }
+            self.series[bucket] += bytes;
         }
-        self.series[bucket] += bytes;
     }
 
     pub fn posted(&mut self, now_ns: u64) {
@@ -90,38 +107,75 @@ impl FlowStats {
     }
 }
 
-/// Where one thread's completions go: its flows' stats, and a histogram per HdrHistogram-log
-/// interval. Operations posted during the warm-up count in bytes and time series but not in
-/// latency: the first operation of each of hundreds of flows waits behind the set-up of all
-/// the others, and would otherwise be the p99.
+/// Where one thread's completions go: its flows' stats, the streamed intervals (time series
+/// and HdrHistogram log, [`Sink`]) and the steady-state window. Operations posted during the
+/// warm-up count in bytes and time series but not in latency: the first operation of each of
+/// hundreds of flows waits behind the set-up of all the others, and would otherwise be the
+/// p99. Throughput's steady state counts completions between `steady_ns.0` and `steady_ns.1`.
 pub struct Recorder {
-    pub intervals: Vec<Histogram<u64>>,
-    interval_ns: u64,
-    hdr_interval_ns: u64,
+    sink: Option<Sink>,
+    /// `--json-series`: the interval of the series each flow keeps.
+    kept_series_ns: Option<u64>,
     warmup_ns: u64,
+    steady_ns: (u64, u64),
 }
 
 impl Recorder {
-    pub fn new(interval_ns: u64, hdr_interval_ns: u64, warmup_ns: u64) -> Recorder {
+    pub fn new(
+        sink: Option<Sink>,
+        kept_series_ns: Option<u64>,
+        warmup_ns: u64,
+        steady_ns: (u64, u64),
+    ) -> Recorder {
         Recorder {
-            intervals: Vec::new(),
-            interval_ns,
-            hdr_interval_ns,
+            sink,
+            kept_series_ns,
             warmup_ns,
+            steady_ns,
         }
     }
 
-    /// One operation of `bytes` posted (or due, open loop) at `posted_ns`, completed at `now_ns`.
-    pub fn complete(&mut self, flow: &mut FlowStats, bytes: u64, posted_ns: u64, now_ns: u64) {
+    /// One operation of flow `index` (of this thread) of `bytes` posted (or due, open loop) at
+    /// `posted_ns`, completed at `now_ns`.
+    pub fn complete(
+        &mut self,
+        index: usize,
+        flow: &mut FlowStats,
+        bytes: u64,
+        posted_ns: u64,
+        now_ns: u64,
+    ) {
         let latency = now_ns.saturating_sub(posted_ns);
         let measured = posted_ns >= self.warmup_ns;
-        flow.complete(bytes, measured.then_some(latency), now_ns, self.interval_ns);
-        if measured {
-            let k = (now_ns / self.hdr_interval_ns) as usize;
-            if k >= self.intervals.len() {
-                self.intervals.resize_with(k + 1, new_histogram);
+        flow.complete(
+            bytes,
+            measured.then_some(latency),
+            now_ns,
+            self.kept_series_ns,
+        );
+        if (self.steady_ns.0..self.steady_ns.1).contains(&now_ns) {
+            flow.steady_ops += 1;
+            flow.steady_bytes += bytes;
+        }
+        if let Some(sink) = &mut self.sink {
+            sink.bytes(index, bytes, now_ns);
+            if measured {
+                sink.latency(latency, now_ns);
             }
-            record(&mut self.intervals[k], latency);
+        }
+    }
+
+    /// Time passes (each loop of the thread): closes streamed intervals that are over.
+    pub fn tick(&mut self, now_ns: u64) {
+        if let Some(sink) = &mut self.sink {
+            sink.tick(now_ns);
+        }
+    }
+
+    /// The thread is done: its last intervals go to the writer.
+    pub fn finish(self) {
+        if let Some(sink) = self.sink {
+            sink.finish();
         }
     }
 }
@@ -135,8 +189,8 @@ mod tests {
         let mut f = FlowStats::new(3);
         f.posted(5);
         f.posted(9);
-        f.complete(100, Some(2_000), 15, 10);
-        f.complete(100, Some(4_000), 35, 10);
+        f.complete(100, Some(2_000), 15, Some(10));
+        f.complete(100, Some(4_000), 35, Some(10));
         assert_eq!((f.ops, f.bytes, f.first_post_ns), (2, 200, Some(5)));
         assert_eq!(f.series, vec![0, 100, 0, 100]);
         assert_eq!(f.latency.len(), 2);
@@ -193,13 +247,25 @@ mod tests {
     }
 
     #[test]
-    fn warm_up_counts_bytes_but_not_latency() {
-        let mut r = Recorder::new(10, 100, 1_000);
+    fn warm_up_counts_bytes_but_not_latency_and_steady_state_its_window() {
+        let (tx, rx) = super::super::intervals::channel();
+        let sink = Sink::new(tx, 0, &[0], None, Some(100));
+        let mut r = Recorder::new(Some(sink), None, 1_000, (1_000, 3_000));
         let mut f = FlowStats::new(0);
-        r.complete(&mut f, 8, 500, 900_000); // posted during the warm-up
-        r.complete(&mut f, 8, 1_500, 2_500);
-        assert_eq!((f.ops, f.bytes, f.latency.len()), (2, 16, 1));
-        assert_eq!(f.latency.max(), f.latency.highest_equivalent(1_000));
-        assert_eq!(r.intervals.iter().map(|h| h.len()).sum::<u64>(), 1);
+        r.complete(0, &mut f, 8, 500, 900); // posted during the warm-up
+        r.complete(0, &mut f, 8, 1_500, 2_500);
+        r.complete(0, &mut f, 8, 2_500, 3_500); // in the cool-down
+        r.finish();
+        assert_eq!((f.ops, f.bytes, f.latency.len()), (3, 24, 2));
+        assert_eq!((f.steady_ops, f.steady_bytes), (1, 8));
+        assert!(f.series.is_empty(), "no series kept unless asked");
+        let measured: u64 = rx
+            .try_iter()
+            .map(|m| match m {
+                super::super::intervals::Message::Latency { hist, .. } => hist.len(),
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(measured, 2);
     }
 }

@@ -2,6 +2,7 @@
 //! schedule, latency from the intended send time), as a [`Pattern`] of the thread loop
 //! ([`drive`]). Every operation is signaled and timed from post to completion.
 use super::drive::{drive, Limits, Pattern, Transport};
+use super::intervals::Sink;
 use super::pacing::{Arrival, Pacer};
 use super::progress::Counters;
 use super::shard::Shard;
@@ -9,7 +10,6 @@ use super::stats::{FlowStats, Recorder};
 use super::stop::StopToken;
 use super::{Op, StopAt};
 use crate::verbs::{wc_status_str, WorkCompletion};
-use hdrhistogram::Histogram;
 use std::time::{Duration, Instant};
 
 /// How long outstanding operations may take to complete once posting stops.
@@ -23,10 +23,12 @@ pub struct WorkerParams {
     pub stop: StopAt,
     /// Open loop: operations per second per flow; None: closed loop.
     pub rate: Option<(f64, Arrival)>,
-    pub interval_ns: u64,
-    pub hdr_interval_ns: u64,
+    /// `--json-series`: each flow keeps its bytes per interval of this length.
+    pub kept_series_ns: Option<u64>,
     /// Operations posted before this (ns since the start) are not in the latency histograms.
     pub warmup_ns: u64,
+    /// Completions inside this window (ns since the start) are the steady-state throughput.
+    pub steady_ns: (u64, u64),
     pub seed: u64,
     /// Ctrl-C or a lost peer: stop posting, drain.
     pub stop_token: StopToken,
@@ -56,8 +58,6 @@ impl WorkerParams {
 
 pub struct WorkerOutput {
     pub flows: Vec<FlowStats>,
-    /// Latency of every operation of this thread, one histogram per HdrHistogram-log interval.
-    pub intervals: Vec<Histogram<u64>>,
 }
 
 struct FlowState {
@@ -136,6 +136,7 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for Throughput<'_, C> {
     }
 
     fn completed(&mut self, io: &T, wcs: &[WorkCompletion], now: u64, stopping: bool) {
+        self.recorder.tick(now);
         let (mut done_ops, mut done_bytes) = (0, 0);
         let size = u64::from(self.p.size);
         for wc in wcs {
@@ -149,7 +150,7 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for Throughput<'_, C> {
                 continue;
             }
             self.recorder
-                .complete(fs, size, st.slot_ns[slot as usize], now);
+                .complete(i, fs, size, st.slot_ns[slot as usize], now);
             done_ops += 1;
             done_bytes += size;
             if self.p.rate.is_none() && !stopping && self.may_post(i) {
@@ -204,6 +205,7 @@ fn throughput<T: Transport>(
     limits: Limits,
     now_ns: impl Fn() -> u64,
     counters: &Counters,
+    sink: Option<Sink>,
 ) -> WorkerOutput {
     let mut pattern = Throughput {
         p,
@@ -220,7 +222,7 @@ fn throughput<T: Transport>(
             })
             .collect(),
         stats: flow_ids.iter().map(|&id| FlowStats::new(id)).collect(),
-        recorder: Recorder::new(p.interval_ns, p.hdr_interval_ns, p.warmup_ns),
+        recorder: Recorder::new(sink, p.kept_series_ns, p.warmup_ns, p.steady_ns),
         counters,
         max_posts: p.max_ops(),
         now_ns: &now_ns,
@@ -235,18 +237,24 @@ fn throughput<T: Transport>(
             fs.missed = pacer.due_until(end_ns).min(allowed);
         }
     }
+    pattern.recorder.finish();
     WorkerOutput {
         flows: pattern.stats,
-        intervals: pattern.recorder.intervals,
     }
 }
 
 /// Runs the shard's flows until the stop condition, Ctrl-C or a lost peer, then drains.
 /// `t0` is the common start.
-pub fn run(shard: &Shard, p: &WorkerParams, t0: Instant, counters: &Counters) -> WorkerOutput {
+pub fn run(
+    shard: &Shard,
+    p: &WorkerParams,
+    t0: Instant,
+    counters: &Counters,
+    sink: Option<Sink>,
+) -> WorkerOutput {
     let ids: Vec<u32> = shard.flows.iter().map(|f| f.id).collect();
     let now_ns = || t0.elapsed().as_nanos() as u64;
-    throughput(shard, &ids, p, p.limits(), now_ns, counters)
+    throughput(shard, &ids, p, p.limits(), now_ns, counters, sink)
 }
 
 #[cfg(test)]
@@ -269,6 +277,7 @@ mod tests {
             p.limits(),
             ticking(),
             &Counters::default(),
+            None,
         );
         for (f, id) in out.flows.iter().zip([7, 8, 9]) {
             assert_eq!((f.flow, f.ops, f.bytes), (id, 50, 50 * 64));
@@ -292,6 +301,7 @@ mod tests {
             p.limits(),
             ticking(),
             &Counters::default(),
+            None,
         );
         assert_eq!(out.flows[0].ops, 40);
         assert!(out.flows[0].error.is_none());
@@ -315,7 +325,15 @@ mod tests {
             drain_ns: 50_000,
             stop: StopToken::new(),
         };
-        let out = throughput(&fake, &[0, 1], &p, limits, ticking(), &Counters::default());
+        let out = throughput(
+            &fake,
+            &[0, 1],
+            &p,
+            limits,
+            ticking(),
+            &Counters::default(),
+            None,
+        );
         for f in &out.flows {
             assert_eq!((f.ops, f.in_flight), (0, 3));
             assert!(f.error.is_none(), "{:?}", f.error);
@@ -334,7 +352,15 @@ mod tests {
             drain_ns: 50_000,
             stop: StopToken::new(),
         };
-        let out = throughput(&fake, &[0, 1], &p, limits, ticking(), &Counters::default());
+        let out = throughput(
+            &fake,
+            &[0, 1],
+            &p,
+            limits,
+            ticking(),
+            &Counters::default(),
+            None,
+        );
         for f in &out.flows {
             let posted = f.ops + u64::from(f.in_flight);
             // About 2,000 sends were due per flow by the deadline.
@@ -358,7 +384,15 @@ mod tests {
             drain_ns: 50_000,
             stop: StopToken::new(),
         };
-        let out = throughput(&fake, &[0], &p, limits, ticking(), &Counters::default());
+        let out = throughput(
+            &fake,
+            &[0],
+            &p,
+            limits,
+            ticking(),
+            &Counters::default(),
+            None,
+        );
         assert!(out.flows[0].ops >= 49, "{}", out.flows[0].ops);
         assert!(out.flows[0].missed <= 1, "{}", out.flows[0].missed);
     }
@@ -369,7 +403,15 @@ mod tests {
         let mut p = params(2, 20);
         // 1e5 ops/s = one every 10 µs of a clock that ticks 1 µs per reading.
         p.rate = Some((1e5, Arrival::Fixed));
-        let out = throughput(&fake, &[0], &p, p.limits(), ticking(), &Counters::default());
+        let out = throughput(
+            &fake,
+            &[0],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+            None,
+        );
         assert_eq!(out.flows[0].ops, 20);
         assert!(fake.max_outstanding.borrow()[0] <= 2);
     }

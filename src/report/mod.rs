@@ -96,6 +96,34 @@ impl Totals {
     }
 }
 
+/// Throughput in the steady state: completions between the end of the warm-up and the start
+/// of the cool-down (perftest's margins), without the ramp up (set-up skew, first posts) and
+/// the ramp down (flows stopping, the drain) that the whole-run figures include.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Steady {
+    /// The window, s after the start.
+    pub from_s: f64,
+    pub until_s: f64,
+    pub ops: u64,
+    pub bytes: u64,
+    pub gbps: f64,
+    pub mops: f64,
+}
+
+impl Steady {
+    pub fn new(from_s: f64, until_s: f64, ops: u64, bytes: u64) -> Steady {
+        let seconds = (until_s - from_s).max(f64::MIN_POSITIVE);
+        Steady {
+            from_s,
+            until_s,
+            ops,
+            bytes,
+            gbps: gbps(bytes, seconds),
+            mops: ops as f64 / seconds / 1e6,
+        }
+    }
+}
+
 /// The spread (latest − earliest) of instants given in ns, in µs; 0 when there are none.
 pub fn spread_us(instants: &[u64]) -> f64 {
     match (instants.iter().min(), instants.iter().max()) {
@@ -200,7 +228,11 @@ pub struct RunReport {
     /// Open loop: offered vs achieved rate and the sends never posted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_loop: Option<OpenLoop>,
+    /// Over the whole measured time.
     pub total: Totals,
+    /// Between warm-up and cool-down.
+    #[serde(default)]
+    pub steady: Steady,
     /// Jain's index over per-flow throughput: 1 = perfectly fair, 1/n = one flow has it all.
     pub fairness: f64,
     /// Peak resident memory of the process over the run, divided by the number of flows.

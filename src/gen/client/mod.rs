@@ -5,13 +5,13 @@ mod report;
 mod setup;
 mod threads;
 
-use super::stats::{new_histogram, FlowStats};
+use super::intervals::Outputs;
+use super::stats::FlowStats;
 use super::stop::{Reason, StopToken};
 use super::wire::Control;
 use super::worker::WorkerParams;
-use super::RunConfig;
+use super::{RunConfig, StopAt};
 use crate::report::RunReport;
-use hdrhistogram::Histogram;
 use setup::Local;
 use std::time::{Instant, SystemTime};
 
@@ -19,10 +19,10 @@ use std::time::{Instant, SystemTime};
 pub struct RunOutput {
     pub report: RunReport,
     pub flows: Vec<FlowStats>,
-    /// Latency over all flows, one histogram per `hdr_interval`.
-    pub intervals: Vec<Histogram<u64>>,
-    /// Wall-clock time of the common start, for the HdrHistogram log.
+    /// Wall-clock time of the common start.
     pub start_time: SystemTime,
+    /// Writing the streamed time series or HdrHistogram log failed (the run went on).
+    pub stream_error: Option<String>,
 }
 
 /// Why a run measured nothing.
@@ -42,9 +42,10 @@ impl std::fmt::Display for RunError {
     }
 }
 
-/// Runs the configured traffic. Errors mean nothing was measured; once traffic has started,
-/// every ending — complete, Ctrl-C or a lost peer (on `stop`), QP errors — is a report.
-pub fn run(cfg: &RunConfig, stop: StopToken) -> Result<RunOutput, RunError> {
+/// Runs the configured traffic, streaming the time series and latency log to `outputs` as
+/// it goes. Errors mean nothing was measured; once traffic has started, every ending —
+/// complete, Ctrl-C or a lost peer (on `stop`), QP errors — is a report.
+pub fn run(cfg: &RunConfig, stop: StopToken, outputs: Outputs) -> Result<RunOutput, RunError> {
     let t_begin = Instant::now();
     let why = |e: String| {
         if stop.requested() == Some(Reason::Interrupted) {
@@ -64,8 +65,8 @@ pub fn run(cfg: &RunConfig, stop: StopToken) -> Result<RunOutput, RunError> {
     .map_err(why)?;
     exchange(cfg, &mut local, &mut control, stop).map_err(why)?;
     let params = worker_params(cfg, &local, stop);
-    let finished =
-        threads::start_and_watch(cfg, &local.shards, &params, &mut control).map_err(why)?;
+    let finished = threads::start_and_watch(cfg, &local.shards, &params, &mut control, outputs)
+        .map_err(why)?;
     let setup_s = finished.start.duration_since(t_begin).as_secs_f64();
     Ok(gather(cfg, &local, &mut control, finished, setup_s, stop))
 }
@@ -90,16 +91,29 @@ fn worker_params(cfg: &RunConfig, local: &Local, stop: StopToken) -> WorkerParam
         depth: cfg.depth,
         stop: cfg.stop,
         rate: local.rate,
-        interval_ns: cfg.interval.as_nanos().max(1) as u64,
-        hdr_interval_ns: cfg.hdr_interval.as_nanos().max(1) as u64,
+        kept_series_ns: cfg
+            .json_series
+            .then(|| cfg.interval.as_nanos().max(1) as u64),
         warmup_ns: cfg.warmup.as_nanos() as u64,
+        steady_ns: steady_window_ns(cfg),
         seed: cfg.seed,
         stop_token: stop,
     }
 }
 
-/// Merges the threads' flows and latency intervals, asks the server what it received (unless
-/// it is gone), and builds the report.
+/// The steady-state window, ns since the start: after the warm-up, before the cool-down of a
+/// timed run (a run of `--iters` has no known end: its window runs to its last completion).
+pub fn steady_window_ns(cfg: &RunConfig) -> (u64, u64) {
+    let from = cfg.warmup.as_nanos() as u64;
+    let until = match cfg.stop {
+        StopAt::Duration(d) => d.saturating_sub(cfg.cooldown).as_nanos() as u64,
+        StopAt::Iters(_) => u64::MAX,
+    };
+    (from, until.max(from))
+}
+
+/// Merges the threads' flows, asks the server what it received (unless it is gone), and
+/// builds the report.
 fn gather(
     cfg: &RunConfig,
     local: &Local,
@@ -111,18 +125,12 @@ fn gather(
     let threads::Finished {
         outputs,
         start_time,
+        stream_error,
         ..
     } = finished;
     let mut flows: Vec<FlowStats> = Vec::with_capacity(cfg.flows as usize);
-    let mut intervals: Vec<Histogram<u64>> = Vec::new();
     for out in outputs {
         flows.extend(out.flows);
-        for (k, h) in out.intervals.into_iter().enumerate() {
-            if k >= intervals.len() {
-                intervals.resize_with(k + 1, new_histogram);
-            }
-            intervals[k].add(&h).expect("same histogram bounds");
-        }
     }
     flows.sort_by_key(|f| f.flow);
 
@@ -152,7 +160,7 @@ fn gather(
     RunOutput {
         report,
         flows,
-        intervals,
         start_time,
+        stream_error,
     }
 }

@@ -3,7 +3,7 @@ use super::super::stats::{merge_into, new_histogram, FlowStats};
 use super::super::stop::{Reason, StopToken};
 use super::super::{Load, RunConfig};
 use crate::report::{
-    gbps, hist, jain, spread_us, FlowReport, Latency, OpenLoop, Outcome, RunReport, Totals,
+    gbps, hist, jain, spread_us, FlowReport, Latency, OpenLoop, Outcome, RunReport, Steady, Totals,
 };
 
 /// What the run measured besides the flows themselves.
@@ -57,6 +57,16 @@ pub fn build_report(
     let (ops, bytes) = flows
         .iter()
         .fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
+    let (steady_ops, steady_bytes) = flows
+        .iter()
+        .fold((0, 0), |(o, b), f| (o + f.steady_ops, b + f.steady_bytes));
+    let (from_ns, until_ns) = super::steady_window_ns(cfg);
+    let steady = Steady::new(
+        from_ns as f64 / 1e9,
+        (until_ns as f64 / 1e9).min(measured_s),
+        steady_ops,
+        steady_bytes,
+    );
     let open_loop = rate_per_flow
         .filter(|_| !cfg.pingpong)
         .map(|rate| OpenLoop::new(rate, &per_flow, measured_s));
@@ -96,6 +106,7 @@ pub fn build_report(
         outcome,
         open_loop,
         total: Totals::new(ops, bytes, measured_s, &all),
+        steady,
         fairness: jain(&rates),
         rss_per_flow_bytes: rss / u64::from(cfg.flows.max(1)),
         server_received_bytes,

@@ -1,6 +1,7 @@
 //! The measured phase: one thread per shard waits at a barrier, the server's Go releases them
 //! all at once, and this thread watches the control connection (and draws progress) until
 //! every worker has returned.
+use super::super::intervals::{self, Outputs, Sink};
 use super::super::progress::{self, Counters};
 use super::super::shard::Shard;
 use super::super::stop::Reason;
@@ -17,38 +18,58 @@ pub struct Finished {
     pub outputs: Vec<WorkerOutput>,
     pub start: Instant,
     pub start_time: SystemTime,
+    /// Writing the streamed time series or latency log failed.
+    pub stream_error: Option<String>,
 }
 
-/// Starts a worker per shard on the server's Go and waits for them all. An error means
-/// nothing was measured (no Go came).
+/// Starts a worker per shard on the server's Go and waits for them all, while one more
+/// thread writes the streamed intervals (`outputs`). An error means nothing was measured
+/// (no Go came).
 pub fn start_and_watch(
     cfg: &RunConfig,
     shards: &[Shard],
     params: &WorkerParams,
     control: &mut Control,
+    outputs: Outputs,
 ) -> Result<Finished, String> {
     let counters: Vec<Counters> = shards.iter().map(|_| Counters::default()).collect();
     let release = Barrier::new(shards.len() + 1);
     let t0: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+    let streaming = outputs.series.is_some() || outputs.latency.is_some();
+    let (tx, rx) = intervals::channel();
+    let sink = |thread: usize, shard: &Shard| {
+        streaming.then(|| {
+            let ids: Vec<u32> = shard.flows.iter().map(|f| f.id).collect();
+            let ns = |d: Duration| d.as_nanos() as u64;
+            Sink::new(
+                tx.clone(),
+                thread,
+                &ids,
+                outputs.series.is_some().then(|| ns(cfg.interval)),
+                outputs.latency.is_some().then(|| ns(cfg.hdr_interval)),
+            )
+        })
+    };
+    let sinks: Vec<Option<Sink>> = shards.iter().enumerate().map(|(t, s)| sink(t, s)).collect();
+    drop(tx);
     let mut go_error = None;
-    let outputs: Vec<WorkerOutput> = std::thread::scope(|scope| {
+    let mut stream_error = None;
+    let outputs_of_threads: Vec<WorkerOutput> = std::thread::scope(|scope| {
         let handles: Vec<_> = shards
             .iter()
             .zip(&counters)
-            .map(|(shard, c)| {
+            .zip(sinks)
+            .map(|((shard, c), sink)| {
                 let (release, t0) = (&release, &t0);
                 scope.spawn(move || {
                     release.wait();
                     let Some(&(start, _)) = t0.get() else {
-                        return WorkerOutput {
-                            flows: Vec::new(),
-                            intervals: Vec::new(),
-                        };
+                        return WorkerOutput { flows: Vec::new() };
                     };
                     if cfg.pingpong {
-                        pingpong::run(shard, params, start, c)
+                        pingpong::run(shard, params, start, c, sink)
                     } else {
-                        worker::run(shard, params, start, c)
+                        worker::run(shard, params, start, c, sink)
                     }
                 })
             })
@@ -56,8 +77,15 @@ pub fn start_and_watch(
         match control.await_go(cfg.start_timeout) {
             Ok(()) => {
                 let _ = t0.set((Instant::now(), SystemTime::now()));
+                let start_time = t0.get().expect("just set").1;
+                let writer = streaming.then(|| {
+                    scope.spawn(move || intervals::write(rx, shards.len(), outputs, start_time))
+                });
                 release.wait();
                 watch(control, &handles, &counters, cfg, params);
+                if let Some(w) = writer {
+                    stream_error = w.join().expect("interval writer panicked").err();
+                }
             }
             Err(e) => {
                 go_error = Some(e);
@@ -74,9 +102,10 @@ pub fn start_and_watch(
     }
     let &(start, start_time) = t0.get().expect("started");
     Ok(Finished {
-        outputs,
+        outputs: outputs_of_threads,
         start,
         start_time,
+        stream_error,
     })
 }
 

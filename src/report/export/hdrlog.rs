@@ -1,18 +1,24 @@
 //! The latency of every operation as an HdrHistogram interval log (V2, compressed), readable
 //! by the standard HdrHistogram tools (HistogramLogProcessor and friends). Values are in ns.
-use hdrhistogram::serialization::interval_log::IntervalLogWriterBuilder;
+use hdrhistogram::serialization::interval_log::{IntervalLogWriter, IntervalLogWriterBuilder};
 use hdrhistogram::serialization::V2DeflateSerializer;
 use hdrhistogram::Histogram;
 use std::io::{self, Write};
 use std::time::{Duration, SystemTime};
 
-pub fn write<W: Write>(
-    intervals: &[Histogram<u64>],
-    interval: Duration,
+/// A log being written, one interval at a time.
+pub type Log<'a, 'b, W> = IntervalLogWriter<'a, 'b, W, V2DeflateSerializer>;
+
+pub fn serializer() -> V2DeflateSerializer {
+    V2DeflateSerializer::new()
+}
+
+/// Writes the log's header (start and base time: the run's common start).
+pub fn begin<'a, 'b, W: Write>(
+    w: &'a mut W,
+    serializer: &'b mut V2DeflateSerializer,
     start: SystemTime,
-    mut w: W,
-) -> io::Result<()> {
-    let mut serializer = V2DeflateSerializer::new();
+) -> io::Result<Log<'a, 'b, W>> {
     let mut builder = IntervalLogWriterBuilder::new();
     builder
         .add_comment(&format!(
@@ -21,10 +27,31 @@ pub fn write<W: Write>(
         ))
         .with_start_time(start)
         .with_base_time(start);
-    let mut log = builder.begin_log_with(&mut w, &mut serializer)?;
+    builder.begin_log_with(w, serializer)
+}
+
+/// One interval's histogram, `offset` after the start.
+pub fn interval<W: Write>(
+    log: &mut Log<'_, '_, W>,
+    h: &Histogram<u64>,
+    offset: Duration,
+    length: Duration,
+) -> io::Result<()> {
+    log.write_histogram(h, offset, length, None)
+        .map_err(|e| io::Error::other(format!("{e:?}")))
+}
+
+/// A whole log at once: `intervals[k]` starts `k` intervals after `start`.
+pub fn write<W: Write>(
+    intervals: &[Histogram<u64>],
+    length: Duration,
+    start: SystemTime,
+    mut w: W,
+) -> io::Result<()> {
+    let mut serializer = serializer();
+    let mut log = begin(&mut w, &mut serializer, start)?;
     for (k, h) in intervals.iter().enumerate() {
-        log.write_histogram(h, interval * k as u32, interval, None)
-            .map_err(|e| io::Error::other(format!("{e:?}")))?;
+        interval(&mut log, h, length * k as u32, length)?;
     }
     Ok(())
 }

@@ -70,6 +70,14 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
             r.fairness
         )?;
     }
+    if r.mode != "pingpong" {
+        let st = &r.steady;
+        writeln!(
+            w,
+            " steady state {:.3}..{:.3} s: {:.3} Gb/s, {:.4} Mpps (whole run above: from the start, ramp and drain included)",
+            st.from_s, st.until_s, st.gbps, st.mops
+        )?;
+    }
     if per_flow {
         writeln!(w, "{RULE}")?;
         writeln!(
