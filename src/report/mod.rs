@@ -30,20 +30,41 @@ pub struct Latency {
 }
 
 impl Latency {
+    /// The same figures as the histogram's own `mean`, `stdev` and `value_at_quantile`, in
+    /// two scans of its counters instead of eight: a 4,000-flow report took 3.4 s under the
+    /// bench's TCG with the separate calls (most of a Ctrl-C's second).
     pub fn of<T: hdrhistogram::Counter>(h: &Histogram<T>) -> Latency {
         if h.is_empty() {
             return Latency::default();
         }
+        // (median-equivalent value, count) of each recorded bucket: few, even when the
+        // histogram spans seconds.
+        let recorded: Vec<(f64, f64)> = h
+            .iter_recorded()
+            .map(|v| {
+                (
+                    h.median_equivalent(v.value_iterated_to()) as f64,
+                    v.count_at_value().as_f64(),
+                )
+            })
+            .collect();
+        let n = h.len() as f64;
+        let mean = recorded.iter().fold(0.0, |t, &(v, c)| t + v * c / n);
+        let dev = recorded
+            .iter()
+            .fold(0.0, |t, &(v, c)| t + (v - mean) * (v - mean) * c);
+        let mut q = h.value_at_quantiles([0.5, 0.9, 0.99, 0.999, 0.9999]);
+        let mut next = || q.next().unwrap_or(0);
         Latency {
             count: h.len(),
             min_ns: h.min(),
-            mean_ns: h.mean(),
-            stdev_ns: h.stdev(),
-            p50_ns: h.value_at_quantile(0.5),
-            p90_ns: h.value_at_quantile(0.9),
-            p99_ns: h.value_at_quantile(0.99),
-            p999_ns: h.value_at_quantile(0.999),
-            p9999_ns: h.value_at_quantile(0.9999),
+            mean_ns: mean,
+            stdev_ns: (dev / n).sqrt(),
+            p50_ns: next(),
+            p90_ns: next(),
+            p99_ns: next(),
+            p999_ns: next(),
+            p9999_ns: next(),
             max_ns: h.max(),
         }
     }
@@ -290,6 +311,31 @@ pub fn gbps(bytes: u64, seconds: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn latency_figures_equal_the_histograms_own() {
+        let mut h: Histogram<u32> = crate::gen::stats::new_histogram();
+        for (k, v) in [1u64, 7, 999, 1_000, 1_001, 12_345, 2_000_000, 300_000_000]
+            .iter()
+            .enumerate()
+        {
+            h.record_n(*v, k as u32 + 1).unwrap();
+        }
+        let l = Latency::of(&h);
+        assert_eq!(l.count, h.len());
+        assert!((l.mean_ns - h.mean()).abs() < 1e-6 * h.mean(), "{l:?}");
+        assert!((l.stdev_ns - h.stdev()).abs() < 1e-6 * h.stdev(), "{l:?}");
+        for (got, q) in [
+            (l.p50_ns, 0.5),
+            (l.p90_ns, 0.9),
+            (l.p99_ns, 0.99),
+            (l.p999_ns, 0.999),
+            (l.p9999_ns, 0.9999),
+        ] {
+            assert_eq!(got, h.value_at_quantile(q), "q {q}");
+        }
+        assert_eq!((l.min_ns, l.max_ns), (h.min(), h.max()));
+    }
+
     use super::*;
 
     fn flow(ops: u64, in_flight: u32, missed: u64, started: bool) -> FlowReport {
