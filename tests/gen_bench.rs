@@ -514,3 +514,69 @@ fn memory_stays_bounded_whatever_the_duration() {
         (Some(1.0), Some(11.0))
     );
 }
+
+/// Ctrl-C at any phase: 1 s into the set-up of 4,000 flows the run exits 130 within 2 s and
+/// nothing was posted (rxe0 sent no packet: QP set-up and the TCP exchange send none); during
+/// the traffic of 1,000 flows the last completion comes within 1 s of the signal.
+#[test]
+fn ctrl_c_stops_set_up_and_traffic_within_a_second() {
+    let bin = ibjitter();
+    let out_dir = scratch_dir("gen-ctrl-c");
+    let o = out_dir.display();
+    let out = Vm::new().timeout(600).writable(&out_dir).run(&format!(
+        r#". tools/vm/lib.sh
+        now() {{ date +%s.%N; }}
+        {bin} serve --dev rxe1 > {o}/serve.log 2>&1 & server=$!
+        wait_until 20 tcp_listening 18515
+        p0=$(rxe_counter rxe0 sent_pkts)
+        {bin} run 10.0.0.2 --dev rxe0 --flows 4000 --threads 2 --depth 4 --size 4K --duration 30s \
+            --no-progress --json {o}/setup.json > /dev/null 2> {o}/setup.err & pid=$!
+        sleep 1; t=$(now); kill -INT $pid; wait $pid; rc=$?
+        echo "setup_rc=$rc setup_exit_s=$(awk -v a=$t -v b=$(now) 'BEGIN {{ print b - a }}')"
+        echo "setup_packets=$(( $(rxe_counter rxe0 sent_pkts) - p0 ))"
+        cat {o}/setup.err
+
+        {bin} run 10.0.0.2 --dev rxe0 --flows 1000 --threads 2 --depth 4 --size 4K --duration 60s \
+            --no-progress --json {o}/run.json > /dev/null 2> {o}/run.err & pid=$!
+        p0=$(rxe_counter rxe0 sent_pkts)
+        wait_until 60 sh -c "[ \$(cat /sys/class/infiniband/rxe0/ports/1/hw_counters/sent_pkts) -gt $((p0 + 20000)) ]"
+        t=$(now); kill -INT $pid; wait $pid; rc=$?
+        echo "run_rc=$rc run_sigint_unix_s=$t run_exit_s=$(awk -v a=$t -v b=$(now) 'BEGIN {{ print b - a }}')"
+        cat {o}/run.err
+        kill $server; wait $server
+        exit 0"#
+    ));
+    out.assert_success();
+    let o = &out.output;
+    assert_eq!(field(o, "setup_rc"), Some(130.0), "{o}");
+    let exit_s = field(o, "setup_exit_s").expect("timing");
+    eprintln!("SIGINT 1 s into the set-up of 4,000 flows: exit after {exit_s:.2} s");
+    assert!(exit_s < 2.0, "{o}");
+    assert_eq!(
+        field(o, "setup_packets"),
+        Some(0.0),
+        "something was posted:\n{o}"
+    );
+    assert!(
+        !out_dir.join("setup.json").exists(),
+        "no report for a run that never started"
+    );
+
+    assert_eq!(field(o, "run_rc"), Some(130.0), "{o}");
+    let r = read_json(&out_dir.join("run.json"));
+    assert_eq!(r["outcome"], "interrupted");
+    let start_s = r["start_unix_ns"].as_f64().unwrap() / 1e9;
+    let last_s = start_s + r["duration_s"].as_f64().unwrap();
+    let sigint_s = field(o, "run_sigint_unix_s").unwrap();
+    eprintln!(
+        "SIGINT during the traffic of 1,000 flows: last completion {:.3} s after it, exit after {:.2} s",
+        last_s - sigint_s,
+        field(o, "run_exit_s").unwrap()
+    );
+    assert!(
+        last_s - sigint_s < 1.0,
+        "traffic went on: {:.3} s",
+        last_s - sigint_s
+    );
+    assert!(r["total"]["ops"].as_u64().unwrap() > 0);
+}

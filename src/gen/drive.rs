@@ -6,7 +6,7 @@
 //! the tests below) and leaves what to post to a [`Pattern`].
 use super::shard::Shard;
 use super::stats::FlowStats;
-use super::stop::StopToken;
+use super::stop::{Reason, StopToken};
 use super::Op;
 use crate::verbs::WorkCompletion;
 
@@ -93,8 +93,12 @@ pub struct Limits {
     pub stop: StopToken,
 }
 
+/// After Ctrl-C the drain is this short: the run must end within a second of it.
+pub const INTERRUPTED_DRAIN_NS: u64 = 300_000_000;
+
 /// Runs `pattern` over `io` until it is finished, Ctrl-C or a lost peer (`limits.stop`), or the
-/// deadline; then drains for at most `drain_ns`. `now_ns` is the common clock.
+/// deadline; then drains for at most `drain_ns` ([`INTERRUPTED_DRAIN_NS`] after Ctrl-C).
+/// `now_ns` is the common clock.
 pub fn drive<T: Transport, P: Pattern<T>>(
     io: &T,
     pattern: &mut P,
@@ -118,7 +122,12 @@ pub fn drive<T: Transport, P: Pattern<T>>(
         pattern.completed(io, &wcs[..got], now, stopping);
         if !stopping && (limits.stop.is_set() || limits.deadline_ns.is_some_and(|d| now >= d)) {
             stopping = true;
-            drain_until = now + limits.drain_ns;
+            let drain = if limits.stop.requested() == Some(Reason::Interrupted) {
+                limits.drain_ns.min(INTERRUPTED_DRAIN_NS)
+            } else {
+                limits.drain_ns
+            };
+            drain_until = now + drain;
         }
         if !stopping {
             pattern.post_more(io, now);

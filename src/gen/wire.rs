@@ -12,6 +12,7 @@
 //!   ... traffic ...
 //!   Done {what we moved} ------->
 //!        <----------------------- Bye {what the server received}
+use super::stop::StopToken;
 use crate::verbs::{Endpoint, RemoteBuffer};
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
@@ -181,12 +182,49 @@ fn read_exact(stream: &mut TcpStream, buf: &mut [u8], awaiting: &str) -> io::Res
 /// Done (a run lasts as long as it lasts; a dead client closes the connection).
 pub struct Control {
     stream: TcpStream,
+    /// Set: every wait also ends, within [`STOP_CHECK`], when a stop is asked (Ctrl-C).
+    stop: Option<StopToken>,
 }
+
+/// How often a wait for the peer checks the stop token.
+const STOP_CHECK: Duration = Duration::from_millis(100);
 
 impl Control {
     pub fn new(stream: TcpStream) -> Control {
         let _ = stream.set_nodelay(true);
-        Control { stream }
+        Control { stream, stop: None }
+    }
+
+    /// Makes every wait for the peer end when `stop` is set (a blocking read restarts after
+    /// a signal: Ctrl-C alone would not end it).
+    pub fn stop_on(mut self, stop: StopToken) -> Control {
+        self.stop = Some(stop);
+        self
+    }
+
+    /// Waits until the peer has sent something, up to `timeout`, in slices of [`STOP_CHECK`];
+    /// Err once the stop token is set. (The deadline itself is left to the read.)
+    fn await_readable(&self, timeout: Option<Duration>, awaiting: &str) -> Result<(), String> {
+        use std::os::fd::AsRawFd;
+        let Some(stop) = self.stop else {
+            return Ok(());
+        };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if stop.is_set() {
+                return Err(format!("interrupted while awaiting {awaiting}"));
+            }
+            let mut fd = libc::pollfd {
+                fd: self.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&mut fd, 1, STOP_CHECK.as_millis() as i32) };
+            if n > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(());
+            }
+        }
     }
 
     /// Client: connects to `server:port`, retrying until `timeout` (in an incast the receiver
@@ -351,7 +389,10 @@ impl Control {
     }
 
     fn recv(&mut self, timeout: Option<Duration>, awaiting: &str) -> Result<Message, String> {
-        recv(&mut self.stream, timeout, awaiting).map_err(|e| e.to_string())
+        let started = Instant::now();
+        self.await_readable(timeout, awaiting)?;
+        let left = timeout.map(|t| t.saturating_sub(started.elapsed()).max(STOP_CHECK));
+        recv(&mut self.stream, left, awaiting).map_err(|e| e.to_string())
     }
 }
 

@@ -127,6 +127,11 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for Throughput<'_, C> {
         if self.p.rate.is_none() {
             for _ in 0..self.p.depth {
                 for i in 0..self.state.len() {
+                    // Thousands of first posts take a while (a system call each on rxe):
+                    // Ctrl-C stops them too.
+                    if i % 64 == 0 && self.p.stop_token.is_set() {
+                        return;
+                    }
                     if self.may_post(i) {
                         self.post(io, i, 0);
                     }

@@ -48,6 +48,10 @@ impl Error {
             detail: String::new(),
         }
     }
+    /// `call` was not made: a stop was asked for (Ctrl-C).
+    pub fn interrupted(call: &'static str) -> Error {
+        Error::other(call, "not called: interrupted")
+    }
     pub(crate) fn other(call: &'static str, detail: impl Into<String>) -> Error {
         Error {
             call,

@@ -62,7 +62,8 @@ pub fn run(cfg: &RunConfig, stop: StopToken, outputs: Outputs) -> Result<RunOutp
         cfg.setup_timeout,
         &interrupted,
     )
-    .map_err(why)?;
+    .map_err(why)?
+    .stop_on(stop);
     exchange(cfg, &mut local, &mut control, stop).map_err(why)?;
     let params = worker_params(cfg, &local, stop);
     let finished = threads::start_and_watch(cfg, &local.shards, &params, &mut control, outputs)

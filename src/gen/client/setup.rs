@@ -112,6 +112,8 @@ impl Local {
         }
         let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
         let mut make_qp = |flow: u32, cq: &Arc<CompletionQueue>| match &mut cm_flows {
+            // Ctrl-C: no further QP (thousands take seconds).
+            _ if stop.is_set() => Err(verbs::Error::interrupted("ibv_create_qp")),
             Some((_, cm_ids)) => {
                 let id = cm_ids[flow as usize].take().expect("one QP per flow");
                 QueuePair::new_rc_cm(id, &pd, cq, cq, None, qp_cfg)
@@ -197,6 +199,9 @@ impl Local {
                 return Err("the server accepted --cm without a session token".into())
             }
             (None, _) => flows.try_for_each(|f| {
+                if stop.is_set() {
+                    return Err(format!("interrupted while connecting flow {}", f.id));
+                }
                 f.qp.connect(&theirs[f.id as usize].qp, f.psn)
                     .map_err(|e| format!("connecting flow {}: {e}", f.id))
             })?,
