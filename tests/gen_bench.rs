@@ -515,7 +515,7 @@ fn memory_stays_bounded_whatever_the_duration() {
     );
 }
 
-/// Ctrl-C at any phase: 1 s into the set-up of 4,000 flows the run exits 130 within 2 s and
+/// Validation against the device (a port it lacks), then Ctrl-C at any phase: 1 s into the set-up of 4,000 flows the run exits 130 within 2 s and
 /// nothing was posted (rxe0 sent no packet: QP set-up and the TCP exchange send none); during
 /// the traffic of 1,000 flows the last completion comes within 1 s of the signal.
 #[test]
@@ -528,6 +528,7 @@ fn ctrl_c_stops_set_up_and_traffic_within_a_second() {
         now() {{ date +%s.%N; }}
         {bin} serve --dev rxe1 > {o}/serve.log 2>&1 & server=$!
         wait_until 20 tcp_listening 18515
+        {bin} run 10.0.0.2 --dev rxe0 --ib-port 2 --no-progress; echo "port_rc=$?"
         p0=$(rxe_counter rxe0 sent_pkts)
         {bin} run 10.0.0.2 --dev rxe0 --flows 4000 --threads 2 --depth 4 --size 4K --duration 30s \
             --no-progress --json {o}/setup.json > /dev/null 2> {o}/setup.err & pid=$!
@@ -548,6 +549,9 @@ fn ctrl_c_stops_set_up_and_traffic_within_a_second() {
     ));
     out.assert_success();
     let o = &out.output;
+    // A port the device does not have is named as such, before anything is set up.
+    assert_eq!(field(o, "port_rc"), Some(2.0), "{o}");
+    assert!(o.contains("--ib-port 2: rxe0 has port(s) 1..=1"), "{o}");
     assert_eq!(field(o, "setup_rc"), Some(130.0), "{o}");
     let exit_s = field(o, "setup_exit_s").expect("timing");
     eprintln!("SIGINT 1 s into the set-up of 4,000 flows: exit after {exit_s:.2} s");

@@ -63,6 +63,16 @@ fn run_refuses_bad_arguments() {
         "cannot be used with",
     );
     refused(&["run", "h", "--op", "read"], "invalid value 'read'");
+    refused(&["run", "h", "--qp-timeout", "40"], "40 is not in 0..=31");
+    refused(&["serve", "--qp-timeout", "32"], "32 is not in 0..=31");
+    refused(
+        &["run", "h", "--size", "10G"],
+        "too large: at most 4294967295 bytes",
+    );
+    refused(
+        &["run", "h", "--size", "2G"],
+        "--size must be 1 byte to 1024 MiB",
+    );
 }
 
 #[test]

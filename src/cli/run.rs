@@ -5,7 +5,7 @@ use ibjitter::gen::client::{self, RunOutput};
 use ibjitter::gen::intervals::{Outputs, MIN_HDR_INTERVAL_NS, MIN_INTERVAL_NS};
 use ibjitter::gen::pacing::Arrival;
 use ibjitter::gen::stop::{self, StopToken};
-use ibjitter::gen::wire::MAX_DEPTH;
+use ibjitter::gen::wire::{MAX_DEPTH, MAX_SIZE};
 use ibjitter::gen::{Load, Op, RunConfig, StopAt};
 use ibjitter::report::export::{json, text};
 use ibjitter::report::Outcome;
@@ -96,8 +96,9 @@ pub struct RunArgs {
     /// Print a line per flow
     #[arg(long)]
     per_flow: bool,
-    /// QP local ACK timeout exponent (4.096 us x 2^N); above the worst queueing delay
-    #[arg(long, default_value_t = 18)]
+    /// QP local ACK timeout exponent (4.096 us x 2^N, 0..=31; 0: no timeout); above the worst
+    /// queueing delay
+    #[arg(long, default_value_t = 18, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
     /// Seed for PSNs and Poisson gaps
     #[arg(long, default_value_t = 1)]
@@ -128,8 +129,11 @@ impl RunArgs {
             return Err(format!("--depth must be 1..={MAX_DEPTH}"));
         }
         let size = self.size.unwrap_or(if self.pingpong { 2 } else { 65536 });
-        if size == 0 {
-            return Err("--size must be at least 1 byte".into());
+        if size == 0 || size > MAX_SIZE {
+            return Err(format!(
+                "--size must be 1 byte to {} MiB (the protocol's limit), got {size}",
+                MAX_SIZE >> 20
+            ));
         }
         let arrival = match self.arrival {
             ArrivalArg::Fixed => Arrival::Fixed,

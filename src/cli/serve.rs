@@ -28,8 +28,8 @@ pub struct ServeArgs {
     /// Exit after one group of clients has finished
     #[arg(long)]
     once: bool,
-    /// QP local ACK timeout exponent (4.096 us x 2^N)
-    #[arg(long, default_value_t = 18)]
+    /// QP local ACK timeout exponent (4.096 us x 2^N, 0..=31; 0: no timeout)
+    #[arg(long, default_value_t = 18, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
     /// How long a client group may take to gather at the start barrier; then the clients that
     /// are ready start without the missing ones

@@ -22,7 +22,12 @@ pub fn size(text: &str) -> Result<u32, String> {
             ))
         }
     };
-    u32::try_from(n * mult).map_err(|_| format!("size {text:?} is too large"))
+    u32::try_from(n * mult).map_err(|_| {
+        format!(
+            "size {text:?} is too large: at most {} bytes (4G - 1)",
+            u32::MAX
+        )
+    })
 }
 
 /// A positive rate: `1000`, `10k`, `2.5M` (per second).

@@ -35,6 +35,7 @@ pub struct PortInfo {
 /// Device limits that size queues.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceLimits {
+    pub phys_port_cnt: u8,
     pub max_qp: i32,
     pub max_qp_wr: i32,
     pub max_cq: i32,
@@ -96,6 +97,7 @@ impl Context {
         }
         let a = unsafe { attr.assume_init() };
         Ok(DeviceLimits {
+            phys_port_cnt: a.phys_port_cnt,
             max_qp: a.max_qp,
             max_qp_wr: a.max_qp_wr,
             max_cq: a.max_cq,

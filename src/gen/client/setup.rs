@@ -3,12 +3,14 @@
 //! id per flow, already resolved toward the server.
 use super::super::cm;
 use super::super::pacing::Arrival;
-use super::super::shard::Shard;
+use super::super::shard::{slot_size, Shard};
 use super::super::stop::StopToken;
 use super::super::wire::{FlowEndpoint, RunRequest};
 use super::super::{pingpong, Load, RunConfig};
 use crate::verbs::cm::{ConnParams, EventChannel};
-use crate::verbs::{self, CompletionQueue, Context, ProtectionDomain, QpConfig, QueuePair};
+use crate::verbs::{
+    self, CompletionQueue, Context, DeviceLimits, ProtectionDomain, QpConfig, QueuePair,
+};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
@@ -67,6 +69,8 @@ impl Local {
             verbs::open_device(cfg.device.as_deref())
         }
         .map_err(|e| e.to_string())?;
+        let limits = ctx.limits().map_err(|e| e.to_string())?;
+        check_limits(cfg, ctx.name(), &limits)?;
         let port = ctx.port(cfg.ib_port).map_err(|e| e.to_string())?;
         if !port.active {
             return Err(format!("{} port {} is not active", ctx.name(), cfg.ib_port));
@@ -78,7 +82,6 @@ impl Local {
                 .map_err(|e| e.to_string())?,
         };
         let gid = ctx.gid(cfg.ib_port, gid_index).map_err(|e| e.to_string())?;
-        let limits = ctx.limits().map_err(|e| e.to_string())?;
         let rate = resolve_rate(cfg, port.link_gbps)?;
         let Sizing { ids, sq, cqe } = sizing(cfg, limits.max_cqe)?;
         let qp_cfg = QpConfig {
@@ -211,6 +214,48 @@ impl Local {
         }
         Ok(())
     }
+}
+
+/// The run against the device's limits, before anything is made on it: each error names the
+/// limit (a QP beyond them failed deep in set-up, as "Invalid argument" or "Cannot allocate
+/// memory", after minutes with thousands of flows).
+fn check_limits(cfg: &RunConfig, device: &str, l: &DeviceLimits) -> Result<(), String> {
+    if cfg.ib_port == 0 || cfg.ib_port > l.phys_port_cnt {
+        return Err(format!(
+            "--ib-port {}: {device} has port(s) 1..={}",
+            cfg.ib_port, l.phys_port_cnt
+        ));
+    }
+    if i64::from(cfg.flows) > i64::from(l.max_qp) {
+        return Err(format!(
+            "--flows {}: {device} allows at most {} QPs (max_qp)",
+            cfg.flows, l.max_qp
+        ));
+    }
+    if i64::from(cfg.depth) > i64::from(l.max_qp_wr) {
+        return Err(format!(
+            "--depth {}: {device} allows at most {} work requests per QP (max_qp_wr)",
+            cfg.depth, l.max_qp_wr
+        ));
+    }
+    let threads = cfg.threads.min(cfg.flows);
+    if i64::from(threads) > i64::from(l.max_cq) {
+        return Err(format!(
+            "--threads {threads}: {device} allows at most {} CQs (max_cq), one per thread",
+            l.max_cq
+        ));
+    }
+    // Each thread registers one buffer: a send and a receive slot per flow.
+    let flows_per_thread = u64::from(cfg.flows.div_ceil(threads.max(1)));
+    let buffer = 2 * slot_size(cfg.size) as u64 * flows_per_thread;
+    if buffer > l.max_mr_size {
+        return Err(format!(
+            "{flows_per_thread} flows x 2 x {} B per thread need a {buffer}-byte memory region, \
+             {device} allows {} (max_mr_size): use more --threads or a smaller --size",
+            cfg.size, l.max_mr_size
+        ));
+    }
+    Ok(())
 }
 
 /// Open-loop rate per flow, if any: `--rate` directly, or `--load` of the link shared by all flows.
