@@ -102,6 +102,19 @@ fn three_hundred_flows_through_a_bottleneck() {
                 "{run}/{file} missing"
             );
         }
+        // The throughput plot: the total, a line per sender, the per-flow spread as bands;
+        // the latency plot's axis in a unit that keeps its numbers short.
+        let svg = std::fs::read_to_string(out_dir.join(run).join("throughput.svg")).unwrap();
+        for label in ["total", "h1", "h2", "h3", "per flow: p10-p90", "<polygon"] {
+            assert!(svg.contains(label), "{run}/throughput.svg lacks {label}");
+        }
+        let svg = std::fs::read_to_string(out_dir.join(run).join("latency.svg")).unwrap();
+        let p100 = r["total"]["latency"]["max_ns"].as_u64().unwrap();
+        let unit = ibjitter::report::incast::time_unit(p100).name;
+        assert!(
+            svg.contains(&format!("latency [{unit}]")),
+            "{run}/latency.svg: not in {unit}"
+        );
     }
     assert!(
         p99[0] > p99[1],

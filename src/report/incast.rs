@@ -90,39 +90,118 @@ impl SweepRow {
     }
 }
 
-/// Per-flow throughput over time, one line per flow (Mb/s). Rebinned so each point averages
-/// several messages per flow (at the CSV's 10 ms, a flow that completes a few large messages
-/// a second draws a comb of spikes), keeping at least 8 points.
-pub fn throughput_lines(m: &Merged) -> Vec<Series> {
+/// The throughput plot's data: the total and one line per sender, and below them the spread
+/// of the per-flow rates (min, p10, median, p90, max), in Mb/s. Each is binned to what it can
+/// show: a flow's throughput over one 10 ms bucket is 0 or a whole message (triangle waves),
+/// so the spread's points hold a few messages of every flow (8 to 40 points over the run);
+/// the total and the senders sum many flows and keep a finer time axis (about 100 points,
+/// at least 20 messages of all flows per point).
+pub struct ThroughputPlot {
+    pub total: Series,
+    pub senders: Vec<Series>,
+    /// (time, [min, p10, median, p90, max]) per point.
+    pub spread: Vec<(f64, [f64; 5])>,
+}
+
+pub fn throughput_plot(m: &Merged) -> ThroughputPlot {
     let len = m.series.iter().map(Vec::len).max().unwrap_or(0);
     let r = &m.report;
+    let flows = m.series.len().max(1) as f64;
     let msg = r.total.bytes as f64 / r.total.ops.max(1) as f64;
-    let per_flow_bucket = r.total.bytes as f64 / m.series.len().max(1) as f64 / len.max(1) as f64;
+    let per_flow_bucket = r.total.bytes as f64 / flows / len.max(1) as f64;
     let for_messages = (4.0 * msg / per_flow_bucket.max(1.0)).ceil() as usize;
-    let per_bin = (len / 40).max(for_messages).min(len / 8).max(1);
-    let dt = m.series_interval_s * per_bin as f64;
-    m.ids
-        .iter()
-        .zip(&m.series)
-        .map(|(id, s)| Series {
-            name: format!("flow {id}"),
-            points: s
-                .chunks(per_bin)
-                .enumerate()
-                .map(|(k, c)| (k as f64 * dt, c.iter().sum::<u64>() as f64 * 8.0 / dt / 1e6))
-                .collect(),
+    let coarse = (len / 40).max(for_messages).min(len / 8).max(1);
+    let total_msgs_per_bucket = r.total.ops as f64 / len.max(1) as f64;
+    let fine = (len / 100)
+        .max((20.0 / total_msgs_per_bucket.max(1e-9)).ceil() as usize)
+        .min(coarse)
+        .max(1);
+    // Bytes per flow per bin of `per_bin` buckets, and that as Mb/s.
+    let binned = |per_bin: usize| -> Vec<Vec<u64>> {
+        m.series
+            .iter()
+            .map(|s| {
+                (0..len.div_ceil(per_bin))
+                    .map(|b| s.iter().skip(b * per_bin).take(per_bin).sum())
+                    .collect()
+            })
+            .collect()
+    };
+    let mbps = |bytes: u64, per_bin: usize| {
+        bytes as f64 * 8.0 / (m.series_interval_s * per_bin as f64) / 1e6
+    };
+    let at = |b: usize, per_bin: usize| b as f64 * m.series_interval_s * per_bin as f64;
+    let fine_bins = binned(fine);
+    let line = |name: String, flows: &[usize]| Series {
+        name,
+        points: (0..len.div_ceil(fine))
+            .map(|b| {
+                let bytes = flows.iter().map(|&f| fine_bins[f][b]).sum();
+                (at(b, fine), mbps(bytes, fine))
+            })
+            .collect(),
+    };
+    let all: Vec<usize> = (0..m.series.len()).collect();
+    let per_sender = r.flows_per_sender.max(1);
+    let senders = (0..m.ids.len().div_ceil(per_sender as usize))
+        .map(|k| {
+            let flows: Vec<usize> = (0..m.ids.len())
+                .filter(|&f| (m.ids[f] / per_sender) as usize == k)
+                .collect();
+            let host = r
+                .senders
+                .get(k)
+                .map_or_else(|| format!("sender {k}"), |s| s.host.clone());
+            line(host, &flows)
         })
-        .collect()
+        .collect();
+    let coarse_bins = binned(coarse);
+    let spread = (0..len.div_ceil(coarse))
+        .map(|b| {
+            let mut v: Vec<f64> = coarse_bins.iter().map(|f| mbps(f[b], coarse)).collect();
+            v.sort_by(f64::total_cmp);
+            let q = |q: f64| {
+                v.get(((v.len().max(1) - 1) as f64 * q).round() as usize)
+                    .copied()
+                    .unwrap_or(0.0)
+            };
+            (at(b, coarse), [q(0.0), q(0.1), q(0.5), q(0.9), q(1.0)])
+        })
+        .collect();
+    ThroughputPlot {
+        total: line("total".into(), &all),
+        senders,
+        spread,
+    }
 }
 
 /// HdrHistogram's percentile plot: x in "nines" (1 = 90%, 2 = 99%, 3 = 99.9%) shows the
-/// tail; y in µs.
-pub fn percentile_points(h: &Histogram<u64>) -> Vec<(f64, f64)> {
+/// tail; y in `unit` ([`time_unit`] of the largest latency).
+pub fn percentile_points(h: &Histogram<u64>, unit: TimeUnit) -> Vec<(f64, f64)> {
     h.iter_quantiles(5)
         .map(|v| (v.quantile_iterated_to(), v.value_iterated_to()))
         .filter(|&(q, _)| q < 1.0)
-        .map(|(q, v)| (-(1.0 - q).log10(), v as f64 / 1e3))
+        .map(|(q, v)| (-(1.0 - q).log10(), v as f64 / unit.ns))
         .collect()
+}
+
+/// A unit for an axis of durations: its name and its length in ns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimeUnit {
+    pub name: &'static str,
+    pub ns: f64,
+}
+
+/// The unit that shows `max_ns` as a number from 1 to 999 (an axis reading "600000.0 us"
+/// says 0.6 s).
+pub fn time_unit(max_ns: u64) -> TimeUnit {
+    let (name, ns) = match max_ns {
+        0..=999 => ("ns", 1.0),
+        1_000..=999_999 => ("us", 1e3),
+        1_000_000..=999_999_999 => ("ms", 1e6),
+        _ => ("s", 1e9),
+    };
+    TimeUnit { name, ns }
 }
 
 #[cfg(test)]
@@ -158,19 +237,54 @@ mod tests {
     #[test]
     fn throughput_is_rebinned_to_several_messages_per_point_and_keeps_its_rate() {
         // 100 buckets of 10 ms, one 1000-byte message each: 4 messages per point.
-        let lines = throughput_lines(&merged(100, 1000, 100));
-        assert_eq!(lines[0].points.len(), 25);
-        for &(_, mbps) in &lines[0].points {
+        // The spread: 4 messages per point; the total too (it is never coarser).
+        let p = throughput_plot(&merged(100, 1000, 100));
+        assert_eq!((p.spread.len(), p.total.points.len()), (25, 25));
+        for &(_, mbps) in &p.total.points {
             assert!((mbps - 0.8).abs() < 1e-9, "{mbps}");
         }
+        assert_eq!(p.senders.len(), 1);
+        assert_eq!(p.senders[0].points, p.total.points);
+        for (_, q) in &p.spread {
+            assert!(q.iter().all(|v| (v - 0.8).abs() < 1e-9), "{q:?}");
+        }
         // Huge messages: still at least 8 points.
+        assert_eq!(throughput_plot(&merged(100, 1000, 1)).spread.len(), 9);
+        // Many small messages: the total keeps about 100 points.
         assert_eq!(
-            throughput_lines(&merged(100, 1000, 1))
-                .first()
-                .unwrap()
+            throughput_plot(&merged(1000, 1000, 100_000))
+                .total
                 .points
                 .len(),
-            9
+            100
         );
+    }
+
+    #[test]
+    fn time_units_keep_axis_numbers_short() {
+        assert_eq!(time_unit(999).name, "ns");
+        assert_eq!(time_unit(45_000).name, "us");
+        assert_eq!(time_unit(600_000_000).name, "ms");
+        assert_eq!(time_unit(2_000_000_000).name, "s");
+    }
+
+    #[test]
+    fn senders_sum_their_flows_and_the_spread_orders_the_flows() {
+        let mut m = merged(8, 1000, 8);
+        // Two senders of two flows: flows 0,1 (sender 0) and 2,3 (sender 1).
+        m.report.flows_per_sender = 2;
+        m.ids = vec![0, 1, 2, 3];
+        m.series = vec![vec![1000; 8], vec![2000; 8], vec![0; 8], vec![4000; 8]];
+        let p = throughput_plot(&m);
+        let dt = 0.01; // 8 buckets, 8 messages per bucket: one bucket per point
+        let mbps = |b: f64| b * 8.0 / dt / 1e6;
+        assert_eq!(p.senders.len(), 2);
+        assert!((p.senders[0].points[0].1 - mbps(3000.0)).abs() < 1e-9);
+        assert!((p.senders[1].points[0].1 - mbps(4000.0)).abs() < 1e-9);
+        assert!((p.total.points[0].1 - mbps(7000.0)).abs() < 1e-9);
+        let q = p.spread[0].1;
+        assert_eq!(q[0], 0.0);
+        assert!((q[4] - mbps(4000.0)).abs() < 1e-9);
+        assert!(q.windows(2).all(|w| w[0] <= w[1]), "{q:?}");
     }
 }

@@ -95,6 +95,124 @@ pub fn line_chart(
     root.present().map_err(|e| failed(path, e))
 }
 
+/// Two panels over one time axis, written as an SVG to `path`: above, `lines` (the first
+/// drawn black and thick: the total); below, with a y axis of its own (a flow's rate is a
+/// small fraction of a total's), the spread of many series as bands (min–max light, p10–p90
+/// darker, the median as a line). `spread` holds (x, [min, p10, median, p90, max]) per point;
+/// `what` names what it spreads ("per flow").
+pub fn band_chart(
+    path: &Path,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    lines: &[Series],
+    spread: &[(f64, [f64; 5])],
+    what: &str,
+) -> Result<(), String> {
+    let xs = span(
+        lines
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0))
+            .chain(spread.iter().map(|p| p.0)),
+        false,
+    );
+    let root = SVGBackend::new(path, (SIZE.0, SIZE.1 * 3 / 2)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(path, e))?;
+    let root = root
+        .titled(title, ("sans-serif", 22))
+        .map_err(|e| failed(path, e))?;
+    let (upper, lower) = root.split_vertically(SIZE.1 * 3 / 4);
+
+    let ys = span(
+        lines.iter().flat_map(|s| s.points.iter().map(|p| p.1)),
+        true,
+    );
+    let mut chart = ChartBuilder::on(&upper)
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
+        .map_err(|e| failed(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    for (k, s) in lines.iter().enumerate() {
+        let style = if k == 0 {
+            BLACK.stroke_width(3)
+        } else {
+            Palette99::pick(k + 1).to_rgba().stroke_width(2)
+        };
+        let drawn = chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), style))
+            .map_err(|e| failed(path, e))?;
+        if k < MAX_LEGEND {
+            drawn
+                .label(s.name.clone())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], style));
+        }
+    }
+    if !lines.is_empty() {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| failed(path, e))?;
+    }
+
+    let ys = span(spread.iter().map(|p| p.1[4]), true);
+    let mut chart = ChartBuilder::on(&lower)
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
+        .map_err(|e| failed(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(format!("{y_label}, {what}"))
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    let band = |lo: usize, hi: usize| -> Vec<(f64, f64)> {
+        let upper = spread.iter().map(|(x, q)| (*x, q[hi]));
+        let lower = spread.iter().rev().map(|(x, q)| (*x, q[lo]));
+        upper.chain(lower).collect()
+    };
+    if !spread.is_empty() {
+        for ((lo, hi), alpha, name) in [
+            ((0, 4), 0.15, format!("{what}: min-max")),
+            ((1, 3), 0.35, format!("{what}: p10-p90")),
+        ] {
+            let style = BLUE.mix(alpha).filled();
+            chart
+                .draw_series(std::iter::once(Polygon::new(band(lo, hi), style)))
+                .map_err(|e| failed(path, e))?
+                .label(name)
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], style));
+        }
+        let median = BLUE.stroke_width(2);
+        chart
+            .draw_series(LineSeries::new(
+                spread.iter().map(|(x, q)| (*x, q[2])),
+                median,
+            ))
+            .map_err(|e| failed(path, e))?
+            .label(format!("{what}: median"))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], median));
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| failed(path, e))?;
+    }
+    root.present().map_err(|e| failed(path, e))
+}
+
 /// Draws one bar per `(label, value)`, in order, and writes the SVG to `path`.
 pub fn bar_chart(
     path: &Path,
@@ -170,6 +288,29 @@ mod tests {
         assert!(text.contains("1-2") && text.contains("<rect"));
         // An empty chart still renders (a flow without gaps).
         bar_chart(&bars, "IPD", "x", "y", &[]).unwrap();
+        let band = dir.join("band.svg");
+        let spread: Vec<(f64, [f64; 5])> = (0..10)
+            .map(|k| (k as f64, [0.0, 1.0, 2.0, 3.0, 4.0 + k as f64]))
+            .collect();
+        band_chart(
+            &band,
+            "incast",
+            ("time [s]", "Mb/s"),
+            &series,
+            &spread,
+            "per flow",
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(&band).unwrap();
+        for label in [
+            "per flow: min-max",
+            "per flow: p10-p90",
+            "per flow: median",
+            "flow 0",
+        ] {
+            assert!(text.contains(label), "{label}");
+        }
+        assert!(text.contains("<polygon"), "bands are drawn");
         let err = line_chart(&dir.join("no/such/dir.svg"), "t", "x", "y", &series).unwrap_err();
         assert!(err.contains("no/such/dir.svg"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -1,8 +1,10 @@
 //! `ibjitter incast` output: a step's files (incast.json, timeseries.csv, latency.hlog, and
 //! SVG plots), its one-paragraph summary, and a sweep's CSV and table.
 use super::{hdrlog, timeseries};
-use crate::report::incast::{percentile_points, throughput_lines, IncastReport, Merged, SweepRow};
-use crate::report::plot::{line_chart, Series};
+use crate::report::incast::{
+    percentile_points, throughput_plot, time_unit, IncastReport, Merged, SweepRow,
+};
+use crate::report::plot::{band_chart, line_chart, Series};
 use crate::report::us;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -49,28 +51,34 @@ pub fn step_files(m: &Merged, dir: &Path, plot: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Per-flow throughput over time (one line per flow) and the latency percentile plot.
+/// Throughput over time (the total, a line per sender, the per-flow spread as bands) and the
+/// latency percentile plot (in the unit that suits its largest value).
 fn plots(m: &Merged, dir: &Path) -> Result<(), String> {
     let title = format!(
-        "{} flows into {}: throughput per flow",
+        "{} flows into {}: throughput",
         m.report.flows_requested, m.report.receiver
     );
-    line_chart(
+    let t = throughput_plot(m);
+    let mut lines = vec![t.total];
+    lines.extend(t.senders);
+    band_chart(
         &dir.join("throughput.svg"),
         &title,
-        "time [s]",
-        "Mb/s",
-        &throughput_lines(m),
+        ("time [s]", "Mb/s"),
+        &lines,
+        &t.spread,
+        "per flow",
     )?;
+    let unit = time_unit(m.latency.max());
     let cdf = [Series {
         name: "all flows".into(),
-        points: percentile_points(&m.latency),
+        points: percentile_points(&m.latency, unit),
     }];
     line_chart(
         &dir.join("latency.svg"),
         "operation latency by percentile",
         "percentile [nines: 1=90%, 2=99%, 3=99.9%]",
-        "latency [us]",
+        &format!("latency [{}]", unit.name),
         &cdf,
     )
 }
