@@ -195,9 +195,10 @@ fn pingpong<T: Transport>(
         now_ns: &now_ns,
     };
     drive(io, &mut pattern, limits, &now_ns);
-    pattern.recorder.finish();
+    let latency = pattern.recorder.finish();
     WorkerOutput {
         flows: pattern.stats,
+        latency,
     }
 }
 

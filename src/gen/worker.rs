@@ -3,6 +3,7 @@
 //! ([`drive`]). Every operation is signaled and timed from post to completion.
 use super::drive::{drive, Limits, Pattern, Transport};
 use super::intervals::Sink;
+use hdrhistogram::Histogram;
 use super::pacing::{Arrival, Pacer};
 use super::progress::Counters;
 use super::shard::Shard;
@@ -58,6 +59,8 @@ impl WorkerParams {
 
 pub struct WorkerOutput {
     pub flows: Vec<FlowStats>,
+    /// Every measured latency of the thread, at full precision.
+    pub latency: Histogram<u64>,
 }
 
 struct FlowState {
@@ -242,9 +245,10 @@ fn throughput<T: Transport>(
             fs.missed = pacer.due_until(end_ns).min(allowed);
         }
     }
-    pattern.recorder.finish();
+    let latency = pattern.recorder.finish();
     WorkerOutput {
         flows: pattern.stats,
+        latency,
     }
 }
 

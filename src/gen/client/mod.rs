@@ -6,7 +6,7 @@ mod setup;
 mod threads;
 
 use super::intervals::Outputs;
-use super::stats::FlowStats;
+use super::stats::{new_histogram, FlowStats};
 use super::stop::{Reason, StopToken};
 use super::wire::Control;
 use super::worker::WorkerParams;
@@ -130,8 +130,10 @@ fn gather(
         ..
     } = finished;
     let mut flows: Vec<FlowStats> = Vec::with_capacity(cfg.flows as usize);
+    let mut latency = new_histogram();
     for out in outputs {
         flows.extend(out.flows);
+        latency.add(&out.latency).expect("histograms grow to fit");
     }
     flows.sort_by_key(|f| f.flow);
 
@@ -157,7 +159,7 @@ fn gather(
         start: start_time,
         rate_per_flow: local.rate.map(|(ops_per_s, _)| ops_per_s),
     };
-    let report = report::build_report(cfg, local.ctx.name(), &flows, &measured, stop);
+    let report = report::build_report(cfg, local.ctx.name(), &flows, &latency, &measured, stop);
     RunOutput {
         report,
         flows,

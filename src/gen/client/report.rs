@@ -1,5 +1,6 @@
 //! The run's report from what the flows measured.
-use super::super::stats::{merge_into, new_histogram, FlowStats};
+use super::super::stats::FlowStats;
+use hdrhistogram::Histogram;
 use super::super::stop::{Reason, StopToken};
 use super::super::{Load, RunConfig};
 use crate::report::{
@@ -21,6 +22,7 @@ pub fn build_report(
     cfg: &RunConfig,
     device: &str,
     flows: &[FlowStats],
+    all: &Histogram<u64>,
     run: &Measured,
     stop: StopToken,
 ) -> RunReport {
@@ -32,10 +34,6 @@ pub fn build_report(
         start,
         rate_per_flow,
     } = run;
-    let mut all = new_histogram();
-    for f in flows {
-        merge_into(&mut all, &f.latency);
-    }
     let firsts: Vec<u64> = flows.iter().filter_map(|f| f.first_post_ns).collect();
     let skew = spread_us(&firsts);
     let per_flow: Vec<FlowReport> = flows
@@ -105,12 +103,12 @@ pub fn build_report(
         duration_s: measured_s,
         outcome,
         open_loop,
-        total: Totals::new(ops, bytes, measured_s, &all),
+        total: Totals::new(ops, bytes, measured_s, all),
         steady,
         fairness: jain(&rates),
         rss_per_flow_bytes: rss / u64::from(cfg.flows.max(1)),
         server_received_bytes,
-        histogram: hist::encode(&all),
+        histogram: hist::encode(all),
         flows: per_flow,
     }
 }

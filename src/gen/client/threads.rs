@@ -3,6 +3,7 @@
 //! every worker has returned.
 use super::super::intervals::{self, Outputs, Sink};
 use super::super::progress::{self, Counters};
+use super::super::stats::new_histogram;
 use super::super::shard::Shard;
 use super::super::stop::Reason;
 use super::super::wire::Control;
@@ -64,7 +65,10 @@ pub fn start_and_watch(
                 scope.spawn(move || {
                     release.wait();
                     let Some(&(start, _)) = t0.get() else {
-                        return WorkerOutput { flows: Vec::new() };
+                        return WorkerOutput {
+                            flows: Vec::new(),
+                            latency: new_histogram(),
+                        };
                     };
                     if cfg.pingpong {
                         pingpong::run(shard, params, start, c, sink)
