@@ -49,6 +49,9 @@ fn five_hundred_twelve_flows_of_write_and_send() {
         {bin} run 10.0.0.2 --dev rxe0 --flows 512 --threads 2 --op send --size 4K --depth 2 --duration 3s \
             --json {o}/send.json --no-progress
         echo "send_rc=$?"
+        {bin} run 10.0.0.2 --dev rxe0 --flows 64 --op write --size 4K --depth 8 --signal-every 4 \
+            --iters 101 --json {o}/sig.json --no-progress > /dev/null
+        echo "sig_rc=$?"
         kill $server; wait $server
         cat {o}/serve.log"#
     ));
@@ -58,6 +61,20 @@ fn five_hundred_twelve_flows_of_write_and_send() {
 
     let write = read_json(&out_dir.join("write.json"));
     assert_every_flow_moved(&write, 512);
+    // One WRITE in 4 signaled (and each flow's last): every operation is still counted once.
+    assert_eq!(field(&out.output, "sig_rc"), Some(0.0), "{}", out.output);
+    let sig = read_json(&out_dir.join("sig.json"));
+    assert_every_flow_moved(&sig, 64);
+    assert_eq!(sig["signal_every"], 4);
+    for f in sig["flows"].as_array().unwrap() {
+        assert_eq!(
+            (&f["ops"], &f["in_flight"]),
+            (&101.into(), &0.into()),
+            "{f}"
+        );
+        assert_eq!(f["latency"]["count"], 101, "{f}");
+    }
+    assert_eq!(sig["server_received_bytes"], sig["total"]["bytes"]);
     let send = read_json(&out_dir.join("send.json"));
     assert_every_flow_moved(&send, 512);
     // Every SEND the client counted as complete arrived at the server; for WRITE the server

@@ -64,6 +64,11 @@ fn run_refuses_bad_arguments() {
     );
     refused(&["run", "h", "--op", "read"], "invalid value 'read'");
     refused(&["run", "h", "--qp-timeout", "40"], "40 is not in 0..=31");
+    refused(
+        &["run", "h", "--signal-every", "4", "--rate", "10k"],
+        "cannot be used with",
+    );
+    refused(&["run", "h", "--signal-every", "0"], "0 is not in 1..=4096");
     refused(&["serve", "--qp-timeout", "32"], "32 is not in 0..=31");
     refused(
         &["run", "h", "--size", "10G"],

@@ -75,6 +75,12 @@ pub struct RunArgs {
     /// Round trips like ib_write_lat/ib_send_lat instead of throughput
     #[arg(long, conflicts_with_all = ["rate", "load"])]
     pingpong: bool,
+    /// Closed loop: ask for a completion on one operation in N (and on each that fills the
+    /// depth), like perftest's --cq-mod; an unsignaled operation's latency then runs to the
+    /// completion that covers it (an upper bound). Default 1: every operation timed exactly
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096),
+          conflicts_with_all = ["rate", "load", "pingpong"])]
+    signal_every: u32,
     /// Write the report as JSON ("-": to stdout, instead of the table)
     #[arg(long)]
     json: Option<PathBuf>,
@@ -203,6 +209,7 @@ impl RunArgs {
             json_series: self.json_series,
             warmup: self.warmup,
             cooldown,
+            signal_every: self.signal_every,
             ..RunConfig::default()
         })
     }

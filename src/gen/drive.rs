@@ -12,8 +12,10 @@ use crate::verbs::WorkCompletion;
 
 /// One thread's flows, as the loop uses them.
 pub trait Transport {
-    /// Posts flow `i`'s message (`size` bytes, SEND or RDMA WRITE), signaled, as `wr_id`.
-    fn post(&self, i: usize, op: Op, size: u32, wr_id: u64) -> Result<(), String>;
+    /// Posts flow `i`'s message (`size` bytes, SEND or RDMA WRITE) as `wr_id`; unless
+    /// `signaled`, it completes without a completion of its own (a later signaled one of the
+    /// same flow says it is done: an RC send queue completes in order), except on an error.
+    fn post(&self, i: usize, op: Op, size: u32, wr_id: u64, signaled: bool) -> Result<(), String>;
     /// Posts a receive for flow `i`'s incoming message, as `wr_id`.
     fn post_recv(&self, i: usize, wr_id: u64) -> Result<(), String>;
     /// Takes completions, at most `out.len()`.
@@ -26,15 +28,15 @@ pub trait Transport {
 
 impl Transport for Shard {
     #[inline]
-    fn post(&self, i: usize, op: Op, size: u32, wr_id: u64) -> Result<(), String> {
+    fn post(&self, i: usize, op: Op, size: u32, wr_id: u64, signaled: bool) -> Result<(), String> {
         let f = &self.flows[i];
         let remote = f.remote.expect("flow connected before the start");
         let local = self.mr.sge(f.send_off, size);
         match op {
             Op::Write => {
-                f.qp.post_write(wr_id, local, remote.buf.addr, remote.buf.rkey, true)
+                f.qp.post_write(wr_id, local, remote.buf.addr, remote.buf.rkey, signaled)
             }
-            Op::Send => f.qp.post_send(wr_id, local, true),
+            Op::Send => f.qp.post_send(wr_id, local, signaled),
         }
         .map_err(|e| format!("post failed: {e}"))
     }
@@ -170,6 +172,7 @@ pub mod fake {
             stop: StopAt::Iters(ops),
             rate: None,
             kept_series_ns: None,
+            signal_every: 1,
             warmup_ns: 0,
             steady_ns: (0, u64::MAX),
             seed: 1,
@@ -182,6 +185,10 @@ pub mod fake {
         /// Outstanding posts per flow now, and the most seen.
         pub outstanding: RefCell<Vec<u32>>,
         pub max_outstanding: RefCell<Vec<u32>>,
+        /// Per flow: unsignaled posts since its last signaled one.
+        pub unreported: RefCell<Vec<u32>>,
+        /// Per signaled wr_id: the unsignaled posts before it that its completion covers.
+        pub covers: RefCell<std::collections::HashMap<u64, u32>>,
         pub posts: Cell<u64>,
         /// (flow, nth post of that flow counting from 1) that completes with an error.
         pub fail: Option<(usize, u64)>,
@@ -209,6 +216,8 @@ pub mod fake {
                 stamped: RefCell::new(vec![0; flows]),
                 landed: RefCell::new(vec![0; flows]),
                 recvs: RefCell::new(vec![VecDeque::new(); flows]),
+                unreported: RefCell::new(vec![0; flows]),
+                covers: RefCell::new(std::collections::HashMap::new()),
             }
         }
     }
@@ -223,7 +232,14 @@ pub mod fake {
     }
 
     impl Transport for Fake {
-        fn post(&self, i: usize, op: Op, _size: u32, wr_id: u64) -> Result<(), String> {
+        fn post(
+            &self,
+            i: usize,
+            op: Op,
+            _size: u32,
+            wr_id: u64,
+            signaled: bool,
+        ) -> Result<(), String> {
             self.posts.set(self.posts.get() + 1);
             let n = {
                 let mut p = self.per_flow_posts.borrow_mut();
@@ -242,6 +258,13 @@ pub mod fake {
             }
             let failed = self.fail == Some((i, n));
             let status = if failed { 12 } else { 0 }; // IBV_WC_RETRY_EXC_ERR
+            if !signaled && !failed {
+                // Completes silently: the flow's next signaled post covers it.
+                self.unreported.borrow_mut()[i] += 1;
+                return Ok(());
+            }
+            let covers = std::mem::take(&mut self.unreported.borrow_mut()[i]);
+            self.covers.borrow_mut().insert(wr_id, covers);
             self.pending.borrow_mut().push_back(wc(wr_id, status, 0));
             if self.echo && !failed {
                 match op {
@@ -269,7 +292,8 @@ pub mod fake {
                 let w = p.pop_front().expect("counted");
                 if w.opcode != 128 {
                     let i = (w.wr_id >> 16) as usize;
-                    self.outstanding.borrow_mut()[i] -= 1;
+                    let covered = self.covers.borrow_mut().remove(&w.wr_id).unwrap_or(0);
+                    self.outstanding.borrow_mut()[i] -= 1 + covered;
                 }
                 *slot = w;
             }

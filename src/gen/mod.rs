@@ -93,6 +93,8 @@ pub struct RunConfig {
     pub seed: u64,
     /// Put each flow's time series into the JSON report (for merging several senders).
     pub json_series: bool,
+    /// Closed loop: signal one operation in this many (1: all, each timed exactly).
+    pub signal_every: u32,
 }
 
 impl Default for RunConfig {
@@ -116,6 +118,7 @@ impl Default for RunConfig {
             hdr_interval: Duration::from_secs(1),
             warmup: Duration::ZERO,
             cooldown: Duration::ZERO,
+            signal_every: 1,
             qp_timeout: 18,
             setup_timeout: Duration::from_secs(30),
             start_timeout: Duration::from_secs(120),

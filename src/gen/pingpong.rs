@@ -52,7 +52,13 @@ impl<C: Fn() -> u64> PingPong<'_, C> {
         fl.seq = next_seq(fl.seq);
         io.stamp(i, self.p.size, fl.seq);
         let now = (self.now_ns)();
-        match io.post(i, self.p.op, self.p.size, (i as u64) << 16 | KIND_SEND) {
+        match io.post(
+            i,
+            self.p.op,
+            self.p.size,
+            (i as u64) << 16 | KIND_SEND,
+            true,
+        ) {
             Ok(()) => {
                 fl.posted_ns = now;
                 fl.waiting = true;

@@ -235,8 +235,14 @@ mod tests {
         let mut f = FlowStats::new(0);
         r.complete(0, &mut f, 8, 0, 123_456);
         let total = r.finish();
-        assert_eq!(total.value_at_quantile(0.5), total.highest_equivalent(123_456));
-        assert!(total.highest_equivalent(123_456) - 123_456 < 100, "3 digits");
+        assert_eq!(
+            total.value_at_quantile(0.5),
+            total.highest_equivalent(123_456)
+        );
+        assert!(
+            total.highest_equivalent(123_456) - 123_456 < 100,
+            "3 digits"
+        );
     }
 
     #[test]

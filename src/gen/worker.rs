@@ -3,7 +3,6 @@
 //! ([`drive`]). Every operation is signaled and timed from post to completion.
 use super::drive::{drive, Limits, Pattern, Transport};
 use super::intervals::Sink;
-use hdrhistogram::Histogram;
 use super::pacing::{Arrival, Pacer};
 use super::progress::Counters;
 use super::shard::Shard;
@@ -11,6 +10,8 @@ use super::stats::{FlowStats, Recorder};
 use super::stop::StopToken;
 use super::{Op, StopAt};
 use crate::verbs::{wc_status_str, WorkCompletion};
+use hdrhistogram::Histogram;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// How long outstanding operations may take to complete once posting stops.
@@ -24,6 +25,10 @@ pub struct WorkerParams {
     pub stop: StopAt,
     /// Open loop: operations per second per flow; None: closed loop.
     pub rate: Option<(f64, Arrival)>,
+    /// Closed loop: one operation in this many asks for a completion (and every one that
+    /// fills the flow's depth); the others are known complete when a later one completes
+    /// (perftest's `--cq-mod`). 1: every operation is signaled and timed exactly.
+    pub signal_every: u32,
     /// `--json-series`: each flow keeps its bytes per interval of this length.
     pub kept_series_ns: Option<u64>,
     /// Operations posted before this (ns since the start) are not in the latency histograms.
@@ -69,6 +74,8 @@ struct FlowState {
     /// When each slot's operation was posted (or was due, open loop), ns since start.
     slot_ns: Vec<u64>,
     free: Vec<u16>,
+    /// The busy slots in posting order: a completion covers its slot and every one before it.
+    order: VecDeque<u16>,
     pacer: Option<Pacer>,
 }
 
@@ -100,9 +107,17 @@ impl<C: Fn() -> u64> Throughput<'_, C> {
             return true;
         };
         let posted_ns = (self.now_ns)();
-        match io.post(i, self.p.op, self.p.size, wr_id(i, slot)) {
+        let every = u64::from(self.p.signal_every.max(1));
+        // Signaled: every Nth, the one that fills the depth (else nothing would ever complete
+        // visibly), and the flow's last.
+        let signaled = every == 1
+            || (st.posted + 1) % every == 0
+            || st.free.is_empty()
+            || st.posted + 1 == self.max_posts;
+        match io.post(i, self.p.op, self.p.size, wr_id(i, slot), signaled) {
             Ok(()) => {
                 st.slot_ns[slot as usize] = when_ns.min(posted_ns);
+                st.order.push_back(slot);
                 st.posted += 1;
                 st.outstanding += 1;
                 fs.posted(posted_ns);
@@ -149,20 +164,32 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for Throughput<'_, C> {
         let size = u64::from(self.p.size);
         for wc in wcs {
             let (i, slot) = decode(wc.wr_id);
-            let (st, fs) = (&mut self.state[i], &mut self.stats[i]);
-            st.outstanding -= 1;
-            st.free.push(slot);
-            if !wc.ok() {
-                // The first error is the real one; the rest are flushes.
-                fs.error.get_or_insert_with(|| wc_status_str(wc.status));
-                continue;
+            // This completion covers its own operation and, unsignaled, every one posted
+            // before it on the flow (an RC send queue completes in order).
+            let mut freed = 0;
+            loop {
+                let (st, fs) = (&mut self.state[i], &mut self.stats[i]);
+                let Some(q) = st.order.pop_front() else { break };
+                st.outstanding -= 1;
+                st.free.push(q);
+                freed += 1;
+                if q == slot && !wc.ok() {
+                    // The first error is the real one; the rest are flushes.
+                    fs.error.get_or_insert_with(|| wc_status_str(wc.status));
+                    break;
+                }
+                self.recorder
+                    .complete(i, fs, size, st.slot_ns[q as usize], now);
+                done_ops += 1;
+                done_bytes += size;
+                if q == slot {
+                    break;
+                }
             }
-            self.recorder
-                .complete(i, fs, size, st.slot_ns[slot as usize], now);
-            done_ops += 1;
-            done_bytes += size;
-            if self.p.rate.is_none() && !stopping && self.may_post(i) {
-                self.post(io, i, now);
+            for _ in 0..freed {
+                if self.p.rate.is_none() && !stopping && self.may_post(i) {
+                    self.post(io, i, now);
+                }
             }
         }
         if done_ops > 0 {
@@ -224,6 +251,7 @@ fn throughput<T: Transport>(
                 outstanding: 0,
                 slot_ns: vec![0; p.depth as usize],
                 free: (0..p.depth as u16).rev().collect(),
+                order: VecDeque::with_capacity(p.depth as usize),
                 pacer: p
                     .rate
                     .map(|(rate, arrival)| Pacer::new(rate, arrival, p.seed ^ u64::from(id))),
@@ -296,6 +324,39 @@ mod tests {
         assert_eq!(fake.posts.get(), 150);
         assert_eq!(*fake.max_outstanding.borrow(), [4, 4, 4]);
         assert_eq!(*fake.outstanding.borrow(), [0, 0, 0]);
+    }
+
+    #[test]
+    fn with_selective_signaling_one_completion_covers_the_operations_before_it() {
+        let fake = Fake::new(2);
+        // 101 operations: the last one is not a 4th, nor does it fill the depth.
+        let mut p = params(8, 101);
+        p.signal_every = 4;
+        // A deadline far beyond the run (fake time): an operation never covered would show
+        // as in flight instead of hanging the test.
+        let limits = Limits {
+            deadline_ns: Some(1_000_000_000),
+            ..p.limits()
+        };
+        let out = throughput(
+            &fake,
+            &[0, 1],
+            &p,
+            limits,
+            ticking(),
+            &Counters::default(),
+            None,
+        );
+        for f in &out.flows {
+            assert_eq!((f.ops, f.bytes, f.latency.len()), (101, 101 * 64, 101));
+            assert!(f.error.is_none(), "{:?}", f.error);
+            assert_eq!(f.in_flight, 0);
+        }
+        assert_eq!(fake.posts.get(), 202);
+        assert_eq!(*fake.max_outstanding.borrow(), [8, 8]);
+        assert_eq!(*fake.outstanding.borrow(), [0, 0]);
+        // Every silent completion was covered by a later signaled one.
+        assert!(fake.unreported.borrow().iter().all(|&u| u == 0));
     }
 
     #[test]

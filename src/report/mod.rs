@@ -145,6 +145,21 @@ impl Steady {
     }
 }
 
+/// Resident memory per flow, itemized: what the provider's queues took (the QPs and CQs
+/// made, less our buffers), our registered buffers, and what the run added by its peak (our
+/// per-flow histograms and counters). From `/proc/self/status` around the set-up: the
+/// allocator's and the kernel's rounding fall into one item or another.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct MemoryPerFlow {
+    pub provider_queues_bytes: u64,
+    pub buffers_bytes: u64,
+    pub run_state_bytes: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
 /// The spread (latest − earliest) of instants given in ns, in µs; 0 when there are none.
 pub fn spread_us(instants: &[u64]) -> f64 {
     match (instants.iter().min(), instants.iter().max()) {
@@ -224,6 +239,10 @@ pub struct RunReport {
     pub mode: String,
     pub size: u32,
     pub depth: u32,
+    /// One operation in this many was signaled (`--signal-every`); above 1 the latency of
+    /// the others runs to the completion that covered them (an upper bound).
+    #[serde(default = "one")]
+    pub signal_every: u32,
     pub threads: u32,
     pub flows_requested: u32,
     pub flows_started: u32,
@@ -258,6 +277,9 @@ pub struct RunReport {
     pub fairness: f64,
     /// Peak resident memory of the process over the run, divided by the number of flows.
     pub rss_per_flow_bytes: u64,
+    /// The same, itemized (from the resident memory before and after the flows were made).
+    #[serde(default)]
+    pub memory_per_flow: MemoryPerFlow,
     pub server_received_bytes: Option<u64>,
     /// The latency of every operation: an HdrHistogram (V2, compressed, base64), so reports of
     /// several senders merge exactly (`hist::decode`).

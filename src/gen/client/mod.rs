@@ -92,6 +92,7 @@ fn worker_params(cfg: &RunConfig, local: &Local, stop: StopToken) -> WorkerParam
         depth: cfg.depth,
         stop: cfg.stop,
         rate: local.rate,
+        signal_every: cfg.signal_every,
         kept_series_ns: cfg
             .json_series
             .then(|| cfg.interval.as_nanos().max(1) as u64),
@@ -155,6 +156,7 @@ fn gather(
         setup_s,
         measured_s: measured_s.max(f64::MIN_POSITIVE),
         rss: report::peak_rss_bytes(),
+        memory: local.memory,
         server_received_bytes: server_received,
         start: start_time,
         rate_per_flow: local.rate.map(|(ops_per_s, _)| ops_per_s),

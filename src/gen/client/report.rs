@@ -1,17 +1,44 @@
 //! The run's report from what the flows measured.
 use super::super::stats::FlowStats;
-use hdrhistogram::Histogram;
 use super::super::stop::{Reason, StopToken};
 use super::super::{Load, RunConfig};
 use crate::report::{
-    gbps, hist, jain, spread_us, FlowReport, Latency, OpenLoop, Outcome, RunReport, Steady, Totals,
+    gbps, hist, jain, spread_us, FlowReport, Latency, MemoryPerFlow, OpenLoop, Outcome, RunReport,
+    Steady, Totals,
 };
+use hdrhistogram::Histogram;
+
+/// Resident memory before and after the flows' verbs objects were made, and what of it is
+/// the flows' registered buffers (ours, by construction).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryAtSetup {
+    pub before_flows: u64,
+    pub after_flows: u64,
+    pub buffers: u64,
+}
+
+impl MemoryAtSetup {
+    /// Per flow: the provider's queues (what making the QPs and CQs added, less our buffers),
+    /// our buffers, and what the run itself added by its peak (our histograms, counters,
+    /// streams).
+    fn per_flow(&self, peak: u64, flows: u32) -> MemoryPerFlow {
+        let n = u64::from(flows.max(1));
+        let made = self.after_flows.saturating_sub(self.before_flows);
+        MemoryPerFlow {
+            provider_queues_bytes: made.saturating_sub(self.buffers) / n,
+            buffers_bytes: self.buffers / n,
+            run_state_bytes: peak.saturating_sub(self.after_flows) / n,
+        }
+    }
+}
 
 /// What the run measured besides the flows themselves.
 pub struct Measured {
     pub setup_s: f64,
     pub measured_s: f64,
     pub rss: u64,
+    /// Resident memory around the set-up of the flows.
+    pub memory: MemoryAtSetup,
     pub server_received_bytes: Option<u64>,
     pub start: std::time::SystemTime,
     /// Open loop: the rate each flow was paced at (`--rate`, or `--load` resolved).
@@ -30,6 +57,7 @@ pub fn build_report(
         setup_s,
         measured_s,
         rss,
+        memory,
         server_received_bytes,
         start,
         rate_per_flow,
@@ -89,6 +117,7 @@ pub fn build_report(
         },
         size: cfg.size,
         depth: cfg.depth,
+        signal_every: cfg.signal_every,
         threads: cfg.threads,
         flows_requested: cfg.flows,
         flows_started: flows.iter().filter(|f| f.first_post_ns.is_some()).count() as u32,
@@ -107,6 +136,7 @@ pub fn build_report(
         steady,
         fairness: jain(&rates),
         rss_per_flow_bytes: rss / u64::from(cfg.flows.max(1)),
+        memory_per_flow: memory.per_flow(rss, cfg.flows),
         server_received_bytes,
         histogram: hist::encode(all),
         flows: per_flow,
@@ -122,17 +152,23 @@ pub fn hostname() -> String {
 /// This process's peak resident memory (VmHWM), in bytes: buffers, QPs, and the histograms
 /// and time series as they grew during the run.
 pub fn peak_rss_bytes() -> u64 {
+    status_kib("VmHWM:") * 1024
+}
+
+/// This process's resident memory now (VmRSS), in bytes.
+pub fn rss_bytes() -> u64 {
+    status_kib("VmRSS:") * 1024
+}
+
+/// A `/proc/self/status` field in KiB (0 if unreadable).
+fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .map(str::to_owned)
-        })
-        .and_then(|l| {
-            l.split_whitespace()
-                .nth(1)
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<u64>().ok())
         })
-        .map_or(0, |kb| kb * 1024)
+        .unwrap_or(0)
 }

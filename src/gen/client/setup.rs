@@ -7,6 +7,7 @@ use super::super::shard::{slot_size, Shard};
 use super::super::stop::StopToken;
 use super::super::wire::{FlowEndpoint, RunRequest};
 use super::super::{pingpong, Load, RunConfig};
+use super::report::{rss_bytes, MemoryAtSetup};
 use crate::verbs::cm::{ConnParams, EventChannel};
 use crate::verbs::{
     self, CompletionQueue, Context, DeviceLimits, ProtectionDomain, QpConfig, QueuePair,
@@ -28,6 +29,8 @@ pub struct Local {
     pub server_host: String,
     /// Open loop: operations per second per flow, and their arrival process.
     pub rate: Option<(f64, Arrival)>,
+    /// Resident memory around the making of the flows.
+    pub memory: MemoryAtSetup,
 }
 
 /// Flow ids per thread (flow i on thread i mod T), send-queue depth, and the CQ entries each
@@ -123,6 +126,7 @@ impl Local {
             }
             None => QueuePair::new_rc(&pd, cq, cq, None, qp_cfg),
         };
+        let before_flows = rss_bytes();
         let shards = ids
             .iter()
             .map(|flow_ids| {
@@ -138,7 +142,13 @@ impl Local {
                 .map_err(|e| format!("setting up {} flows: {e}", cfg.flows))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let memory = MemoryAtSetup {
+            before_flows,
+            after_flows: rss_bytes(),
+            buffers: shards.iter().map(|s| s.mr.len() as u64).sum(),
+        };
         Ok(Local {
+            memory,
             lid: port.lid,
             gid,
             qp_cfg,

@@ -3,8 +3,8 @@
 //! every worker has returned.
 use super::super::intervals::{self, Outputs, Sink};
 use super::super::progress::{self, Counters};
-use super::super::stats::new_histogram;
 use super::super::shard::Shard;
+use super::super::stats::new_histogram;
 use super::super::stop::Reason;
 use super::super::wire::Control;
 use super::super::worker::{self, WorkerOutput, WorkerParams};

@@ -23,6 +23,13 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
         r.duration_s,
         r.outcome
     )?;
+    if r.signal_every > 1 {
+        writeln!(
+            w,
+            " one operation in {} signaled: the others' latency runs to the completion that covered them",
+            r.signal_every
+        )?;
+    }
     if r.warmup_s > 0.0 {
         writeln!(
             w,
@@ -78,6 +85,15 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
             st.from_s, st.until_s, st.gbps, st.mops
         )?;
     }
+    let m = &r.memory_per_flow;
+    writeln!(
+        w,
+        " memory per flow {:.1} KiB at peak: provider's queues {:.1}, buffers {:.1}, run state {:.1} KiB",
+        r.rss_per_flow_bytes as f64 / 1024.0,
+        m.provider_queues_bytes as f64 / 1024.0,
+        m.buffers_bytes as f64 / 1024.0,
+        m.run_state_bytes as f64 / 1024.0
+    )?;
     if per_flow {
         writeln!(w, "{RULE}")?;
         writeln!(
