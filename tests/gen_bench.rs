@@ -457,7 +457,8 @@ fn memory_stays_bounded_whatever_the_duration() {
         wait_until 20 tcp_listening 18515
         common="10.0.0.2 --dev rxe0 --flows 1000 --threads 2 --size 4K --no-progress"
         {bin} run $common --duration 5s --timeseries {o}/a5.csv --interval 1ms --json {o}/a5.json > /dev/null; echo "a5_rc=$?"
-        {bin} run $common --duration 20s --timeseries {o}/a20.csv --interval 1ms --hdr-log {o}/a20.hlog             --hdr-interval 10ms --json {o}/a20.json > /dev/null; echo "a20_rc=$?"
+        {bin} run $common --duration 20s --timeseries {o}/a20.csv --interval 1ms --hdr-log {o}/a20.hlog \
+            --hdr-interval 10ms --json {o}/a20.json > /dev/null; echo "a20_rc=$?"
         {bin} run $common --duration 12s --warmup 1s --json {o}/b.json > /dev/null & pid=$!
         t0=$(date +%s%N)
         while kill -0 $pid 2>/dev/null; do

@@ -102,6 +102,36 @@ fn three_hundred_flows_through_a_bottleneck() {
                 "{run}/{file} missing"
             );
         }
+        // The latency log has the senders' intervals (1 s), merged on the common time
+        // axis: as many as the run lasted, their counts adding up to the total's.
+        use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+        let hlog = std::fs::read(out_dir.join(run).join("latency.hlog")).unwrap();
+        let counts: Vec<u64> = IntervalLogIterator::new(&hlog)
+            .filter_map(|e| match e.unwrap() {
+                LogEntry::Interval(i) => Some(i),
+                _ => None,
+            })
+            .map(|i| {
+                let h: hdrhistogram::Histogram<u64> =
+                    hdrhistogram::serialization::Deserializer::new()
+                        .deserialize(&mut std::io::Cursor::new(
+                            base64::Engine::decode(
+                                &base64::engine::general_purpose::STANDARD,
+                                i.encoded_histogram(),
+                            )
+                            .unwrap(),
+                        ))
+                        .unwrap();
+                h.len()
+            })
+            .collect();
+        eprintln!("{run}: latency.hlog intervals {counts:?}");
+        assert!(counts.len() >= 5, "{run}: {} intervals", counts.len());
+        assert_eq!(
+            counts.iter().sum::<u64>(),
+            r["total"]["latency"]["count"].as_u64().unwrap(),
+            "{run}"
+        );
         // The throughput plot: the total, a line per sender, the per-flow spread as bands;
         // the latency plot's axis in a unit that keeps its numbers short.
         let svg = std::fs::read_to_string(out_dir.join(run).join("throughput.svg")).unwrap();

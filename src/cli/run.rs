@@ -343,6 +343,7 @@ fn open_streams(a: &RunArgs, cfg: &RunConfig) -> Result<Outputs, String> {
         series_interval_s: cfg.interval.as_secs_f64(),
         latency: open(&a.hdr_log)?,
         latency_interval: cfg.hdr_interval,
+        keep_latency: cfg.json_series,
     })
 }
 

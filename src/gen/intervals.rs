@@ -249,6 +249,9 @@ pub struct Outputs {
     pub series_interval_s: f64,
     pub latency: Option<Box<dyn std::io::Write + Send>>,
     pub latency_interval: std::time::Duration,
+    /// Also keep every latency interval's histogram in memory, for the JSON report
+    /// (`--json-series`: an incast merges its senders' intervals). It grows with the run.
+    pub keep_latency: bool,
 }
 
 impl Outputs {
@@ -258,8 +261,21 @@ impl Outputs {
             series_interval_s: 0.0,
             latency: None,
             latency_interval: std::time::Duration::ZERO,
+            keep_latency: false,
         }
     }
+
+    /// Whether any stream is asked for (else no writer thread runs).
+    pub fn any(&self) -> bool {
+        self.series.is_some() || self.latency.is_some() || self.keep_latency
+    }
+}
+
+/// What the writer brings back: the first write error, and the kept latency intervals.
+#[derive(Default)]
+pub struct Written {
+    pub error: Option<String>,
+    pub latency_intervals: Vec<Histogram<u64>>,
 }
 
 /// The writer thread: receives the `threads` threads' parts until all are done and writes
@@ -271,15 +287,18 @@ pub fn write(
     threads: usize,
     outputs: Outputs,
     start: std::time::SystemTime,
-) -> Result<(), String> {
+) -> Written {
     use crate::report::export::{hdrlog, timeseries};
     use std::io::Write;
+    use std::time::Duration;
     let Outputs {
         series,
         series_interval_s,
         latency,
         latency_interval,
+        keep_latency,
     } = outputs;
+    let mut kept: Vec<Histogram<u64>> = Vec::new();
     let mut series_out = series.map(std::io::BufWriter::new);
     let mut latency_out = latency.map(std::io::BufWriter::new);
     let mut series_merge: Merger<Vec<(u32, u64)>> = Merger::new(threads);
@@ -349,17 +368,21 @@ pub fn write(
         } else {
             series_merge.emit_ready(|_, _| Ok::<(), ()>(())).ok();
         }
-        if let Some(l) = &mut log {
-            let r = latency_merge.emit_ready(|k, h| {
-                let h = h.unwrap_or_else(new_histogram);
-                hdrlog::interval(l, &h, latency_interval * k as u32, latency_interval)
-            });
-            if let Err(e) = r {
-                note(e, "HdrHistogram log");
-                log = None;
+        let offset = |k: u64| Duration::from_nanos(latency_interval.as_nanos() as u64 * k);
+        let r = latency_merge.emit_ready(|k, h| {
+            let h = h.unwrap_or_else(new_histogram);
+            let written = match &mut log {
+                Some(l) => hdrlog::interval(l, &h, offset(k), latency_interval),
+                None => Ok(()),
+            };
+            if keep_latency {
+                kept.push(h);
             }
-        } else {
-            latency_merge.emit_ready(|_, _| Ok::<(), ()>(())).ok();
+            written
+        });
+        if let Err(e) = r {
+            note(e, "HdrHistogram log");
+            log = None;
         }
     }
     drop(log);
@@ -377,7 +400,10 @@ pub fn write(
             note(e, what);
         }
     }
-    error.map_or(Ok(()), Err)
+    Written {
+        error,
+        latency_intervals: kept,
+    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,13 @@ pub fn merge(
         .unwrap_or(0);
     let mut firsts = Vec::new();
     let mut duration_s: f64 = 0.0;
+    let latency_interval_s = reports
+        .iter()
+        .flatten()
+        .map(|r| r.latency_interval_s)
+        .find(|&s| s > 0.0)
+        .unwrap_or(0.0);
+    let mut latency_intervals: Vec<hdrhistogram::Histogram<u64>> = Vec::new();
     for (k, (report, summary)) in reports.iter().zip(senders.iter_mut()).enumerate() {
         let Some(r) = report else { continue };
         summary.flows_requested = r.flows_requested;
@@ -45,6 +52,19 @@ pub fn merge(
         }
         let offset_ns = r.start_unix_ns.saturating_sub(t0);
         duration_s = duration_s.max(offset_ns as f64 / 1e9 + r.duration_s);
+        // Latency intervals, shifted onto the common time axis like the series.
+        if latency_interval_s > 0.0 {
+            let shift = (offset_ns as f64 / 1e9 / latency_interval_s).round() as usize;
+            for (k, text) in r.latency_intervals.iter().flatten().enumerate() {
+                let Ok(h) = hist::decode(text) else { continue };
+                if shift + k >= latency_intervals.len() {
+                    latency_intervals.resize_with(shift + k + 1, new_histogram);
+                }
+                latency_intervals[shift + k]
+                    .add(&h)
+                    .expect("histograms grow to fit");
+            }
+        }
         // Series start at this sender's start: shift them onto the common time axis.
         let shift = (offset_ns as f64 / 1e9 / interval_s).round() as usize;
         for f in &r.flows {
@@ -95,6 +115,9 @@ pub fn merge(
     Merged {
         report,
         latency,
+        latency_intervals,
+        latency_interval_s,
+        start_unix_ns: t0,
         series_interval_s: interval_s,
         ids,
         series,

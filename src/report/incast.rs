@@ -59,6 +59,12 @@ pub struct IncastReport {
 pub struct Merged {
     pub report: IncastReport,
     pub latency: Histogram<u64>,
+    /// The senders' latency per interval of `latency_interval_s`, on the common time axis
+    /// (empty if the senders sent none).
+    pub latency_intervals: Vec<Histogram<u64>>,
+    pub latency_interval_s: f64,
+    /// The earliest sender's start (ns since the Unix epoch): the time axis' origin.
+    pub start_unix_ns: u64,
     pub series_interval_s: f64,
     pub ids: Vec<u32>,
     pub series: Vec<Vec<u64>>,
@@ -228,6 +234,9 @@ mod tests {
                 flows: Vec::new(),
             },
             latency,
+            latency_intervals: Vec::new(),
+            latency_interval_s: 0.0,
+            start_unix_ns: 0,
             series_interval_s: 0.01,
             ids: vec![0],
             series: vec![vec![bytes_per_bucket; buckets]],

@@ -284,6 +284,12 @@ pub struct RunReport {
     /// The latency of every operation: an HdrHistogram (V2, compressed, base64), so reports of
     /// several senders merge exactly (`hist::decode`).
     pub histogram: String,
+    /// With `--json-series`: the latency of each `latency_interval_s` since the start, encoded
+    /// like `histogram` (an incast merges its senders' into one interval log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_intervals: Option<Vec<String>>,
+    #[serde(default)]
+    pub latency_interval_s: f64,
     pub flows: Vec<FlowReport>,
 }
 

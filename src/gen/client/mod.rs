@@ -11,7 +11,7 @@ use super::stop::{Reason, StopToken};
 use super::wire::Control;
 use super::worker::WorkerParams;
 use super::{RunConfig, StopAt};
-use crate::report::RunReport;
+use crate::report::{hist, RunReport};
 use setup::Local;
 use std::time::{Instant, SystemTime};
 
@@ -128,6 +128,7 @@ fn gather(
         outputs,
         start_time,
         stream_error,
+        latency_intervals,
         ..
     } = finished;
     let mut flows: Vec<FlowStats> = Vec::with_capacity(cfg.flows as usize);
@@ -161,7 +162,11 @@ fn gather(
         start: start_time,
         rate_per_flow: local.rate.map(|(ops_per_s, _)| ops_per_s),
     };
-    let report = report::build_report(cfg, local.ctx.name(), &flows, &latency, &measured, stop);
+    let mut report = report::build_report(cfg, local.ctx.name(), &flows, &latency, &measured, stop);
+    if cfg.json_series {
+        report.latency_interval_s = cfg.hdr_interval.as_secs_f64();
+        report.latency_intervals = Some(latency_intervals.iter().map(hist::encode).collect());
+    }
     RunOutput {
         report,
         flows,

@@ -139,6 +139,8 @@ pub fn build_report(
         memory_per_flow: memory.per_flow(rss, cfg.flows),
         server_received_bytes,
         histogram: hist::encode(all),
+        latency_intervals: None,
+        latency_interval_s: 0.0,
         flows: per_flow,
     }
 }

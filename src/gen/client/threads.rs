@@ -10,6 +10,7 @@ use super::super::wire::Control;
 use super::super::worker::{self, WorkerOutput, WorkerParams};
 use super::super::{pingpong, RunConfig, StopAt};
 use crate::report::gbps;
+use hdrhistogram::Histogram;
 use std::io::{IsTerminal, Write};
 use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -21,6 +22,8 @@ pub struct Finished {
     pub start_time: SystemTime,
     /// Writing the streamed time series or latency log failed.
     pub stream_error: Option<String>,
+    /// With `Outputs::keep_latency`: every latency interval's histogram.
+    pub latency_intervals: Vec<Histogram<u64>>,
 }
 
 /// Starts a worker per shard on the server's Go and waits for them all, while one more
@@ -36,7 +39,7 @@ pub fn start_and_watch(
     let counters: Vec<Counters> = shards.iter().map(|_| Counters::default()).collect();
     let release = Barrier::new(shards.len() + 1);
     let t0: OnceLock<(Instant, SystemTime)> = OnceLock::new();
-    let streaming = outputs.series.is_some() || outputs.latency.is_some();
+    let streaming = outputs.any();
     let (tx, rx) = intervals::channel();
     let sink = |thread: usize, shard: &Shard| {
         streaming.then(|| {
@@ -47,14 +50,14 @@ pub fn start_and_watch(
                 thread,
                 &ids,
                 outputs.series.is_some().then(|| ns(cfg.interval)),
-                outputs.latency.is_some().then(|| ns(cfg.hdr_interval)),
+                (outputs.latency.is_some() || outputs.keep_latency).then(|| ns(cfg.hdr_interval)),
             )
         })
     };
     let sinks: Vec<Option<Sink>> = shards.iter().enumerate().map(|(t, s)| sink(t, s)).collect();
     drop(tx);
     let mut go_error = None;
-    let mut stream_error = None;
+    let mut written = intervals::Written::default();
     let outputs_of_threads: Vec<WorkerOutput> = std::thread::scope(|scope| {
         let handles: Vec<_> = shards
             .iter()
@@ -88,7 +91,7 @@ pub fn start_and_watch(
                 release.wait();
                 watch(control, &handles, &counters, cfg, params);
                 if let Some(w) = writer {
-                    stream_error = w.join().expect("interval writer panicked").err();
+                    written = w.join().expect("interval writer panicked");
                 }
             }
             Err(e) => {
@@ -109,7 +112,8 @@ pub fn start_and_watch(
         outputs: outputs_of_threads,
         start,
         start_time,
-        stream_error,
+        stream_error: written.error,
+        latency_intervals: written.latency_intervals,
     })
 }
 

@@ -36,15 +36,23 @@ pub fn step_files(m: &Merged, dir: &Path, plot: bool) -> Result<(), String> {
     let series: Vec<&[u64]> = m.series.iter().map(Vec::as_slice).collect();
     timeseries::write(&m.ids, &series, m.series_interval_s, create(&path)?)
         .map_err(failed(&path))?;
+    // The senders' intervals (they send them with --json-series); else one interval, the
+    // whole run.
     let path = dir.join("latency.hlog");
-    let whole = Duration::from_secs_f64(m.report.duration_s);
-    hdrlog::write(
-        std::slice::from_ref(&m.latency),
-        whole,
-        std::time::SystemTime::now(),
-        create(&path)?,
-    )
-    .map_err(failed(&path))?;
+    let start = std::time::UNIX_EPOCH + Duration::from_nanos(m.start_unix_ns);
+    let written = if m.latency_intervals.is_empty() {
+        let whole = Duration::from_secs_f64(m.report.duration_s);
+        hdrlog::write(
+            std::slice::from_ref(&m.latency),
+            whole,
+            start,
+            create(&path)?,
+        )
+    } else {
+        let length = Duration::from_secs_f64(m.latency_interval_s);
+        hdrlog::write(&m.latency_intervals, length, start, create(&path)?)
+    };
+    written.map_err(failed(&path))?;
     if plot {
         plots(m, dir)?;
     }
