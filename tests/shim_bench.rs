@@ -1032,7 +1032,7 @@ fn libfabric_rdma_cm_and_mpich_clients_are_delayed_with_exact_counts() {
         }}
         for r in 0 1 2; do
             mpich mpich_base_$r 'true;'
-            mpich mpich_shim_$r '[ "$PMI_RANK" = 0 ] && export LD_PRELOAD={so} IBJITTER_DELAY={D_US}us IBJITTER_STATS={d}/mpich.%p.json;'
+            mpich mpich_shim_$r 'export LD_PRELOAD={so} IBJITTER_DELAY={D_US}us IBJITTER_RANKS=0 IBJITTER_STATS={d}/mpich.%p.json;'
         done
         exit $F
         "#,
@@ -1104,10 +1104,25 @@ fn libfabric_rdma_cm_and_mpich_clients_are_delayed_with_exact_counts() {
         p10("base"),
         p10("shim"),
     ));
+    // Both ranks load the shim; IBJITTER_RANKS=0 leaves rank 1 undelayed (it says so).
     let all = stats(&dir, "mpich");
-    assert_eq!(all.len(), 3, "one stats file per run (rank 0)");
+    assert_eq!(all.len(), 6, "one stats file per rank and run");
+    let (delayed, left_out): (Vec<&Value>, Vec<&Value>) = all
+        .iter()
+        .partition(|s| s["delays_injected"].as_u64() > Some(0));
+    assert_eq!((delayed.len(), left_out.len()), (3, 3), "{all:?}");
+    for s in &left_out {
+        assert_eq!(s["delays_injected"], 0, "{s}");
+        let why = s["disabled_reason"].as_str().unwrap_or_default();
+        assert!(why.contains("is not in IBJITTER_RANKS=0"), "{s}");
+    }
+    let says = "(PMI_RANK) is not in IBJITTER_RANKS=0: nothing is delayed in this process";
+    for r in 0..3 {
+        let text = client(section(o, &format!("mpich_shim_{r}")));
+        assert!(text.contains(&format!("ibjitter: rank 1 {says}")), "{text}");
+    }
     let mut counts: Vec<u64> = Vec::new();
-    for s in &all {
+    for s in delayed {
         let ucp = s["posts"]["ucp"].as_u64().unwrap();
         assert!((310..=320).contains(&ucp), "MPICH rank 0: {s}");
         assert_eq!(

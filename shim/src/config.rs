@@ -111,7 +111,19 @@ pub struct Settings {
     pub quiet: bool,
     /// At most one line: why injection is off, when it is not simply unconfigured.
     pub warning: Option<String>,
+    /// Why this process injects nothing although a table is configured, when that was asked
+    /// for (`IBJITTER_RANKS` leaves its rank out): said instead of the table.
+    pub not_this_process: Option<String>,
 }
+
+/// Set in each rank by MPI launchers and Slurm: the process's rank (the first one set).
+pub const LAUNCHER_RANK_VARS: [&str; 5] = [
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "MV2_COMM_WORLD_RANK",
+];
 
 impl Settings {
     /// Pass-through, default seed, no stats.
@@ -127,6 +139,7 @@ impl Settings {
             stats: None,
             quiet: false,
             warning: None,
+            not_this_process: None,
         }
     }
 
@@ -190,8 +203,53 @@ impl Settings {
                 None
             }
         };
+        let delays = match nonempty("IBJITTER_PROB") {
+            Some(v) => match (parse_probability(&v), delays) {
+                (Ok(p), Some(d)) => Some(with_probability(d, p, s.seed)),
+                (Ok(_), None) => {
+                    problems.push(
+                        "IBJITTER_PROB needs a table (IBJITTER_TABLE, _DIST or _DELAY)".into(),
+                    );
+                    None
+                }
+                (Err(e), _) => {
+                    problems.push(e);
+                    None
+                }
+            },
+            None => delays,
+        };
+        if let Some(v) = nonempty("IBJITTER_RANKS") {
+            match parse_ranks(&v) {
+                Ok(ranks) => {
+                    let rank = LAUNCHER_RANK_VARS
+                        .iter()
+                        .find_map(|k| var(k).map(|r| (*k, r)));
+                    match rank {
+                        Some((_, r)) if r.trim().parse::<u32>().is_ok_and(|r| ranks.contains(&r)) => {}
+                        Some((k, r)) => {
+                            s.not_this_process = Some(format!(
+                                "rank {} ({k}) is not in IBJITTER_RANKS={}: nothing is delayed in this process",
+                                r.trim(),
+                                v.trim()
+                            ))
+                        }
+                        None => problems.push(format!(
+                            "IBJITTER_RANKS={} but no rank variable ({}) is set: is this an MPI or Slurm rank?",
+                            v.trim(),
+                            LAUNCHER_RANK_VARS.join(", ")
+                        )),
+                    }
+                }
+                Err(e) => problems.push(e),
+            }
+        }
         if problems.is_empty() {
-            s.delays = delays;
+            s.delays = if s.not_this_process.is_some() {
+                None
+            } else {
+                delays
+            };
         } else {
             s.warning = Some(format!(
                 "{}; injection disabled (pass-through)",
@@ -200,6 +258,78 @@ impl Settings {
         }
         s
     }
+}
+
+/// `IBJITTER_PROB=p`, 0 < p <= 1.
+fn parse_probability(v: &str) -> Result<f64, String> {
+    match v.trim().parse::<f64>() {
+        Ok(p) if p > 0.0 && p <= 1.0 => Ok(p),
+        _ => Err(format!(
+            "IBJITTER_PROB={}: expected a probability in (0, 1], e.g. 0.1",
+            v.trim()
+        )),
+    }
+}
+
+/// The table with all but round(p x 4096) of its entries set to 0, the kept ones chosen by a
+/// shuffle seeded from `seed`: a draw (a uniform index) then delays with probability p, at
+/// no cost on the post path, and the delays it draws are a random sample of the table's.
+/// Probabilities are in steps of 1/4096 (and at least one entry is kept).
+pub fn with_probability(d: Delays, p: f64, seed: u64) -> Delays {
+    let keep = ((p * ENTRIES as f64).round() as usize).clamp(1, ENTRIES);
+    let mut order: Vec<usize> = (0..ENTRIES).collect();
+    // Fisher-Yates with splitmix64: deterministic for a seed, independent of the draws'
+    // streams (a different constant).
+    let mut x = seed ^ 0x005e_ed0f_9b0b_ab1e;
+    let mut next = || {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    for i in (1..ENTRIES).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    let mut values = d.values;
+    for &i in &order[keep..] {
+        values[i] = 0;
+    }
+    Delays {
+        source: format!(
+            "{}, with probability {p} ({keep} of {ENTRIES} entries kept)",
+            d.source
+        ),
+        values,
+    }
+}
+
+/// `IBJITTER_RANKS=0,3-5`: ranks and inclusive ranges.
+fn parse_ranks(v: &str) -> Result<Vec<u32>, String> {
+    let bad = || {
+        format!(
+            "IBJITTER_RANKS={}: expected ranks and ranges like 0,3-5",
+            v.trim()
+        )
+    };
+    let mut ranks = Vec::new();
+    for part in v.split(',').map(str::trim) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                );
+                if a > b || b - a > 1_000_000 {
+                    return Err(bad());
+                }
+                ranks.extend(a..=b);
+            }
+            None => ranks.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    Ok(ranks)
 }
 
 /// A seed file holds one integer (and perhaps a comment): more is not a seed file.
@@ -362,6 +492,81 @@ fn load_delays(var: Var<'_>, unit: Unit) -> Result<Option<Delays>, String> {
 
 #[cfg(test)]
 mod tests {
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let v: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| v.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn probability_keeps_that_share_of_the_table_and_the_seed_chooses_which() {
+        let s = Settings::from_vars(env(&[("IBJITTER_DELAY", "1ms"), ("IBJITTER_PROB", "0.1")]));
+        let d = s.delays.expect("a table");
+        let kept = d.values.iter().filter(|&&v| v > 0).count();
+        assert_eq!(kept, 410, "round(0.1 x 4096)");
+        assert!(d.values.iter().all(|&v| v == 0 || v == 1_000_000));
+        assert!(
+            d.source
+                .ends_with("with probability 0.1 (410 of 4096 entries kept)"),
+            "{}",
+            d.source
+        );
+        let again =
+            Settings::from_vars(env(&[("IBJITTER_DELAY", "1ms"), ("IBJITTER_PROB", "0.1")]));
+        assert_eq!(
+            again.delays.unwrap().values,
+            d.values,
+            "same seed, same entries"
+        );
+        let other = Settings::from_vars(env(&[
+            ("IBJITTER_DELAY", "1ms"),
+            ("IBJITTER_PROB", "0.1"),
+            ("IBJITTER_SEED", "7"),
+        ]));
+        assert_ne!(other.delays.unwrap().values, d.values);
+        for bad in ["0", "1.5", "often"] {
+            let s = Settings::from_vars(env(&[("IBJITTER_DELAY", "1ms"), ("IBJITTER_PROB", bad)]));
+            assert!(s.delays.is_none());
+            assert!(s.warning.unwrap().contains("IBJITTER_PROB"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ranks_select_the_processes_that_inject() {
+        let with = |rank_var: &str, rank: &str| {
+            Settings::from_vars(env(&[
+                ("IBJITTER_DELAY", "1ms"),
+                ("IBJITTER_RANKS", "0,3-5"),
+                (rank_var, rank),
+            ]))
+        };
+        for (k, r) in [
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("PMI_RANK", "4"),
+            ("SLURM_PROCID", "5"),
+        ] {
+            let s = with(k, r);
+            assert!(
+                s.delays.is_some() && s.not_this_process.is_none(),
+                "{k}={r}"
+            );
+        }
+        let s = with("PMIX_RANK", "2");
+        assert!(s.delays.is_none() && s.warning.is_none());
+        assert_eq!(
+            s.not_this_process.as_deref(),
+            Some("rank 2 (PMIX_RANK) is not in IBJITTER_RANKS=0,3-5: nothing is delayed in this process")
+        );
+        let s = Settings::from_vars(env(&[("IBJITTER_DELAY", "1ms"), ("IBJITTER_RANKS", "0")]));
+        assert!(s.delays.is_none());
+        assert!(s.warning.unwrap().contains("no rank variable"));
+        let s = Settings::from_vars(env(&[("IBJITTER_DELAY", "1ms"), ("IBJITTER_RANKS", "3-1")]));
+        assert!(s.warning.unwrap().contains("expected ranks and ranges"));
+    }
+
     use super::*;
     use std::collections::HashMap;
 

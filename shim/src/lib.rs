@@ -55,15 +55,6 @@ static PATTERN: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
 /// Set by the first process that loads the shim with a `%p`-less `IBJITTER_STATS`, inherited
 /// by everything it execs: those write `NAME.<pid>.EXT`, never over the owner's file.
 const OWNER_VAR: &str = "IBJITTER_STATS_OWNER";
-/// Set in each rank by MPI launchers and Slurm: such a process writes `NAME.<pid>.EXT`.
-const LAUNCHER_RANK_VARS: [&str; 5] = [
-    "OMPI_COMM_WORLD_RANK",
-    "PMI_RANK",
-    "PMIX_RANK",
-    "SLURM_PROCID",
-    "MV2_COMM_WORLD_RANK",
-];
-
 struct Loaded {
     settings: Settings,
     clock: String,
@@ -104,6 +95,9 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
     }
     if s.quiet {
         return None;
+    }
+    if let Some(why) = &s.not_this_process {
+        return Some(format!("ibjitter: {why}"));
     }
     let u = s.unit.name();
     let what = match &s.delays {
@@ -158,7 +152,7 @@ pub fn stats_json() -> Option<serde_json::Value> {
         seed: s.seed,
         seed_source: &s.seed_source,
         clock: l.clock.clone(),
-        disabled_reason: s.warning.as_deref(),
+        disabled_reason: s.warning.as_deref().or(s.not_this_process.as_deref()),
     };
     Some(stats::to_json(&stats::snapshot(), &ctx))
 }
@@ -216,7 +210,7 @@ fn claim_stats_path() {
         _ => return,
     }
     // Ranks of a launcher are siblings: none inherits another's claim.
-    if LAUNCHER_RANK_VARS
+    if config::LAUNCHER_RANK_VARS
         .iter()
         .any(|v| std::env::var_os(v).is_some())
     {

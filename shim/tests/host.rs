@@ -1749,3 +1749,34 @@ fn with_ucx_loaded_a_context_ucx_did_not_open_keeps_the_verbs_delay() {
     assert_eq!(s["delays_injected"], 150, "{s}");
     assert_eq!(s["layer_used"], "verbs", "{s}");
 }
+
+/// IBJITTER_PROB: of 1,500 posts through the stub, about that share waits (the table keeps
+/// round(p x 4096) of its entries; the draws are uniform over them).
+#[test]
+fn a_probability_delays_that_share_of_the_posts() {
+    if child_scenario().is_some() {
+        return child_basic(1000);
+    }
+    let dir = scratch("prob");
+    let out = respawn(
+        "a_probability_delays_that_share_of_the_posts",
+        "basic",
+        &[
+            ("IBJITTER_DELAY", "2us".into()),
+            ("IBJITTER_PROB", "0.25".into()),
+            stats_env(&dir),
+        ],
+    );
+    assert!(
+        out.stderr_lines[0].contains("with probability 0.25 (1024 of 4096 entries kept)"),
+        "{:?}",
+        out.stderr_lines
+    );
+    let s = &read_stats(&dir)[0];
+    assert_eq!(s["draws"], 1500);
+    let delayed = s["delays_injected"].as_u64().unwrap();
+    // Binomial(1500, 0.25): sd 16.8; +-5 sd.
+    assert!((291..=459).contains(&delayed), "{delayed} of 1500 delayed");
+    assert_eq!(s["sum_ns"].as_u64(), Some(delayed * 2_000));
+    eprintln!("IBJITTER_PROB=0.25: {delayed} of 1500 posts delayed");
+}
