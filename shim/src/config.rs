@@ -114,6 +114,16 @@ pub struct Settings {
     /// Why this process injects nothing although a table is configured, when that was asked
     /// for (`IBJITTER_RANKS` leaves its rank out): said instead of the table.
     pub not_this_process: Option<String>,
+    /// `IBJITTER_START`/`IBJITTER_STOP`: inject only from `start` to `stop` ns after load.
+    pub window: Option<Window>,
+}
+
+/// When to inject, in ns after the shim was loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub start_ns: u64,
+    /// None: to the end.
+    pub stop_ns: Option<u64>,
 }
 
 /// Set in each rank by MPI launchers and Slurm: the process's rank (the first one set).
@@ -140,6 +150,7 @@ impl Settings {
             quiet: false,
             warning: None,
             not_this_process: None,
+            window: None,
         }
     }
 
@@ -219,6 +230,31 @@ impl Settings {
             },
             None => delays,
         };
+        let mut at = |k: &str| -> Option<u64> {
+            let v = nonempty(k)?;
+            match parse_duration(&v, Unit::Ns) {
+                Ok(ns) => Some(ns.round() as u64),
+                Err(e) => {
+                    problems.push(format!("{k}={e}"));
+                    None
+                }
+            }
+        };
+        let (start, stop) = (at("IBJITTER_START"), at("IBJITTER_STOP"));
+        if start.is_some() || stop.is_some() {
+            let w = Window {
+                start_ns: start.unwrap_or(0),
+                stop_ns: stop,
+            };
+            if w.stop_ns.is_some_and(|stop| stop <= w.start_ns) {
+                problems.push(format!(
+                    "IBJITTER_STOP must come after IBJITTER_START ({} ns <= {} ns)",
+                    w.stop_ns.unwrap_or(0),
+                    w.start_ns
+                ));
+            }
+            s.window = Some(w);
+        }
         if let Some(v) = nonempty("IBJITTER_RANKS") {
             match parse_ranks(&v) {
                 Ok(ranks) => {
@@ -532,6 +568,36 @@ mod tests {
             assert!(s.delays.is_none());
             assert!(s.warning.unwrap().contains("IBJITTER_PROB"), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_time_window_needs_its_stop_after_its_start() {
+        let s = Settings::from_vars(env(&[
+            ("IBJITTER_DELAY", "1ms"),
+            ("IBJITTER_START", "10s"),
+            ("IBJITTER_STOP", "20s"),
+        ]));
+        assert_eq!(
+            s.window,
+            Some(Window {
+                start_ns: 10_000_000_000,
+                stop_ns: Some(20_000_000_000)
+            })
+        );
+        assert!(s.delays.is_some());
+        let s = Settings::from_vars(env(&[("IBJITTER_DELAY", "1ms"), ("IBJITTER_STOP", "2s")]));
+        assert_eq!(s.window.unwrap().start_ns, 0);
+        for (start, stop) in [("5s", "5s"), ("5s", "1s")] {
+            let s = Settings::from_vars(env(&[
+                ("IBJITTER_DELAY", "1ms"),
+                ("IBJITTER_START", start),
+                ("IBJITTER_STOP", stop),
+            ]));
+            assert!(s.delays.is_none());
+            assert!(s.warning.unwrap().contains("IBJITTER_STOP must come after"));
+        }
+        let s = Settings::from_vars(env(&[("IBJITTER_DELAY", "1ms"), ("IBJITTER_START", "10")]));
+        assert!(s.warning.unwrap().contains("IBJITTER_START="));
     }
 
     #[test]

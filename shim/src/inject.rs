@@ -3,7 +3,7 @@
 //! Everything here that the post path reads is a plain atomic: no lock, no syscall, no
 //! allocation.
 use crate::clock::{self, WaitKind};
-use crate::config::{Delays, Layer, Per, Spin, Unit};
+use crate::config::{Delays, Layer, Per, Spin, Unit, Window};
 use crate::rng;
 use crate::stats::{self, Hook};
 use ibjitter_table::ENTRIES;
@@ -28,6 +28,14 @@ static LAYER: AtomicU8 = AtomicU8::new(Layer::Auto as u8);
 static WAITS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
 /// Set once a configuration is active.
 static LOADED: AtomicBool = AtomicBool::new(false);
+/// The verbs and UCP modes while injecting (MODE and UCP_MODE hold them, or the same without
+/// INJECT outside an `IBJITTER_START`/`STOP` window).
+static VERBS_ON: AtomicU8 = AtomicU8::new(0);
+static UCP_ON: AtomicU8 = AtomicU8::new(0);
+/// The window, in ns after [`activate`] (u64::MAX: none), and when that was.
+static WINDOW_START: AtomicU64 = AtomicU64::new(u64::MAX);
+static WINDOW_STOP: AtomicU64 = AtomicU64::new(u64::MAX);
+static ACTIVATED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 
 /// What the post wrappers must do: 0 = pass through (also before load finished).
 #[inline(always)]
@@ -142,9 +150,11 @@ pub fn activate(
     spin: Spin,
     seed: u64,
     count: bool,
+    window: Option<Window>,
 ) -> String {
     MODE.store(0, Release);
     UCP_MODE.store(0, Release);
+    let _ = ACTIVATED.set(std::time::Instant::now());
     let mut clock_desc = String::from("none");
     if let Some(d) = delays {
         let kind = match unit {
@@ -197,15 +207,68 @@ pub fn activate(
         Layer::Ucp => (mode & !INJECT & !PER_WR, mode),
         Layer::Auto => (mode, mode),
     };
+    VERBS_ON.store(verbs, Release);
+    UCP_ON.store(ucp, Release);
+    let (start, stop) = match window {
+        Some(w) => (w.start_ns, w.stop_ns.unwrap_or(u64::MAX)),
+        None => (0, u64::MAX),
+    };
+    WINDOW_START.store(start, Release);
+    WINDOW_STOP.store(stop, Release);
+    // Before a window opens the wrappers only count (the timer thread turns injection on).
+    let (verbs, ucp) = if start > 0 {
+        (outside(verbs), outside(ucp))
+    } else {
+        (verbs, ucp)
+    };
     UCP_MODE.store(ucp, Release);
     MODE.store(verbs, Release);
     LOADED.store(true, Release);
     clock_desc
 }
 
+/// A mode outside the window: counting only.
+fn outside(mode: u8) -> u8 {
+    mode & !INJECT & !PER_WR
+}
+
+/// With an `IBJITTER_START`/`STOP` window: starts, once, the thread that switches injection
+/// on at the start and off at the stop (the post path only reads the mode). Called when the
+/// process first opens a device or sends through UCP: programs that never do get no thread.
+/// A fork child keeps the mode it was forked with (it has no timer thread).
+pub fn arm_window() {
+    static ARMED: AtomicBool = AtomicBool::new(false);
+    let (start, stop) = (WINDOW_START.load(Acquire), WINDOW_STOP.load(Acquire));
+    if (start == 0 && stop == u64::MAX) || ARMED.swap(true, AcqRel) {
+        return;
+    }
+    let Some(&t0) = ACTIVATED.get() else { return };
+    let until = move |ns: u64| {
+        let at = t0 + std::time::Duration::from_nanos(ns);
+        let now = std::time::Instant::now();
+        if at > now {
+            std::thread::sleep(at - now);
+        }
+    };
+    let _ = std::thread::Builder::new()
+        .name("ibjitter-window".into())
+        .spawn(move || {
+            if start > 0 {
+                until(start);
+                MODE.store(VERBS_ON.load(Acquire), Release);
+                UCP_MODE.store(UCP_ON.load(Acquire), Release);
+            }
+            if stop != u64::MAX {
+                until(stop);
+                MODE.store(outside(VERBS_ON.load(Acquire)), Release);
+                UCP_MODE.store(outside(UCP_ON.load(Acquire)), Release);
+            }
+        });
+}
+
 /// Whether new contexts need patching: not when the configuration is loaded and asks for
 /// nothing (no table, no stats): then posts go straight to the provider at no cost. Before
 /// the configuration is loaded, patch (the wrappers pass through until it is).
 pub fn wants_patching() -> bool {
-    !LOADED.load(Acquire) || MODE.load(Acquire) != 0
+    !LOADED.load(Acquire) || VERBS_ON.load(Acquire) != 0
 }

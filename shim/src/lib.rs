@@ -72,6 +72,7 @@ pub fn install(settings: Settings) {
         settings.spin,
         settings.seed,
         settings.stats.is_some(),
+        settings.window,
     );
     say::set_startup(startup_message(&settings, &clock));
     if settings.warning.is_some() {
@@ -125,6 +126,16 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
     let per = match s.per {
         config::Per::Post => "",
         config::Per::Wr => ", one delay per work request",
+    };
+    let per = match s.window {
+        Some(w) => format!(
+            "{per}, from {:.3} s{} after load",
+            w.start_ns as f64 / 1e9,
+            w.stop_ns
+                .map(|t| format!(" to {:.3} s", t as f64 / 1e9))
+                .unwrap_or_default()
+        ),
+        None => per.to_string(),
     };
     let layer = match s.layer {
         config::Layer::Auto => ", layer auto (UCP for UCX, verbs for the rest)",

@@ -1780,3 +1780,94 @@ fn a_probability_delays_that_share_of_the_posts() {
     assert_eq!(s["sum_ns"].as_u64(), Some(delayed * 2_000));
     eprintln!("IBJITTER_PROB=0.25: {delayed} of 1500 posts delayed");
 }
+
+/// Child: one post every ~1 ms for 600 ms; emits each post's time (ms after the first) and
+/// how long it took.
+fn child_windowed() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    let qpx: *mut ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    let t0 = now_ns();
+    let mut posts = Vec::new();
+    while now_ns() - t0 < 600_000_000 {
+        let t = now_ns();
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_post_send(qp) }, 0);
+        posts.push(((t - t0) as f64 / 1e6, now_ns() - t));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // SAFETY: the context is ours; the stub's close does nothing.
+    unsafe { (shim.close_device)(ctx) };
+    emit(serde_json::json!({ "posts": posts }));
+}
+
+/// IBJITTER_START/STOP: posts wait only inside the window (100..400 ms after load), switched
+/// by the shim's timer thread; the post path only reads the mode.
+#[test]
+fn a_time_window_delays_only_inside_it() {
+    if child_scenario().is_some() {
+        return child_windowed();
+    }
+    let dir = scratch("window");
+    let out = respawn(
+        "a_time_window_delays_only_inside_it",
+        "windowed",
+        &[
+            ("IBJITTER_DELAY", "500us".into()),
+            ("IBJITTER_START", "100ms".into()),
+            ("IBJITTER_STOP", "400ms".into()),
+            stats_env(&dir),
+        ],
+    );
+    assert!(
+        out.stderr_lines[0].contains("from 0.100 s to 0.400 s after load"),
+        "{:?}",
+        out.stderr_lines
+    );
+    let posts: Vec<(f64, u64)> = out.result["posts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_f64().unwrap(), p[1].as_u64().unwrap()))
+        .collect();
+    // The child's clock starts after the shim's load (by a few ms), and the timer thread may
+    // wake late on a busy host: margins of 40..100 ms around the window's edges. A delay is a floor (noise only lengthens a post): every post well
+    // inside the window took >= 500 us. Outside it, the shim's own count says no post drew a
+    // delay: at most the posts within the margins did.
+    let delayed = |(_, ns): &(f64, u64)| *ns >= 500_000;
+    let count = |lo: f64, hi: f64| posts.iter().filter(|p| (lo..hi).contains(&p.0)).count() as u64;
+    let inside: Vec<_> = posts
+        .iter()
+        .filter(|p| (200.0..380.0).contains(&p.0))
+        .collect();
+    assert!(inside.len() >= 5, "{posts:?}");
+    assert!(inside.iter().all(|p| delayed(p)), "inside: {inside:?}");
+    let s = &read_stats(&dir)[0];
+    let injected = s["delays_injected"].as_u64().unwrap();
+    eprintln!(
+        "{} posts, {injected} delayed by the shim, {} took >= 500 us",
+        posts.len(),
+        posts.iter().filter(|p| delayed(p)).count()
+    );
+    assert!(
+        injected >= inside.len() as u64 && injected <= count(60.0, 500.0),
+        "{injected} delayed; posts at 60..500 ms: {}: {posts:?}",
+        count(60.0, 500.0)
+    );
+    assert!(
+        count(0.0, 60.0) + count(500.0, 1e9) > 0,
+        "posts outside the window too"
+    );
+    // Every post counted; only those in the window drew (and waited) a delay.
+    assert_eq!(s["posts"]["post_send"].as_u64(), Some(posts.len() as u64));
+    assert_eq!(s["draws"].as_u64(), Some(injected));
+    assert!(
+        injected >= inside.len() as u64 && injected < posts.len() as u64 / 2,
+        "{s}"
+    );
+}
