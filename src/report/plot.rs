@@ -1,6 +1,7 @@
 //! SVG charts for reports, independent of what is plotted: a line chart of named series and a
 //! bar chart of labelled values. SVG only (plotters' SVG backend, no font or bitmap stack), so
 //! the files are small, diffable and open in any browser.
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -38,6 +39,46 @@ fn span(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
     (lo, hi + (hi - lo) * 0.05)
 }
 
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A chart on `area` over `xs` × `ys` with its mesh and axis labels drawn.
+fn axes<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    caption: Option<&str>,
+    (xs, ys): ((f64, f64), (f64, f64)),
+    (x_label, y_label): (&str, &str),
+    path: &Path,
+) -> Result<Chart<'a, 'b>, String> {
+    let mut builder = ChartBuilder::on(area);
+    if let Some(c) = caption {
+        builder.caption(c, ("sans-serif", 22));
+    }
+    let mut chart = builder
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
+        .map_err(|e| failed(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    Ok(chart)
+}
+
+/// The legend of what was drawn with labels, in the upper right corner.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, path: &Path) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| failed(path, e))
+}
+
 /// Draws `series` as lines against a shared x axis and writes the SVG to `path`.
 pub fn line_chart(
     path: &Path,
@@ -56,19 +97,7 @@ pub fn line_chart(
     );
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
-        .map_err(|e| failed(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .draw()
-        .map_err(|e| failed(path, e))?;
+    let mut chart = axes(&root, Some(title), (xs, ys), (x_label, y_label), path)?;
     for (k, s) in series.iter().enumerate() {
         let color = Palette99::pick(k).to_rgba();
         let drawn = chart
@@ -84,13 +113,7 @@ pub fn line_chart(
         }
     }
     if !series.is_empty() {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| failed(path, e))?;
+        legend(&mut chart, path)?;
     }
     root.present().map_err(|e| failed(path, e))
 }
@@ -126,18 +149,7 @@ pub fn band_chart(
         lines.iter().flat_map(|s| s.points.iter().map(|p| p.1)),
         true,
     );
-    let mut chart = ChartBuilder::on(&upper)
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
-        .map_err(|e| failed(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .draw()
-        .map_err(|e| failed(path, e))?;
+    let mut chart = axes(&upper, None, (xs, ys), (x_label, y_label), path)?;
     for (k, s) in lines.iter().enumerate() {
         let style = if k == 0 {
             BLACK.stroke_width(3)
@@ -154,28 +166,12 @@ pub fn band_chart(
         }
     }
     if !lines.is_empty() {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| failed(path, e))?;
+        legend(&mut chart, path)?;
     }
 
     let ys = span(spread.iter().map(|p| p.1[4]), true);
-    let mut chart = ChartBuilder::on(&lower)
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
-        .map_err(|e| failed(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(format!("{y_label}, {what}"))
-        .draw()
-        .map_err(|e| failed(path, e))?;
+    let lower_label = format!("{y_label}, {what}");
+    let mut chart = axes(&lower, None, (xs, ys), (x_label, &lower_label), path)?;
     let band = |lo: usize, hi: usize| -> Vec<(f64, f64)> {
         let upper = spread.iter().map(|(x, q)| (*x, q[hi]));
         let lower = spread.iter().rev().map(|(x, q)| (*x, q[lo]));
@@ -202,13 +198,7 @@ pub fn band_chart(
             .map_err(|e| failed(path, e))?
             .label(format!("{what}: median"))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], median));
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| failed(path, e))?;
+        legend(&mut chart, path)?;
     }
     root.present().map_err(|e| failed(path, e))
 }
