@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
 
 /// Mode bit: draw and wait.
 const INJECT: u8 = 1;
-/// Mode bit: count (IBJITTER_STATS).
+/// Mode bit: count (IBJITTER_STATS, or any table: the coverage line at exit).
 const STATS: u8 = 2;
 /// Mode bit: one draw per work request (`IBJITTER_PER=wr`), not per call or batch.
 pub const PER_WR: u8 = 4;
@@ -192,7 +192,9 @@ pub fn activate(
     if delays.is_some() {
         mode |= INJECT;
     }
-    if count {
+    // Counting comes with any table too (+0.8 ns a post on the hotpath bench): the coverage
+    // line at exit says how many sends were delayed, stats file or not.
+    if count || delays.is_some() {
         stats::enable();
         mode |= STATS;
     }

@@ -145,12 +145,16 @@ impl Steady {
     }
 }
 
-/// Resident memory per flow, itemized: what the provider's queues took (the QPs and CQs
+/// Resident memory per flow, itemized (the items add up to the peak): the process before
+/// the flows were made, what the provider's queues took (the QPs and CQs
 /// made, less our buffers), our registered buffers, and what the run added by its peak (our
 /// per-flow histograms and counters). From `/proc/self/status` around the set-up: the
 /// allocator's and the kernel's rounding fall into one item or another.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct MemoryPerFlow {
+    /// The process before the flows were made (program, libraries, device), shared out.
+    #[serde(default)]
+    pub baseline_bytes: u64,
     pub provider_queues_bytes: u64,
     pub buffers_bytes: u64,
     pub run_state_bytes: u64,

@@ -25,6 +25,7 @@ impl MemoryAtSetup {
         let n = u64::from(flows.max(1));
         let made = self.after_flows.saturating_sub(self.before_flows);
         MemoryPerFlow {
+            baseline_bytes: self.before_flows / n,
             provider_queues_bytes: made.saturating_sub(self.buffers) / n,
             buffers_bytes: self.buffers / n,
             run_state_bytes: peak.saturating_sub(self.after_flows) / n,

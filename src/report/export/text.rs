@@ -88,8 +88,9 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
     let m = &r.memory_per_flow;
     writeln!(
         w,
-        " memory per flow {:.1} KiB at peak: provider's queues {:.1}, buffers {:.1}, run state {:.1} KiB",
+        " memory per flow {:.1} KiB at peak: process before the flows {:.1}, provider's queues {:.1}, buffers {:.1}, run state {:.1} KiB",
         r.rss_per_flow_bytes as f64 / 1024.0,
+        m.baseline_bytes as f64 / 1024.0,
         m.provider_queues_bytes as f64 / 1024.0,
         m.buffers_bytes as f64 / 1024.0,
         m.run_state_bytes as f64 / 1024.0
