@@ -296,6 +296,10 @@ impl Settings {
     }
 }
 
+/// The salt of the stream that chooses `IBJITTER_PROB`'s entries (the draws' streams use 0
+/// and fork numbers).
+const PROBABILITY_SALT: u64 = 0x7072_6f62; // "prob"
+
 /// `IBJITTER_PROB=p`, 0 < p <= 1.
 fn parse_probability(v: &str) -> Result<f64, String> {
     match v.trim().parse::<f64>() {
@@ -314,18 +318,11 @@ fn parse_probability(v: &str) -> Result<f64, String> {
 pub fn with_probability(d: Delays, p: f64, seed: u64) -> Delays {
     let keep = ((p * ENTRIES as f64).round() as usize).clamp(1, ENTRIES);
     let mut order: Vec<usize> = (0..ENTRIES).collect();
-    // Fisher-Yates with splitmix64: deterministic for a seed, independent of the draws'
-    // streams (a different constant).
-    let mut x = seed ^ 0x005e_ed0f_9b0b_ab1e;
-    let mut next = || {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    // Fisher-Yates over a stream of the draws' own generator, salted apart from theirs:
+    // deterministic for a seed.
+    let mut rng = crate::rng::stream(seed, PROBABILITY_SALT, 0);
     for i in (1..ENTRIES).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
+        let j = (rand_core::Rng::next_u64(&mut rng) % (i as u64 + 1)) as usize;
         order.swap(i, j);
     }
     let mut values = d.values;

@@ -12,8 +12,8 @@
 //!   `IBJITTER_PER=wr`;
 //! - [`ucp`]: the UCP layer, UCX's send calls (`IBJITTER_LAYER`);
 //! - [`inject`]: the active injection: table in wait units, clock kind, draw, wait;
-//! - [`stats`]: counters and the stats document; [`rng`]: per-thread PCG streams;
-//!   [`clock`]: TSC busy-wait; [`config`]: the `IBJITTER_*` environment;
+//! - [`stats`]: counters and the stats document; [`config`]: the `IBJITTER_*` environment;
+//!   [`rng`]: per-thread PCG streams; [`clock`]: TSC busy-wait;
 //! - [`coverage`]: whether anything passed the hooks (said at exit); [`ports`]: what the
 //!   device ports sent meanwhile;
 //! - [`real`]: typed function pointers, the real libibverbs symbols; [`say`]: stderr;
