@@ -95,36 +95,17 @@ impl Sink {
     /// Closes the current intervals if `now_ns` is past them (called on every loop of the
     /// thread, so an idle thread does not hold the writer back).
     pub fn tick(&mut self, now_ns: u64) {
-        if let Some(s) = &mut self.series {
-            let k = now_ns / s.interval_ns;
-            if k != s.k {
-                let rows = s.take_rows();
-                let _ = self.tx.send(Message::Series {
-                    thread: self.thread,
-                    k: s.k,
-                    next: k,
-                    rows,
-                });
-                s.k = k;
-            }
+        if let Some(k) = self.series.as_ref().map(|s| now_ns / s.interval_ns) {
+            self.close_series(k);
         }
-        if let Some(l) = &mut self.latency {
-            let k = now_ns / l.interval_ns;
-            if k != l.k {
-                let hist = std::mem::replace(&mut l.hist, new_histogram());
-                let _ = self.tx.send(Message::Latency {
-                    thread: self.thread,
-                    k: l.k,
-                    next: k,
-                    hist,
-                });
-                l.k = k;
-            }
+        if let Some(k) = self.latency.as_ref().map(|l| now_ns / l.interval_ns) {
+            self.close_latency(k);
         }
     }
 
-    /// `bytes` of flow `index` completed at `now_ns`.
-    pub fn bytes(&mut self, index: usize, bytes: u64, now_ns: u64) {
+    /// One operation of flow `index` completed at `now_ns`: its `bytes`, and its latency if
+    /// it was measured (not in the warm-up).
+    pub fn complete(&mut self, index: usize, bytes: u64, latency_ns: Option<u64>, now_ns: u64) {
         self.tick(now_ns);
         if let Some(s) = &mut self.series {
             if s.bytes[index] == 0 {
@@ -132,38 +113,52 @@ impl Sink {
             }
             s.bytes[index] += bytes;
         }
-    }
-
-    /// One measured latency, completed at `now_ns` (after [`Sink::bytes`] of the same time).
-    pub fn latency(&mut self, latency_ns: u64, now_ns: u64) {
-        self.tick(now_ns);
-        if let Some(l) = &mut self.latency {
-            super::stats::record(&mut l.hist, latency_ns);
+        if let (Some(l), Some(latency)) = (&mut self.latency, latency_ns) {
+            super::stats::record(&mut l.hist, latency);
         }
     }
 
     /// Sends the last intervals and says the thread is done.
     pub fn finish(mut self) {
-        if let Some(s) = &mut self.series {
-            let rows = s.take_rows();
-            let _ = self.tx.send(Message::Series {
-                thread: self.thread,
-                k: s.k,
-                next: s.k + 1,
-                rows,
-            });
+        if let Some(k) = self.series.as_ref().map(|s| s.k + 1) {
+            self.close_series(k);
         }
-        if let Some(l) = self.latency.take() {
-            let _ = self.tx.send(Message::Latency {
-                thread: self.thread,
-                k: l.k,
-                next: l.k + 1,
-                hist: l.hist,
-            });
+        if let Some(k) = self.latency.as_ref().map(|l| l.k + 1) {
+            self.close_latency(k);
         }
         let _ = self.tx.send(Message::Done {
             thread: self.thread,
         });
+    }
+
+    /// Sends the current series interval if `next` is another one, and moves on to `next`.
+    fn close_series(&mut self, next: u64) {
+        let Some(s) = self.series.as_mut().filter(|s| s.k != next) else {
+            return;
+        };
+        let rows = s.take_rows();
+        let _ = self.tx.send(Message::Series {
+            thread: self.thread,
+            k: s.k,
+            next,
+            rows,
+        });
+        s.k = next;
+    }
+
+    /// The same for the latency interval.
+    fn close_latency(&mut self, next: u64) {
+        let Some(l) = self.latency.as_mut().filter(|l| l.k != next) else {
+            return;
+        };
+        let hist = std::mem::replace(&mut l.hist, new_histogram());
+        let _ = self.tx.send(Message::Latency {
+            thread: self.thread,
+            k: l.k,
+            next,
+            hist,
+        });
+        l.k = next;
     }
 }
 
@@ -415,11 +410,10 @@ mod tests {
         let (tx, rx) = channel();
         let mut a = Sink::new(tx.clone(), 0, &[10, 11], Some(100), Some(1000));
         let mut b = Sink::new(tx, 1, &[20], Some(100), Some(1000));
-        a.bytes(0, 8, 50);
-        a.latency(7, 50);
-        a.bytes(1, 8, 60);
-        a.bytes(0, 8, 250); // closes a's interval 0, jumps to 2
-        b.bytes(0, 4, 120); // b's interval 1
+        a.complete(0, 8, Some(7), 50);
+        a.complete(1, 8, None, 60);
+        a.complete(0, 8, None, 250); // closes a's interval 0, jumps to 2
+        b.complete(0, 4, None, 120); // b's interval 1
         b.tick(1_500); // b closes 1 (series) and 0 (latency)
         a.finish();
         b.finish();

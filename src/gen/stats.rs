@@ -165,10 +165,7 @@ impl Recorder {
             record(&mut self.total, latency);
         }
         if let Some(sink) = &mut self.sink {
-            sink.bytes(index, bytes, now_ns);
-            if measured {
-                sink.latency(latency, now_ns);
-            }
+            sink.complete(index, bytes, measured.then_some(latency), now_ns);
         }
     }
 
