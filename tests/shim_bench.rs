@@ -1148,3 +1148,107 @@ fn libfabric_rdma_cm_and_mpich_clients_are_delayed_with_exact_counts() {
     }
     assert_none(bad);
 }
+
+/// The output after `@@ NAME` up to the next `@@ `.
+fn at_section<'a>(output: &'a str, name: &str) -> &'a str {
+    let rest = output
+        .split(&format!("@@ {name}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no section {name}:\n{output}"));
+    rest.split("@@ ").next().unwrap_or(rest)
+}
+
+/// One thread's line of mt_post (modes own, crossed): `mt_post thread=K qpn=Q ... p10_us=..`.
+fn mt_post_thread(section: &str, k: usize) -> (u32, f64) {
+    let line = section
+        .lines()
+        .find(|l| l.starts_with(&format!("mt_post thread={k} ")))
+        .unwrap_or_else(|| panic!("no line for thread {k}:\n{section}"));
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+    };
+    (
+        field("qpn").parse().unwrap(),
+        field("p10_us").parse().unwrap(),
+    )
+}
+
+/// IBJITTER_QPN and IBJITTER_DEST on the bench: two threads post 300 RDMA writes each, each
+/// on its own QP, each waiting for its completion; 1 ms on one QP only. The selected
+/// thread's round trips grow by the delay, the other's do not, and the stats count exactly
+/// its posts as delayed. Clean and selected runs alternate (two pairs per filter); each
+/// thread's 10th percentile is compared with its least clean one.
+#[test]
+fn selected_qps_and_destinations_are_delayed_and_the_others_are_not() {
+    let so = shim_so();
+    let bin = mt_post();
+    let dir = scratch_dir("shim-select");
+    let (so, bin, d) = (so.display(), bin.display(), dir.display());
+    // rxe numbers each device's QPs one after the other, and mt_post makes its pairs in
+    // thread order, one QP of each pair on each device: the next run's thread 0 sends on the
+    // last run's number + 2. The test checks the prediction. The destination is rxe1's RoCE v2 GID (IPv4-mapped): in
+    // mode crossed, thread 0 sends to rxe1 and thread 1 to rxe0.
+    let mut script =
+        String::from("G=$(cat /sys/class/infiniband/rxe1/ports/1/gids/1)\necho \"@@ gid $G\"\n");
+    for i in 0..2 {
+        script += &format!(
+            "echo '@@ clean-own-{i}'; {bin} 2 300 own > {d}/clean-own-{i}.out || exit 1\n\
+             cat {d}/clean-own-{i}.out\n\
+             Q=$(sed -n 's/^mt_post thread=0 qpn=\\([0-9]*\\) .*/\\1/p' {d}/clean-own-{i}.out)\n\
+             N=$((Q + 2)); echo \"@@ predicted $N\"\n\
+             echo '@@ qpn-{i}'; env LD_PRELOAD={so} IBJITTER_DELAY=1ms IBJITTER_QPN=$N \
+             IBJITTER_STATS={d}/qpn-{i}.%p.json {bin} 2 300 own || exit 1\n\
+             echo '@@ clean-crossed-{i}'; {bin} 2 300 crossed || exit 1\n\
+             echo '@@ dest-{i}'; env LD_PRELOAD={so} IBJITTER_DELAY=1ms IBJITTER_DEST=$G \
+             IBJITTER_STATS={d}/dest-{i}.%p.json {bin} 2 300 crossed || exit 1\n"
+        );
+    }
+    let out = Vm::new().timeout(600).writable(&dir).run(&script);
+    out.assert_success();
+    for filter in ["qpn", "dest"] {
+        let clean_name = if filter == "qpn" { "own" } else { "crossed" };
+        let clean: Vec<[f64; 2]> = (0..2)
+            .map(|i| {
+                let s = at_section(&out.output, &format!("clean-{clean_name}-{i}"));
+                [mt_post_thread(s, 0).1, mt_post_thread(s, 1).1]
+            })
+            .collect();
+        for i in 0..2 {
+            let name = format!("{filter}-{i}");
+            let s = at_section(&out.output, &name);
+            let ((qpn, a), (_, b)) = (mt_post_thread(s, 0), mt_post_thread(s, 1));
+            if filter == "qpn" {
+                assert!(
+                    out.output.contains(&format!("@@ predicted {qpn}\n")),
+                    "thread 0 sent on QP {qpn}, not on the predicted number: does rxe still \
+                     number QPs one after the other?\n{}",
+                    out.output
+                );
+            }
+            let base = |t: usize| clean.iter().map(|c| c[t]).fold(f64::INFINITY, f64::min);
+            let (grew_a, grew_b) = (a - base(0), b - base(1));
+            eprintln!(
+                "{name}: selected thread p10 {a:.0} us (+{grew_a:.0}), other {b:.0} us \
+                 (+{grew_b:.0}); clean p10s {clean:.0?}"
+            );
+            assert!(
+                (750.0..=1500.0).contains(&grew_a),
+                "{name}: the selected QP's round trips grew by {grew_a:.0} us, not ~1000"
+            );
+            assert!(
+                grew_b < 250.0,
+                "{name}: the other QP's round trips grew by {grew_b:.0} us (1 ms is not its)"
+            );
+            let st = one_stats(&dir, &name);
+            assert_eq!(st["posts"]["post_send"], 600, "{name}: {st}");
+            assert_eq!(st["delays_injected"], 300, "{name}: {st}");
+        }
+    }
+    assert!(
+        out.output.contains("delayed 300 of 600 sends"),
+        "{}",
+        out.output
+    );
+}

@@ -252,6 +252,16 @@ fn main() {
             vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_STATS", stats)],
         ),
         (
+            "zero-delay table, QP selected",
+            "cost",
+            vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_QPN", "0")],
+        ),
+        (
+            "zero-delay table, opcode left out",
+            "cost",
+            vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_OPS", "read")],
+        ),
+        (
             "UCP send, layer verbs (pass)",
             "ucp",
             vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_LAYER", "verbs")],

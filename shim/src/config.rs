@@ -1,5 +1,6 @@
 //! Configuration from the environment, read once at load. Any problem becomes one warning
 //! line and pass-through: the host program must never be harmed by a typo.
+use crate::select::Selection;
 use ibjitter_table::{self as table, Kind, ENTRIES};
 use std::path::{Path, PathBuf};
 
@@ -116,6 +117,8 @@ pub struct Settings {
     pub not_this_process: Option<String>,
     /// `IBJITTER_START`/`IBJITTER_STOP`: inject only from `start` to `stop` ns after load.
     pub window: Option<Window>,
+    /// `IBJITTER_OPS`, `IBJITTER_QPN`, `IBJITTER_DEST`: which sends are delayed.
+    pub select: Selection,
 }
 
 /// When to inject, in ns after the shim was loaded.
@@ -151,6 +154,7 @@ impl Settings {
             warning: None,
             not_this_process: None,
             window: None,
+            select: Selection::default(),
         }
     }
 
@@ -254,6 +258,19 @@ impl Settings {
                 ));
             }
             s.window = Some(w);
+        }
+        match Selection::parse(
+            nonempty("IBJITTER_OPS").as_deref(),
+            nonempty("IBJITTER_QPN").as_deref(),
+            nonempty("IBJITTER_DEST").as_deref(),
+        ) {
+            Ok(sel) if sel.any() && delays.is_none() => problems.push(
+                "IBJITTER_OPS, _QPN and _DEST select among delayed sends: they need a table \
+                 (IBJITTER_TABLE, _DIST or _DELAY)"
+                    .into(),
+            ),
+            Ok(sel) => s.select = sel,
+            Err(e) => problems.push(e),
         }
         if let Some(v) = nonempty("IBJITTER_RANKS") {
             match parse_ranks(&v) {

@@ -8,9 +8,11 @@ use crate::coverage;
 use crate::inject;
 use crate::patch;
 use crate::ports;
-use crate::real::{address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP, IMPORT_DEVICE, OPEN_DEVICE};
+use crate::real::{address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP, IMPORT_DEVICE};
 use crate::real::{CloseDeviceFn, CreateQpFn, DestroyQpFn, ImportDeviceFn, OpenDeviceFn};
+use crate::real::{ModifyQpFn, MODIFY_QP, OPEN_DEVICE};
 use crate::say;
+use crate::select;
 use crate::ucp;
 use crate::verbs_abi::*;
 use std::ffi::{c_int, c_void, CStr};
@@ -18,9 +20,9 @@ use std::ptr::null_mut;
 
 /// Names shown in the startup line.
 pub const HOOKED: &str = if cfg!(target_arch = "x86_64") {
-    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_destroy_qp (linked or via dlsym/dlvsym) -> ops.post_send, create_qp_ex -> wr_start"
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp (linked or via dlsym/dlvsym) -> ops.post_send, create_qp_ex -> wr_start"
 } else {
-    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_destroy_qp -> ops.post_send, create_qp_ex -> wr_start"
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp -> ops.post_send, create_qp_ex -> wr_start"
 };
 
 /// The hook that stands for `found`, the function a lookup of `name` through a handle
@@ -36,6 +38,7 @@ pub fn hook_for(name: &CStr, found: *mut c_void) -> Option<*mut c_void> {
         b"ibv_close_device" => same(&CLOSE_DEVICE, found, ibv_close_device as CloseDeviceFn),
         b"ibv_create_qp" => same(&CREATE_QP, found, ibv_create_qp as CreateQpFn),
         b"ibv_destroy_qp" => same(&DESTROY_QP, found, ibv_destroy_qp as DestroyQpFn),
+        b"ibv_modify_qp" => same(&MODIFY_QP, found, ibv_modify_qp as ModifyQpFn),
         _ => None,
     }
 }
@@ -150,5 +153,27 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         return libc::ENOSYS;
     };
     patch::forget_qp(qp);
+    select::qp_destroyed(qp);
     real(qp)
+}
+
+/// Interposed `ibv_modify_qp@IBVERBS_1.1`: a QP being connected to a destination that
+/// `IBJITTER_DEST` selects joins the selected QPs ([`select::qp_modified`]).
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_modify_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    attr_mask: c_int,
+) -> c_int {
+    let Some(real) = MODIFY_QP.get() else {
+        return libc::ENOSYS;
+    };
+    let rc = real(qp, attr, attr_mask);
+    if rc == 0 {
+        select::qp_modified(qp, attr, attr_mask);
+    }
+    rc
 }

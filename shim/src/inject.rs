@@ -15,6 +15,8 @@ const INJECT: u8 = 1;
 const STATS: u8 = 2;
 /// Mode bit: one draw per work request (`IBJITTER_PER=wr`), not per call or batch.
 pub const PER_WR: u8 = 4;
+/// Mode bit: only some sends are delayed ([`crate::select`]); the others are counted.
+pub const SELECT: u8 = 8;
 
 /// The verbs wrappers' mode: 0 until load finished (and whenever there is nothing to do):
 /// they pass through. Without INJECT when UCP is the only layer (they may still count).
@@ -151,6 +153,7 @@ pub fn activate(
     seed: u64,
     count: bool,
     window: Option<Window>,
+    selective: bool,
 ) -> String {
     MODE.store(0, Release);
     UCP_MODE.store(0, Release);
@@ -201,12 +204,15 @@ pub fn activate(
     if per == Per::Wr && mode != 0 {
         mode |= PER_WR;
     }
+    if selective && mode & INJECT != 0 {
+        mode |= SELECT;
+    }
     FULL_MODE.store(mode, Release);
     LAYER.store(layer as u8, Release);
     // `ucp`: verbs wrappers only count (they are patched only on contexts UCX did not open).
     let (verbs, ucp) = match layer {
         Layer::Verbs => (mode, 0),
-        Layer::Ucp => (mode & !INJECT & !PER_WR, mode),
+        Layer::Ucp => (outside(mode), mode),
         Layer::Auto => (mode, mode),
     };
     VERBS_ON.store(verbs, Release);
@@ -231,7 +237,41 @@ pub fn activate(
 
 /// A mode outside the window: counting only.
 fn outside(mode: u8) -> u8 {
-    mode & !INJECT & !PER_WR
+    mode & !INJECT & !PER_WR & !SELECT
+}
+
+/// The mode for a send that the selection leaves out: counted, not delayed.
+#[inline(always)]
+pub fn unselected(mode: u8) -> u8 {
+    mode & !INJECT
+}
+
+/// A batch of the `ibv_wr_*` API whose opcodes are not known yet (`IBJITTER_OPS`): counted
+/// now; [`delay_drawn_only`] waits in its first selected work request.
+pub fn count_only(mode: u8, hook: Hook) {
+    delay(unselected(mode), hook)
+}
+
+/// Draws and waits without counting a post (it was counted by [`count_only`]).
+#[inline(never)]
+pub fn delay_drawn_only(mode: u8) {
+    let draw_hit = |rng: &mut rand_pcg::Pcg32, thread: u32| {
+        let i = rng::next_index(rng);
+        if mode & STATS != 0 {
+            stats::count_hit(thread, i);
+        }
+        WAITS[i].load(Relaxed)
+    };
+    let units = match rng::with_thread(draw_hit) {
+        Some(u) => u,
+        None => {
+            first_post_of_thread();
+            rng::with_thread(draw_hit).unwrap_or(0)
+        }
+    };
+    if units != 0 {
+        wait(units);
+    }
 }
 
 /// With an `IBJITTER_START`/`STOP` window: starts, once, the thread that switches injection

@@ -9,7 +9,8 @@
 //! - [`hooks`]: the interposed exported symbols (open/import/close a device, create a QP);
 //! - [`patch`]: swapping provider pointers in contexts and QPs, the registries of originals,
 //!   and the post wrappers; [`wr_ops`]: the `ibv_wr_*` work-request wrappers of
-//!   `IBJITTER_PER=wr`;
+//!   `IBJITTER_PER=wr` and `IBJITTER_OPS`; [`select`]: which sends are delayed (opcode, QP,
+//!   destination);
 //! - [`ucp`]: the UCP layer, UCX's send calls (`IBJITTER_LAYER`);
 //! - [`inject`]: the active injection: table in wait units, clock kind, draw, wait;
 //! - [`stats`]: counters and the stats document; [`config`]: the `IBJITTER_*` environment;
@@ -34,6 +35,7 @@ pub mod ports;
 pub mod real;
 pub mod rng;
 pub mod say;
+pub mod select;
 pub mod sigstats;
 pub mod stats;
 pub mod ucp;
@@ -73,6 +75,7 @@ pub fn install(settings: Settings) {
         settings.seed,
         settings.stats.is_some(),
         settings.window,
+        select::activate(&settings.select),
     );
     say::set_startup(startup_message(&settings, &clock));
     if settings.warning.is_some() {
@@ -143,7 +146,8 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
         config::Layer::Ucp => ", layer ucp",
     };
     Some(format!(
-        "ibjitter: {what}{per}{layer}{stats}; hooks {}",
+        "ibjitter: {what}{per}{}{layer}{stats}; hooks {}",
+        s.select.describe(),
         hooks::HOOKED
     ))
 }

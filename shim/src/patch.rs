@@ -11,6 +11,7 @@ use crate::inject;
 use crate::real::{address, FnSlot, QP_TO_QP_EX};
 use crate::rng;
 use crate::say;
+use crate::select;
 use crate::stats::Hook;
 use crate::verbs_abi::*;
 use crate::wr_ops;
@@ -298,7 +299,7 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
         }
     }
     SINGLE_WR_START.note(address(orig));
-    if inject::per_wr() {
+    if inject::per_wr() || select::by_opcode() {
         wr_ops::patch(qpx);
     }
     let f: WrStartFn = wr_start_hook;
@@ -330,6 +331,10 @@ unsafe extern "C" fn post_send_delayed(
     bad: *mut *mut ibv_send_wr,
     mode: u8,
 ) -> c_int {
+    if mode & inject::SELECT != 0 {
+        // A tail call: the usual path stays frameless.
+        return post_send_selecting(qp, wr, bad, mode);
+    }
     let Some(wait) = inject::draw(mode, Hook::PostSend) else {
         return post_send_first(qp, wr, bad, mode);
     };
@@ -338,6 +343,22 @@ unsafe extern "C" fn post_send_delayed(
     }
     // Zero entry: no stack frame, no clock read.
     post_send_orig(qp, wr, bad)
+}
+
+/// With `IBJITTER_OPS`/`_QPN`/`_DEST`: a post the selection leaves out is counted only.
+#[inline(never)]
+unsafe extern "C" fn post_send_selecting(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+    mode: u8,
+) -> c_int {
+    let mode = if select::post_selected(qp, wr) {
+        mode & !inject::SELECT
+    } else {
+        inject::unselected(mode) & !inject::SELECT
+    };
+    post_send_delayed(qp, wr, bad, mode)
 }
 
 /// Our `ops.post_send` under `IBJITTER_PER=wr` (chosen when the context is patched, so the
@@ -459,6 +480,24 @@ pub unsafe extern "C" fn wr_start_hook(qpx: *mut ibv_qp_ex) {
 
 #[inline(never)]
 unsafe extern "C" fn wr_start_delayed(qpx: *mut ibv_qp_ex, mode: u8) {
+    let mode = if mode & inject::SELECT != 0 {
+        rng::take_batch_open();
+        if !select::qp_selected(qpx.cast()) {
+            inject::unselected(mode)
+        } else if select::by_opcode() {
+            // The opcodes come in the work-request calls: one draw per batch waits in the
+            // first selected one (wr_ops); with IBJITTER_PER=wr each counts and draws there.
+            if mode & inject::PER_WR == 0 {
+                inject::count_only(mode, Hook::WrBatch);
+                rng::set_batch_open();
+            }
+            return wr_start_orig(qpx);
+        } else {
+            mode
+        }
+    } else {
+        mode
+    };
     if mode & inject::PER_WR != 0 {
         // The batch's first work request is waited for here, before the provider's lock.
         rng::set_batch_paid();

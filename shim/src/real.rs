@@ -207,6 +207,7 @@ pub type CloseDeviceFn = unsafe extern "C" fn(*mut ibv_context) -> c_int;
 pub type CreateQpFn = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
 pub type QpToQpExFn = unsafe extern "C" fn(*mut ibv_qp) -> *mut ibv_qp_ex;
 pub type DestroyQpFn = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+pub type ModifyQpFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
 
 pub static OPEN_DEVICE: Real<OpenDeviceFn> = Real::new(c"ibv_open_device", c"IBVERBS_1.1");
 pub static IMPORT_DEVICE: Real<ImportDeviceFn> = Real::new(c"ibv_import_device", c"IBVERBS_1.10");
@@ -214,3 +215,4 @@ pub static CLOSE_DEVICE: Real<CloseDeviceFn> = Real::new(c"ibv_close_device", c"
 pub static CREATE_QP: Real<CreateQpFn> = Real::new(c"ibv_create_qp", c"IBVERBS_1.1");
 pub static QP_TO_QP_EX: Real<QpToQpExFn> = Real::new(c"ibv_qp_to_qp_ex", c"IBVERBS_1.6");
 pub static DESTROY_QP: Real<DestroyQpFn> = Real::new(c"ibv_destroy_qp", c"IBVERBS_1.1");
+pub static MODIFY_QP: Real<ModifyQpFn> = Real::new(c"ibv_modify_qp", c"IBVERBS_1.1");

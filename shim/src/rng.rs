@@ -28,6 +28,9 @@ struct ThreadState {
     /// `_nbx` ones through the PLT, i.e. through the shim's hooks again): only the outermost
     /// call delays. Kept in this block: the one TLS slot.
     ucp_depth: u32,
+    /// `IBJITTER_OPS` on the `ibv_wr_*` API: 1 from `ibv_wr_start` until the batch's first
+    /// selected work request waited (see `wr_ops`).
+    batch_open: u32,
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -81,7 +84,7 @@ mod tls {
 
     thread_local! {
         static STATE: UnsafeCell<ThreadState> = const {
-            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0, ucp_depth: 0 })
+            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0, ucp_depth: 0, batch_open: 0 })
         };
     }
 
@@ -169,6 +172,22 @@ pub(crate) fn take_batch_paid() -> bool {
     // SAFETY: the block is this thread's; no reference into it is alive.
     let s = unsafe { &mut *tls::state() };
     std::mem::replace(&mut s.batch_paid, 0) != 0
+}
+
+/// Notes that this thread's `ibv_wr_start` opened a batch whose delay waits for its first
+/// selected work request.
+#[inline(always)]
+pub(crate) fn set_batch_open() {
+    // SAFETY: the block is this thread's; no reference into it is alive.
+    unsafe { (*tls::state()).batch_open = 1 };
+}
+
+/// Whether the batch still waits for its first selected work request (and forgets it).
+#[inline(always)]
+pub(crate) fn take_batch_open() -> bool {
+    // SAFETY: the block is this thread's; no reference into it is alive.
+    let s = unsafe { &mut *tls::state() };
+    std::mem::replace(&mut s.batch_open, 0) != 0
 }
 
 /// Enters a UCP send call; true if it is this thread's outermost one.

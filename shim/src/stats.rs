@@ -78,6 +78,16 @@ fn bump(c: &AtomicU64, exclusive: bool) {
 /// Counts one post by thread `thread` through `hook`, and its table index if one was drawn.
 #[inline(always)]
 pub fn count(thread: u32, hook: Hook, index: Option<usize>) {
+    count_in(thread, Some(hook), index)
+}
+
+/// Counts a table index drawn for a post counted before (see `inject::count_only`).
+pub fn count_hit(thread: u32, index: usize) {
+    count_in(thread, None, Some(index))
+}
+
+#[inline(always)]
+fn count_in(thread: u32, hook: Option<Hook>, index: Option<usize>) {
     let p = SLOTS.load(Relaxed);
     if p.is_null() {
         return;
@@ -90,7 +100,9 @@ pub fn count(thread: u32, hook: Hook, index: Option<usize>) {
     };
     // SAFETY: i <= EXCLUSIVE_SLOTS, within the leaked array.
     let slot = unsafe { &*p.add(i) };
-    bump(&slot.posts[hook as usize], exclusive);
+    if let Some(hook) = hook {
+        bump(&slot.posts[hook as usize], exclusive);
+    }
     if let Some(ix) = index {
         bump(&slot.hits[ix & (ENTRIES - 1)], exclusive);
     }

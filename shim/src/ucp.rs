@@ -18,7 +18,7 @@
 //! conventions make exact (up to 8 arguments: registers, then stack slots of 8 bytes).
 use crate::real::Real;
 use crate::stats::Hook;
-use crate::{inject, rng, say};
+use crate::{inject, rng, say, select};
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
@@ -39,13 +39,19 @@ fn first_message() {
     crate::inject::arm_window();
 }
 
-/// Before the real call: the outermost call of a thread waits its draw.
+/// Before the real call: the outermost call of a thread waits its draw (when `class` is
+/// selected, see [`crate::select`]).
 #[inline(always)]
-fn enter(mode: u8) {
+fn enter(mode: u8, class: u8) {
     if rng::enter_ucp() {
         if !SEEN.load(Relaxed) {
             first_message();
         }
+        let mode = if mode & inject::SELECT != 0 && !select::ucp_selected(class) {
+            inject::unselected(mode)
+        } else {
+            mode
+        };
         inject::delay(mode, Hook::Ucp);
     }
 }
@@ -134,7 +140,8 @@ macro_rules! ucp_sends {
                 if mode == 0 {
                     return real($($arg),+);
                 }
-                enter(mode);
+                const CLASS: u8 = select::ucp_class(stringify!($name));
+                enter(mode, CLASS);
                 let result = real($($arg),+);
                 rng::leave_ucp();
                 result

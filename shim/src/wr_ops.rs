@@ -1,5 +1,8 @@
 //! `IBJITTER_PER=wr` on the `ibv_wr_*` API: the work-request calls of a batch
-//! (`ibv_wr_send`, `ibv_wr_rdma_write`, ...) each wait their own draw.
+//! (`ibv_wr_send`, `ibv_wr_rdma_write`, ...) each wait their own draw. And `IBJITTER_OPS`:
+//! a batch's opcodes are known only in these calls, so its one delay waits in its first
+//! selected work request (with the provider's send-queue lock held, see below), or in each
+//! selected one under `IBJITTER_PER=wr`.
 //!
 //! A batch's work requests exist only between `ibv_wr_start` and `ibv_wr_complete`, and the
 //! providers (rxe, mlx5) hold the QP's send-queue lock in between. So the first work
@@ -16,23 +19,41 @@ use crate::inject;
 use crate::real::{address, FnSlot};
 use crate::rng;
 use crate::say;
+use crate::select;
 use crate::stats::Hook;
 use crate::verbs_abi::*;
 use std::ptr::addr_of_mut;
 use std::sync::atomic::Ordering::*;
 
-/// Waits for one work request of a batch, unless `wr_start` already waited for it.
+/// Waits for one work request of a batch, unless `wr_start` already waited for it; with
+/// `IBJITTER_OPS`, only a selected one waits.
+///
+/// # Safety
+/// `qpx` is the live QP of the call.
 #[inline(always)]
-fn before_work_request() {
+unsafe fn before_work_request(qpx: *mut ibv_qp_ex, opcode: ibv_wr_opcode) {
     let mode = inject::mode();
-    if mode & inject::PER_WR != 0 && !rng::take_batch_paid() {
-        inject::delay(mode, Hook::WrBatch);
+    let selected = || {
+        mode & inject::SELECT == 0
+            || (select::opcode_selected(opcode) && select::qp_selected(qpx.cast()))
+    };
+    if mode & inject::PER_WR != 0 {
+        if !rng::take_batch_paid() {
+            let m = if selected() {
+                mode
+            } else {
+                inject::unselected(mode)
+            };
+            inject::delay(m, Hook::WrBatch);
+        }
+    } else if mode & inject::SELECT != 0 && selected() && rng::take_batch_open() {
+        inject::delay_drawn_only(mode);
     }
 }
 
 /// For each hooked call: its field in `ibv_qp_ex`, the original's slot, and our wrapper.
 macro_rules! work_request_calls {
-    ($($field:ident: fn($($arg:ident: $ty:ty),*);)*) => {
+    ($($field:ident = $opcode:ident: fn($($arg:ident: $ty:ty),*);)*) => {
         /// The providers' originals, one slot per call.
         mod originals {
             use super::*;
@@ -48,7 +69,7 @@ macro_rules! work_request_calls {
             use super::*;
             $(
                 pub unsafe extern "C" fn $field(qpx: *mut ibv_qp_ex $(, $arg: $ty)*) {
-                    before_work_request();
+                    before_work_request(qpx, $opcode);
                     // Set before the QP's pointer was swapped to this wrapper.
                     if let Some(f) = originals::$field.get(Acquire) {
                         f(qpx $(, $arg)*)
@@ -95,15 +116,19 @@ macro_rules! work_request_calls {
 }
 
 work_request_calls! {
-    wr_atomic_cmp_swp: fn(rkey: u32, remote_addr: u64, compare: u64, swap: u64);
-    wr_atomic_fetch_add: fn(rkey: u32, remote_addr: u64, add: u64);
-    wr_bind_mw: fn(mw: *mut ibv_mw, rkey: u32, bind_info: *const ibv_mw_bind_info);
-    wr_local_inv: fn(invalidate_rkey: u32);
-    wr_rdma_read: fn(rkey: u32, remote_addr: u64);
-    wr_rdma_write: fn(rkey: u32, remote_addr: u64);
-    wr_rdma_write_imm: fn(rkey: u32, remote_addr: u64, imm_data: __be32);
-    wr_send: fn();
-    wr_send_imm: fn(imm_data: __be32);
-    wr_send_inv: fn(invalidate_rkey: u32);
-    wr_send_tso: fn(hdr: *mut std::ffi::c_void, hdr_sz: u16, mss: u16);
+    wr_atomic_cmp_swp = ibv_wr_opcode_IBV_WR_ATOMIC_CMP_AND_SWP:
+        fn(rkey: u32, remote_addr: u64, compare: u64, swap: u64);
+    wr_atomic_fetch_add = ibv_wr_opcode_IBV_WR_ATOMIC_FETCH_AND_ADD:
+        fn(rkey: u32, remote_addr: u64, add: u64);
+    wr_bind_mw = ibv_wr_opcode_IBV_WR_BIND_MW:
+        fn(mw: *mut ibv_mw, rkey: u32, bind_info: *const ibv_mw_bind_info);
+    wr_local_inv = ibv_wr_opcode_IBV_WR_LOCAL_INV: fn(invalidate_rkey: u32);
+    wr_rdma_read = ibv_wr_opcode_IBV_WR_RDMA_READ: fn(rkey: u32, remote_addr: u64);
+    wr_rdma_write = ibv_wr_opcode_IBV_WR_RDMA_WRITE: fn(rkey: u32, remote_addr: u64);
+    wr_rdma_write_imm = ibv_wr_opcode_IBV_WR_RDMA_WRITE_WITH_IMM:
+        fn(rkey: u32, remote_addr: u64, imm_data: __be32);
+    wr_send = ibv_wr_opcode_IBV_WR_SEND: fn();
+    wr_send_imm = ibv_wr_opcode_IBV_WR_SEND_WITH_IMM: fn(imm_data: __be32);
+    wr_send_inv = ibv_wr_opcode_IBV_WR_SEND_WITH_INV: fn(invalidate_rkey: u32);
+    wr_send_tso = ibv_wr_opcode_IBV_WR_TSO: fn(hdr: *mut std::ffi::c_void, hdr_sz: u16, mss: u16);
 }

@@ -208,6 +208,7 @@ fn exports_only_hooks_and_does_not_need_libibverbs() {
             "ibv_create_qp",
             "ibv_destroy_qp",
             "ibv_import_device",
+            "ibv_modify_qp",
             "ibv_open_device"
         ]
     );
@@ -1601,6 +1602,7 @@ fn lookups_through_a_libibverbs_handle_get_the_hooks_and_nothing_else_changes() 
             | "handle ibv_close_device"
             | "handle ibv_create_qp"
             | "handle ibv_destroy_qp"
+            | "handle ibv_modify_qp"
             | "handle ibv_import_device"
             | "handle ibv_open_device@IBVERBS_1.1" => "libibjitter.so",
             // The preloaded shim is the first definer in the global scope, and after the program.
@@ -1870,4 +1872,194 @@ fn a_time_window_delays_only_inside_it() {
         injected >= inside.len() as u64 && injected < posts.len() as u64 / 2,
         "{s}"
     );
+}
+
+unsafe extern "C" fn noop_wr_rkey_addr(_qpx: *mut ibv_qp_ex, _rkey: u32, _addr: u64) {}
+
+/// Child: two fake QPs (numbers 0x11 and 0x12, connected to 10.0.0.2 / remote QP 0x98 and
+/// 10.0.0.3 / 0x99), each posting 4 of each: WRITE, READ, a WRITE->READ chain, an `ibv_wr_*`
+/// WRITE batch and a READ batch. Emits the shortest time of each kind per QP.
+fn child_selective() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut result = serde_json::Map::new();
+    let mut qps = Vec::new();
+    for (qpn, ip, remote) in [
+        (0x11u32, [10, 0, 0, 2], 0x98u32),
+        (0x12, [10, 0, 0, 3], 0x99),
+    ] {
+        let mut q = fake_qp(ctx);
+        q.qp_base.qp_num = qpn;
+        q.wr_rdma_write = Some(noop_wr_rkey_addr);
+        q.wr_rdma_read = Some(noop_wr_rkey_addr);
+        let qpx: *mut ibv_qp_ex = &mut *q;
+        // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+        let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+        // SAFETY: all-zero is a valid ibv_qp_attr; the stub's modify succeeds.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.dest_qp_num = remote;
+        attr.ah_attr.is_global = 1;
+        attr.ah_attr.grh.dgid.raw = std::net::Ipv4Addr::from(ip).to_ipv6_mapped().octets();
+        let mask = (ibv_qp_attr_mask_IBV_QP_STATE
+            | ibv_qp_attr_mask_IBV_QP_AV
+            | ibv_qp_attr_mask_IBV_QP_DEST_QPN) as c_int;
+        // SAFETY: a fake QP and attributes of ours.
+        assert_eq!(unsafe { (shim.modify_qp)(qp, &mut attr, mask) }, 0);
+        let post = |ops: &[u32]| {
+            let mut wrs: Vec<ibv_send_wr> = ops
+                .iter()
+                .map(|&op| {
+                    // SAFETY: all-zero is a valid ibv_send_wr.
+                    let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
+                    w.opcode = op;
+                    w
+                })
+                .collect();
+            for i in 1..wrs.len() {
+                let next: *mut ibv_send_wr = &mut wrs[i];
+                wrs[i - 1].next = next;
+            }
+            let t = now_ns();
+            // SAFETY: as verbs.h's inline ibv_post_send, on a patched fake context.
+            let rc = unsafe {
+                let f = (*(*qp).context).ops.post_send.unwrap();
+                let mut bad = std::ptr::null_mut();
+                f(qp, wrs.as_mut_ptr(), &mut bad)
+            };
+            assert_eq!(rc, 0);
+            now_ns() - t
+        };
+        let batch = |read: bool| {
+            let t = now_ns();
+            // SAFETY: the inline ibv_wr_start / ibv_wr_rdma_* / ibv_wr_complete sequence.
+            unsafe {
+                (*qpx).wr_start.unwrap()(qpx);
+                let f = if read {
+                    (*qpx).wr_rdma_read
+                } else {
+                    (*qpx).wr_rdma_write
+                };
+                f.unwrap()(qpx, 1, 2);
+                assert_eq!((*qpx).wr_complete.unwrap()(qpx), 0);
+            }
+            now_ns() - t
+        };
+        let (w, r) = (
+            ibv_wr_opcode_IBV_WR_RDMA_WRITE,
+            ibv_wr_opcode_IBV_WR_RDMA_READ,
+        );
+        type Kind<'a> = (&'static str, Box<dyn Fn() -> u64 + 'a>);
+        let kinds: [Kind; 5] = [
+            ("write", Box::new(|| post(&[w]))),
+            ("read", Box::new(|| post(&[r]))),
+            ("chain", Box::new(|| post(&[w, r]))),
+            ("wr_write", Box::new(|| batch(false))),
+            ("wr_read", Box::new(|| batch(true))),
+        ];
+        for (name, f) in &kinds {
+            let least = (0..4).map(|_| f()).min().unwrap();
+            result.insert(format!("{qpn:#x}_{name}"), least.into());
+        }
+        qps.push((q, qp));
+    }
+    for (_, qp) in &qps {
+        // SAFETY: our fake QPs; the stub's destroy does nothing.
+        unsafe { (shim.destroy_qp)(*qp) };
+    }
+    // SAFETY: the context is ours; the stub's close does nothing.
+    unsafe { (shim.close_device)(ctx) };
+    emit(Value::Object(result));
+}
+
+/// IBJITTER_OPS, _QPN, _DEST: only the selected sends wait (1 ms each, constant); the
+/// others are counted. The stats' counts are exact, and each selected kind took >= 1 ms.
+#[test]
+fn only_selected_opcodes_qps_and_destinations_are_delayed() {
+    if child_scenario().is_some() {
+        return child_selective();
+    }
+    const KINDS: &[&str] = &["write", "read", "chain", "wr_write", "wr_read"];
+    let kinds = KINDS;
+    /// The environment, the kinds delayed on QP 0x11 and on QP 0x12, posts counted, words of
+    /// the startup line.
+    type Case = (
+        &'static [(&'static str, &'static str)],
+        &'static [&'static str],
+        &'static [&'static str],
+        u64,
+        &'static str,
+    );
+    let cases: [Case; 5] = [
+        (
+            &[("IBJITTER_OPS", "read")],
+            &["read", "chain", "wr_read"],
+            &["read", "chain", "wr_read"],
+            40,
+            "only read sends",
+        ),
+        (
+            &[("IBJITTER_QPN", "17")],
+            KINDS,
+            &[],
+            40,
+            "only on QP 0x11 (verbs only",
+        ),
+        (
+            &[("IBJITTER_DEST", "10.0.0.2")],
+            KINDS,
+            &[],
+            40,
+            "only to 10.0.0.2",
+        ),
+        (
+            &[("IBJITTER_OPS", "write"), ("IBJITTER_DEST", "qpn:0x99")],
+            &[],
+            &["write", "chain", "wr_write"],
+            40,
+            "only write sends to qpn:0x99",
+        ),
+        (
+            &[("IBJITTER_OPS", "read"), ("IBJITTER_PER", "wr")],
+            &["read", "chain", "wr_read"],
+            &["read", "chain", "wr_read"],
+            48,
+            "only read sends",
+        ),
+    ];
+    for (env, on_a, on_b, posts, words) in cases {
+        let dir = scratch("select");
+        let mut vars: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        vars.push(("IBJITTER_DELAY", "1ms".into()));
+        vars.push(stats_env(&dir));
+        let out = respawn(
+            "only_selected_opcodes_qps_and_destinations_are_delayed",
+            "selective",
+            &vars,
+        );
+        assert!(
+            out.stderr_lines[0].contains(words),
+            "{env:?}: {:?}",
+            out.stderr_lines
+        );
+        let s = &read_stats(&dir)[0];
+        assert_eq!(s["posts_total"], posts, "{env:?}: {s}");
+        // Each selected kind is 4 calls; a selected chain under IBJITTER_PER=wr is one
+        // selected work request of two.
+        let delayed = 4 * (on_a.len() + on_b.len()) as u64;
+        assert_eq!(s["delays_injected"], delayed, "{env:?}: {s}");
+        for (qpn, on) in [("0x11", on_a), ("0x12", on_b)] {
+            for k in kinds {
+                let least = out.result[format!("{qpn}_{k}")].as_u64().unwrap();
+                if on.contains(k) {
+                    assert!(least >= 1_000_000, "{env:?} {qpn} {k}: {least} ns");
+                } else {
+                    // Not a timing claim: the exact count above says it drew no delay.
+                    eprintln!("{env:?} {qpn} {k}: {least} ns (not selected)");
+                }
+            }
+        }
+        eprintln!("{env:?}: {} of {posts} posts delayed", s["delays_injected"]);
+    }
 }

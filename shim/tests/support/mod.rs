@@ -153,6 +153,7 @@ pub struct Shim {
     pub close_device: unsafe extern "C" fn(*mut ibv_context) -> c_int,
     pub create_qp: unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
+    pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
 }
 
 impl Shim {
@@ -167,6 +168,7 @@ impl Shim {
             close_device: sym(h, "ibv_close_device"),
             create_qp: sym(h, "ibv_create_qp"),
             destroy_qp: sym(h, "ibv_destroy_qp"),
+            modify_qp: sym(h, "ibv_modify_qp"),
         }
     }
 }

@@ -4,13 +4,18 @@
  *
  *   mt_post THREADS POSTS_PER_THREAD [MODE [CHAIN]]
  * MODE: own          each thread has its own RC QP pair, posts with ibv_post_send (default)
+ *       crossed      as own, but odd threads post from rxe1 to rxe0
  *       shared-post  all threads post on one QP with ibv_post_send
  *       shared-wr    all threads post on one QP with the ibv_wr_* API (ibv_wr_start ...
  *                    ibv_wr_complete)
  * CHAIN: work requests per ibv_post_send call (a chained list) or per ibv_wr_* batch
  *        (default 1); POSTS_PER_THREAD counts calls (batches).
  * Prints "mt_post threads=T posts_per_thread=N total=T*N wrs=T*N*CHAIN seconds=S" (S: wall
- * time of the posting phase) and exits 0 when every write completed successfully. */
+ * time of the posting phase) and exits 0 when every write completed successfully. In modes
+ * own and crossed the QPs are made by the main thread, in thread order (so their numbers
+ * follow each other), and each thread also prints "mt_post thread=K qpn=Q remote_qpn=R
+ * from=rxeN min_us=.. p10_us=.. median_us=.." over its posts' round trips (post to
+ * completion). */
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -29,7 +34,7 @@ struct dev {
 
 static struct dev devs[2];
 static int posts_per_thread, chain = 1;
-enum mode { OWN, SHARED_POST, SHARED_WR };
+enum mode { OWN, CROSSED, SHARED_POST, SHARED_WR };
 static enum mode mode = OWN;
 
 #define MAX_THREADS 64
@@ -41,6 +46,16 @@ static struct ibv_cq *shared_cq;
 static struct ibv_mr *shared_ma, *shared_mb;
 static char shared_src[64], shared_dst[64];
 static atomic_long done[MAX_THREADS];
+
+/* One thread's own QP pair (modes own, crossed): qa sends from devs[from] to qb. */
+struct own {
+    struct ibv_cq *cq_a, *cq_b;
+    struct ibv_qp *qa, *qb;
+    struct ibv_mr *ma, *mb;
+    char src[64], dst[64];
+    int from;
+};
+static struct own owns[MAX_THREADS];
 
 static void die(const char *what) {
     perror(what);
@@ -155,36 +170,60 @@ static void reap(struct ibv_cq *cq, atomic_long *mine, long want) {
     }
 }
 
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* Thread k's QP pair (modes own, crossed), made by the main thread in thread order. */
+static void make_own(int k) {
+    struct own *o = &owns[k];
+    o->from = mode == CROSSED ? k % 2 : 0;
+    struct dev *a = &devs[o->from], *b = &devs[1 - o->from];
+    o->cq_a = ibv_create_cq(a->ctx, 2 * MAX_CHAIN, NULL, NULL, 0);
+    o->cq_b = ibv_create_cq(b->ctx, 2 * MAX_CHAIN, NULL, NULL, 0);
+    if (!o->cq_a || !o->cq_b) die("ibv_create_cq");
+    o->qa = make_qp(a, o->cq_a, MAX_CHAIN, 0);
+    o->qb = make_qp(b, o->cq_b, MAX_CHAIN, 0);
+    o->ma = ibv_reg_mr(a->pd, o->src, sizeof o->src, IBV_ACCESS_LOCAL_WRITE);
+    o->mb = ibv_reg_mr(b->pd, o->dst, sizeof o->dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!o->ma || !o->mb) die("ibv_reg_mr");
+    connect_qp(o->qa, o->qb->qp_num, &b->gid);
+    connect_qp(o->qb, o->qa->qp_num, &a->gid);
+}
+
 static void *worker(void *arg) {
     int thread = (int)(intptr_t)arg;
-    if (mode != OWN) {
+    if (mode != OWN && mode != CROSSED) {
         for (int i = 0; i < posts_per_thread; i++) {
             post(shared_qa, thread, i, shared_src, shared_ma->lkey, shared_dst, shared_mb->rkey);
             reap(shared_cq, &done[thread], (long)(i + 1) * chain);
         }
         return NULL;
     }
-    static __thread char src[64], dst[64];
-    struct ibv_cq *cq_a = ibv_create_cq(devs[0].ctx, 2 * MAX_CHAIN, NULL, NULL, 0);
-    struct ibv_cq *cq_b = ibv_create_cq(devs[1].ctx, 2 * MAX_CHAIN, NULL, NULL, 0);
-    if (!cq_a || !cq_b) die("ibv_create_cq");
-    struct ibv_qp *qa = make_qp(&devs[0], cq_a, MAX_CHAIN, 0), *qb = make_qp(&devs[1], cq_b, MAX_CHAIN, 0);
-    struct ibv_mr *ma = ibv_reg_mr(devs[0].pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
-    struct ibv_mr *mb = ibv_reg_mr(devs[1].pd, dst, sizeof dst,
-                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    if (!ma || !mb) die("ibv_reg_mr");
-    connect_qp(qa, qb->qp_num, &devs[1].gid);
-    connect_qp(qb, qa->qp_num, &devs[0].gid);
+    struct own *o = &owns[thread];
+    double *rtt = malloc(sizeof(double) * (size_t)posts_per_thread);
+    if (!rtt) die("malloc");
     for (int i = 0; i < posts_per_thread; i++) {
-        post(qa, thread, i, src, ma->lkey, dst, mb->rkey);
-        reap(cq_a, &done[thread], (long)(i + 1) * chain);
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        post(o->qa, thread, i, o->src, o->ma->lkey, o->dst, o->mb->rkey);
+        reap(o->cq_a, &done[thread], (long)(i + 1) * chain);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        rtt[i] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) / 1e3;
     }
-    ibv_destroy_qp(qa);
-    ibv_destroy_qp(qb);
-    ibv_dereg_mr(ma);
-    ibv_dereg_mr(mb);
-    ibv_destroy_cq(cq_a);
-    ibv_destroy_cq(cq_b);
+    qsort(rtt, (size_t)posts_per_thread, sizeof *rtt, cmp_double);
+    printf("mt_post thread=%d qpn=%u remote_qpn=%u from=rxe%d min_us=%.1f p10_us=%.1f "
+           "median_us=%.1f\n",
+           thread, o->qa->qp_num, o->qb->qp_num, o->from, rtt[0],
+           rtt[posts_per_thread / 10], rtt[posts_per_thread / 2]);
+    free(rtt);
+    ibv_destroy_qp(o->qa);
+    ibv_destroy_qp(o->qb);
+    ibv_dereg_mr(o->ma);
+    ibv_dereg_mr(o->mb);
+    ibv_destroy_cq(o->cq_a);
+    ibv_destroy_cq(o->cq_b);
     return NULL;
 }
 
@@ -210,6 +249,7 @@ int main(int argc, char **argv) {
     if (argc > 3 && strcmp(argv[3], "own") != 0) {
         if (strcmp(argv[3], "shared-post") == 0) mode = SHARED_POST;
         else if (strcmp(argv[3], "shared-wr") == 0) mode = SHARED_WR;
+        else if (strcmp(argv[3], "crossed") == 0) mode = CROSSED;
         else { fprintf(stderr, "mt_post: unknown mode %s\n", argv[3]); return 2; }
     }
     chain = argc > 4 ? atoi(argv[4]) : 1;
@@ -221,7 +261,10 @@ int main(int argc, char **argv) {
     if (!list) die("ibv_get_device_list");
     open_dev(list, "rxe0", &devs[0]);
     open_dev(list, "rxe1", &devs[1]);
-    if (mode != OWN) make_shared(threads);
+    if (mode == OWN || mode == CROSSED)
+        for (int k = 0; k < threads; k++) make_own(k);
+    else
+        make_shared(threads);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     pthread_t *t = calloc((size_t)threads, sizeof *t);
@@ -229,7 +272,7 @@ int main(int argc, char **argv) {
         if (pthread_create(&t[i], NULL, worker, (void *)(intptr_t)i)) die("pthread_create");
     for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (mode == OWN) {
+    if (mode == OWN || mode == CROSSED) {
         for (int i = 0; i < 2; i++) {
             ibv_dealloc_pd(devs[i].pd);
             ibv_close_device(devs[i].ctx);
