@@ -278,3 +278,142 @@ fn seed_and_netem_stats() {
         "{v}"
     );
 }
+
+/// A calm/congested series of known parameters (50 ms calm, 10 ms congested; latencies around
+/// 5 us and 200 us), sampled every 100 us for 10 s: `TIME LATENCY` lines, latency in us.
+fn write_episode_series(path: &Path) {
+    use ibjitter::table::episodes::Model;
+    let model = Model {
+        calm: LogNormal::new(0.3, 5_000.0, 0.0).unwrap(),
+        congested: LogNormal::new(0.4, 200_000.0, 0.0).unwrap(),
+        mean_calm_ns: 50e6,
+        mean_congested_ns: 10e6,
+    };
+    let mut text = String::from("# synthetic\ntime_s,latency_us\n");
+    for pt in model.sample(100e3, 10e9, 11) {
+        text.push_str(&format!(
+            "{:.6},{:.3}\n",
+            pt.time_ns / 1e9,
+            pt.latency_ns / 1e3
+        ));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn episodes_writes_both_tables_and_the_injector_line() {
+    use ibjitter::table::duration::parse_duration;
+    let d = TempDir::new("episodes");
+    let series = d.path("series.csv");
+    write_episode_series(&series);
+    let dir = d.path("out");
+    let args = [
+        "table",
+        "episodes",
+        "--from",
+        p(&series),
+        "--unit",
+        "us",
+        "--out-dir",
+        p(&dir),
+        "--prefix",
+        "rc",
+    ];
+    let out = ibjitter(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(!text.contains("warning"), "{text}");
+    for word in [
+        "threshold",
+        "sampling interval",
+        "calm",
+        "congested",
+        "mean dwell",
+    ] {
+        assert!(text.contains(word), "{word} missing: {text}");
+    }
+    let (calm, congested) = (dir.join("rc-calm.dist"), dir.join("rc-congested.dist"));
+    let env_line = text
+        .lines()
+        .find(|l| l.starts_with("IBJITTER_EPISODES="))
+        .unwrap_or_else(|| panic!("no IBJITTER_EPISODES line: {text}"));
+    let value = env_line.strip_prefix("IBJITTER_EPISODES=").unwrap();
+    let fields: Vec<&str> = value.split(':').collect();
+    assert_eq!(fields.len(), 4, "{env_line}");
+    assert_eq!(&fields[..2], [p(&calm), p(&congested)]);
+    let dwell = |s: &str| parse_duration(s).unwrap();
+    assert!((dwell(fields[2]) / 50e6 - 1.0).abs() < 0.25, "{env_line}");
+    assert!((dwell(fields[3]) / 10e6 - 1.0).abs() < 0.25, "{env_line}");
+
+    // Both tables are absolute tables of their state's latencies, saying how they were made.
+    for (path, median, state) in [
+        (&calm, 5_000.0, "calm"),
+        (&congested, 200_000.0, "congested"),
+    ] {
+        let t = read(path, Kind::Absolute).unwrap();
+        let s = Stats::of_i64(&t.entries);
+        assert!((s.p50 / median - 1.0).abs() < 0.1, "{state}: {s:?}");
+        assert!(
+            t.comments
+                .iter()
+                .any(|c| c.contains(&format!("{state} state of a two-state episode model"))),
+            "{:?}",
+            t.comments
+        );
+        assert!(t.comments.iter().any(|c| c.contains(p(&series))));
+    }
+
+    // --json: the same fit as data, the same line.
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out = ibjitter(&json_args);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["env"].as_str().unwrap(), env_line, "{v}");
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 0, "{v}");
+    assert_eq!(v["samples"].as_u64().unwrap(), 100_000, "{v}");
+    let mean_calm = v["calm"]["mean_dwell_ns"].as_f64().unwrap();
+    assert_eq!(dwell(fields[2]), mean_calm.round(), "{v}");
+    assert!(v["congested"]["episodes"].as_u64().unwrap() > 100, "{v}");
+    assert!(v["threshold_ns"].as_f64().unwrap() > 10_000.0, "{v}");
+}
+
+#[test]
+fn episodes_refuses_short_one_state_and_bad_series() {
+    let d = TempDir::new("episodes-bad");
+    let dir = d.path("out");
+    let run = |name: &str, text: &str| {
+        let f = d.path(name);
+        std::fs::write(&f, text).unwrap();
+        let out = ibjitter(&["table", "episodes", "--from", p(&f), "--out-dir", p(&dir)]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        (f, err)
+    };
+    let (_, err) = run("short.txt", "0 5000\n0.001 200000\n0.002 5000\n");
+    assert!(err.contains("at least 10 samples"), "{err}");
+    let constant: String = (0..50)
+        .map(|i| format!("{} 5000\n", i as f64 * 1e-3))
+        .collect();
+    let (_, err) = run("constant.txt", &constant);
+    assert!(
+        err.contains("two states") && err.contains("found one"),
+        "{err}"
+    );
+    let (f, err) = run("bad.txt", "time latency\n0 5000\n0.001 5e3x\n");
+    assert!(
+        err.contains(&format!("{}:3:7: expected a latency", f.display())),
+        "{err}"
+    );
+    let (_, err) = run(
+        "tput.csv",
+        "time_s,flow,bytes,gbps\n0.000000,0,125,0.001000\n",
+    );
+    assert!(err.contains("--hdr-log"), "{err}");
+    assert!(!dir.exists(), "nothing is written when the fit fails");
+}

@@ -4,9 +4,12 @@
 use super::exit;
 use clap::{Args, Subcommand, ValueEnum};
 use ibjitter::report::export::table as export;
-use ibjitter::report::table::{FamilyReport, FamilyRow, FitReport, TableStatsReport};
+use ibjitter::report::table::{
+    EpisodesReport, FamilyReport, FamilyRow, FitReport, TableStatsReport,
+};
 use ibjitter::table::dist::{Dist, LogNormal};
 use ibjitter::table::duration::{Duration, Unit};
+use ibjitter::table::episodes::{fit_episodes, read_series, table_names, SeriesLayout, ENV};
 use ibjitter::table::family::{family, member_name, uniform_name};
 use ibjitter::table::fit::fit_lognormal;
 use ibjitter::table::generate::make_table;
@@ -44,6 +47,9 @@ enum TableCommand {
     Fit(FitArgs),
     /// The mean-preserving lognormal family: scale fractions, shape by bisection, plus uniform
     Family(FamilyArgs),
+    /// Two-state (calm/congested) model of a latency time series: a table per state and the
+    /// mean dwells, for IBJITTER_EPISODES
+    Episodes(EpisodesArgs),
     /// Mean, sd, min, p50, p90, p99, max of a table
     Stats(StatsArgs),
     /// Write a seed file (one integer)
@@ -197,6 +203,28 @@ struct FamilyArgs {
 }
 
 #[derive(Args)]
+struct EpisodesArgs {
+    /// Latency over time: lines 'TIME LATENCY' (time in seconds; whitespace or comma
+    /// separated; '#' comments and one header line allowed), or an HdrHistogram interval log
+    /// (ibjitter run --hdr-log), where each interval is one sample: its start time and its
+    /// median latency
+    #[arg(long, value_name = "FILE")]
+    from: PathBuf,
+    /// Unit of the latencies [default: ns, or what a '# unit: us' comment names]
+    #[arg(long)]
+    unit: Option<Unit>,
+    /// Directory to write the tables to
+    #[arg(long, value_name = "DIR")]
+    out_dir: PathBuf,
+    /// File name prefix: PREFIX-calm.dist, PREFIX-congested.dist
+    #[arg(long, default_value = "episodes")]
+    prefix: String,
+    /// Print the fit as JSON
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
 struct StatsArgs {
     /// A table file, or a name found by resolve_named_dist (normal, pareto, …)
     table: String,
@@ -283,6 +311,7 @@ fn dispatch(cmd: TableCommand) -> Result<(), TableError> {
         }
         TableCommand::Fit(a) => fit(a),
         TableCommand::Family(a) => run_family(a),
+        TableCommand::Episodes(a) => run_episodes(a),
         TableCommand::Stats(a) => stats(a),
         TableCommand::Seed(a) => seed(a),
     }
@@ -438,6 +467,48 @@ fn run_family(a: FamilyArgs) -> Result<(), TableError> {
         });
     }
     print_out(&export::family_text(&report))
+}
+
+fn run_episodes(a: EpisodesArgs) -> Result<(), TableError> {
+    let series = read_series(&a.from, a.unit)?;
+    let layout = match series.layout {
+        SeriesLayout::Columns => "time and latency columns",
+        SeriesLayout::HdrLog => "HdrHistogram log, one median per interval",
+    };
+    let source = format!(
+        "{} samples from {} ({layout}, {})",
+        series.points.len(),
+        a.from.display(),
+        series.unit
+    );
+    let fit = fit_episodes(&series.points)?;
+    let tables = fit.tables(&series.points, &source)?;
+    let paths = table_names(&a.prefix).map(|name| a.out_dir.join(format!("{name}.dist")));
+    let [calm, congested] = paths.each_ref().map(|p| p.display().to_string());
+    for p in [&calm, &congested] {
+        if p.contains(':') {
+            return Err(TableError::new(format!(
+                "{p}: {ENV} separates its fields with ':', so a table's path cannot contain one; choose another --out-dir or --prefix"
+            )));
+        }
+    }
+    std::fs::create_dir_all(&a.out_dir)
+        .map_err(|e| TableError::new(format!("{}: cannot create: {e}", a.out_dir.display())))?;
+    for (table, path) in tables.iter().zip(&paths) {
+        write_table(table, path)?;
+    }
+    let report = EpisodesReport {
+        env: format!("{ENV}={}", fit.env_value(&calm, &congested)),
+        source,
+        fit,
+        calm_table: calm,
+        congested_table: congested,
+    };
+    print_out(&if a.json {
+        export::json(&report)
+    } else {
+        export::episodes_text(&report)
+    })
 }
 
 fn stats(a: StatsArgs) -> Result<(), TableError> {

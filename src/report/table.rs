@@ -1,6 +1,7 @@
-//! What `ibjitter table fit`, `family` and `stats` report, as data; `export::table` writes
-//! it as text (JSON is the data serialized).
+//! What `ibjitter table fit`, `family`, `episodes` and `stats` report, as data;
+//! `export::table` writes it as text (JSON is the data serialized).
 use crate::table::dist::LogNormal;
+use crate::table::episodes::EpisodeFit;
 use crate::table::fit::{ks_distance, Fit};
 use crate::table::stats::Stats;
 use serde::Serialize;
@@ -65,6 +66,19 @@ pub struct FamilyReport {
     pub base: String,
     pub target_mean_ns: f64,
     pub rows: Vec<FamilyRow>,
+}
+
+/// `ibjitter table episodes`: the fitted two-state model, the tables written, and the
+/// injector's setting that replays them.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpisodesReport {
+    pub source: String,
+    #[serde(flatten)]
+    pub fit: EpisodeFit,
+    pub calm_table: String,
+    pub congested_table: String,
+    /// `IBJITTER_EPISODES=…`, the line to use.
+    pub env: String,
 }
 
 /// `ibjitter table stats`: one table's statistics.

@@ -114,6 +114,28 @@ pub fn format_ns_rounded(ns: f64) -> String {
     format_ns((ns * 1000.0).round() / 1000.0)
 }
 
+/// A duration for people: three significant digits in the largest unit that keeps the number
+/// at or above 1 (`48.7ms`, `6.10us`, `250ns`). Reads back with [`parse_duration`], but is
+/// rounded: headers and machine-read values use [`format_ns`].
+pub fn format_short(ns: f64) -> String {
+    let a = ns.abs();
+    let (v, unit) = if a >= 1e9 {
+        (ns / 1e9, "s")
+    } else if a >= 1e6 {
+        (ns / 1e6, "ms")
+    } else if a >= 1e3 {
+        (ns / 1e3, "us")
+    } else {
+        (ns, "ns")
+    };
+    let decimals = match v.abs() {
+        x if x >= 100.0 => 0,
+        x if x >= 10.0 => 1,
+        _ => 2,
+    };
+    format!("{v:.decimals$}{unit}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +163,15 @@ mod tests {
             .unwrap_err()
             .contains("expected a number"));
         assert!(parse_duration("1e400ms").is_err());
+    }
+
+    #[test]
+    fn short_format() {
+        assert_eq!(format_short(48_700_000.0), "48.7ms");
+        assert_eq!(format_short(6100.0), "6.10us");
+        assert_eq!(format_short(250.0), "250ns");
+        assert_eq!(format_short(2.5e9), "2.50s");
+        assert_eq!(parse_duration(&format_short(123_456.0)).unwrap(), 123_000.0);
     }
 
     #[test]

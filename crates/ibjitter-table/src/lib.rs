@@ -11,10 +11,14 @@
 //! - [`samples`]: reading measured latencies (plain numbers, perftest `-H` dumps).
 //! - [`fit`]: maximum-likelihood lognormal with location (what `scipy.stats.lognorm.fit` does).
 //! - [`family`]: the research's mean-preserving lognormal family.
+//! - [`episodes`]: a two-state (calm/congested) episode model fitted to a latency time series:
+//!   a table per state and exponential mean dwells.
 
 #[cfg(feature = "generate")]
 pub mod dist;
 pub mod duration;
+#[cfg(feature = "generate")]
+pub mod episodes;
 #[cfg(feature = "generate")]
 pub mod family;
 #[cfg(feature = "generate")]

@@ -38,7 +38,7 @@ pub struct Samples {
     pub unit: Unit,
 }
 
-fn perr(origin: &str, line: usize, col: usize, message: String) -> ParseError {
+pub(crate) fn perr(origin: &str, line: usize, col: usize, message: String) -> ParseError {
     ParseError {
         kind: ErrorKind::Syntax,
         origin: origin.to_string(),
@@ -49,12 +49,12 @@ fn perr(origin: &str, line: usize, col: usize, message: String) -> ParseError {
 }
 
 /// Column (1-based, in characters) of byte offset `at` in `line`.
-fn col_of(line: &str, at: usize) -> usize {
+pub(crate) fn col_of(line: &str, at: usize) -> usize {
     line[..at].chars().count() + 1
 }
 
 /// A `#, <unit>` perftest header, if this line is one.
-fn perftest_header(line: &str) -> Option<&str> {
+pub(crate) fn perftest_header(line: &str) -> Option<&str> {
     let rest = line.trim().strip_prefix("#,")?;
     let unit = rest.trim();
     if !unit.is_empty() && unit.chars().all(|c| c.is_ascii_alphabetic()) {
@@ -65,7 +65,7 @@ fn perftest_header(line: &str) -> Option<&str> {
 }
 
 /// A `# unit: X` declaration in a plain file's comment.
-fn unit_declaration(comment: &str) -> Option<&str> {
+pub(crate) fn unit_declaration(comment: &str) -> Option<&str> {
     let c = comment.trim();
     let rest = c
         .strip_prefix("unit:")
@@ -73,7 +73,7 @@ fn unit_declaration(comment: &str) -> Option<&str> {
     Some(rest.trim())
 }
 
-fn number(token: &str) -> Option<f64> {
+pub(crate) fn number(token: &str) -> Option<f64> {
     // Rust's parser accepts "inf"/"nan"; latencies must be finite.
     token.parse::<f64>().ok().filter(|v| v.is_finite())
 }
@@ -229,7 +229,7 @@ fn parse_perftest(
 }
 
 /// The base64 histogram of an interval-log line, and its byte offset in the line.
-fn hdrlog_payload(line: &str) -> Option<(usize, &str)> {
+pub(crate) fn hdrlog_payload(line: &str) -> Option<(usize, &str)> {
     if line.starts_with('#') || line.starts_with('"') {
         return None;
     }
@@ -238,16 +238,32 @@ fn hdrlog_payload(line: &str) -> Option<(usize, &str)> {
     payload.starts_with("HIST").then_some((at, payload))
 }
 
-fn parse_hdrlog(lines: &[&str], origin: &str, unit: Option<Unit>) -> Result<Samples, ParseError> {
-    use base64::Engine;
-    let declared = lines.iter().find_map(|l| {
+/// The unit an interval log declares in its comments: `# unit: us`, or ibjitter's own
+/// "… in ns".
+pub(crate) fn hdrlog_unit(lines: &[&str]) -> Option<Unit> {
+    lines.iter().find_map(|l| {
         let c = l.strip_prefix('#')?;
         if let Some(u) = unit_declaration(c) {
             return Unit::parse(u);
         }
         (c.contains(" in ns") || c.contains("(ns)")).then_some(Unit::Ns)
-    });
-    let unit = unit.or(declared).ok_or_else(|| {
+    })
+}
+
+/// Decodes an interval-log payload (base64 of a compressed V2 histogram); the error says what
+/// was expected.
+pub(crate) fn decode_histogram(payload: &str) -> Result<hdrhistogram::Histogram<u64>, String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(payload)
+        .map_err(|e| format!("expected a base64 HdrHistogram, found invalid base64 ({e})"))?;
+    hdrhistogram::serialization::Deserializer::new()
+        .deserialize(&mut bytes.as_slice())
+        .map_err(|e| format!("expected an HdrHistogram (V2), could not decode it ({e:?})"))
+}
+
+fn parse_hdrlog(lines: &[&str], origin: &str, unit: Option<Unit>) -> Result<Samples, ParseError> {
+    let unit = unit.or_else(|| hdrlog_unit(lines)).ok_or_else(|| {
         perr(
             origin,
             1,
@@ -261,20 +277,7 @@ fn parse_hdrlog(lines: &[&str], origin: &str, unit: Option<Unit>) -> Result<Samp
             continue;
         };
         let bad = |what: String| perr(origin, idx + 1, col_of(line, at), what);
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(payload)
-            .map_err(|e| {
-                bad(format!(
-                    "expected a base64 HdrHistogram, found invalid base64 ({e})"
-                ))
-            })?;
-        let h: hdrhistogram::Histogram<u64> = hdrhistogram::serialization::Deserializer::new()
-            .deserialize(&mut bytes.as_slice())
-            .map_err(|e| {
-                bad(format!(
-                    "expected an HdrHistogram (V2), could not decode it ({e:?})"
-                ))
-            })?;
+        let h = decode_histogram(payload).map_err(bad)?;
         match merged.as_mut() {
             None => {
                 let mut h = h;
@@ -315,16 +318,24 @@ fn finish(raw: Vec<f64>, layout: Layout, unit: Unit, origin: &str) -> Result<Sam
 
 /// Reads a samples file (see the module docs for layouts).
 pub fn read_samples(path: &Path, unit: Option<Unit>) -> Result<Samples, ParseError> {
+    let (origin, text) = read_text(path, "samples")?;
+    parse_samples(&text, &origin, unit)
+}
+
+/// A text file and its name for messages; `what` names the contents in the I/O error. An
+/// invalid UTF-8 byte is reported at its line and column.
+pub(crate) fn read_text(path: &Path, what: &str) -> Result<(String, String), ParseError> {
     let origin = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| ParseError {
         kind: ErrorKind::Io,
         origin: origin.clone(),
         line: 0,
         col: 0,
-        message: format!("cannot read samples: {e}"),
+        message: format!("cannot read {what}: {e}"),
     })?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| {
-        let good = std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default();
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let good = std::str::from_utf8(&bytes[..e.utf8_error().valid_up_to()]).unwrap_or_default();
         ParseError {
             kind: ErrorKind::Syntax,
             origin: origin.clone(),
@@ -333,7 +344,7 @@ pub fn read_samples(path: &Path, unit: Option<Unit>) -> Result<Samples, ParseErr
             message: "expected text (UTF-8), found an invalid byte".to_string(),
         }
     })?;
-    parse_samples(text, &origin, unit)
+    Ok((origin, text))
 }
 
 #[cfg(test)]

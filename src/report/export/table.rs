@@ -1,5 +1,6 @@
 //! `ibjitter table` reports as text (and JSON, their data serialized).
-use crate::report::table::{FamilyReport, FitReport, TableStatsReport};
+use crate::report::table::{EpisodesReport, FamilyReport, FitReport, TableStatsReport};
+use crate::table::duration::format_short;
 use serde::Serialize;
 
 /// Any report as one line of JSON.
@@ -60,6 +61,46 @@ pub fn family_text(r: &FamilyReport) -> String {
             row.path, frac, shape, scale, row.mean, row.sd
         ));
     }
+    t
+}
+
+pub fn episodes_text(r: &EpisodesReport) -> String {
+    let f = &r.fit;
+    let mut t = format!(
+        "episodes: two states fitted to {}\n\
+         threshold  {} (latencies above it are congested; Otsu's method on log latency)\n\
+         sampling interval  {} (median gap), over {}\n\
+         {:<10} {:>9} {:>9} {:>11} {:>11} {:>11}\n",
+        r.source,
+        format_short(f.threshold_ns),
+        format_short(f.sampling_interval_ns),
+        format_short(f.span_ns),
+        "state",
+        "samples",
+        "episodes",
+        "mean dwell",
+        "median",
+        "mean"
+    );
+    for (name, s) in [("calm", &f.calm), ("congested", &f.congested)] {
+        t.push_str(&format!(
+            "{:<10} {:>9} {:>9} {:>11} {:>11} {:>11}\n",
+            name,
+            s.samples,
+            s.episodes,
+            format_short(s.mean_dwell_ns),
+            format_short(s.median_ns),
+            format_short(s.mean_ns)
+        ));
+    }
+    t.push_str(&format!(
+        "wrote {}\nwrote {}\n",
+        r.calm_table, r.congested_table
+    ));
+    for w in &f.warnings {
+        t.push_str(&format!("warning: {w}\n"));
+    }
+    t.push_str(&format!("{}\n", r.env));
     t
 }
 
