@@ -119,6 +119,21 @@ pub struct Settings {
     pub window: Option<Window>,
     /// `IBJITTER_OPS`, `IBJITTER_QPN`, `IBJITTER_DEST`: which sends are delayed.
     pub select: Selection,
+    /// `IBJITTER_EPISODES`, `IBJITTER_CORRELATION`, `IBJITTER_TRACE`: how draws follow each
+    /// other.
+    pub shape: Shape,
+}
+
+/// How draws follow each other (all off by default: i.i.d. draws from one table).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Shape {
+    /// `IBJITTER_EPISODES`: mean dwell times (ns) of the calm and the congested state; the
+    /// delays then hold the calm table followed by the congested one.
+    pub episodes: Option<(f64, f64)>,
+    /// `IBJITTER_CORRELATION`: the probability that a thread's draw repeats its last index.
+    pub correlation: Option<f64>,
+    /// `IBJITTER_TRACE`: file pattern (`%p`) for the draws, and how many are kept.
+    pub trace: Option<(String, usize)>,
 }
 
 /// When to inject, in ns after the shim was loaded.
@@ -155,6 +170,7 @@ impl Settings {
             not_this_process: None,
             window: None,
             select: Selection::default(),
+            shape: Shape::default(),
         }
     }
 
@@ -211,7 +227,14 @@ impl Settings {
                 .unwrap_or(f64::INFINITY),
             None => default_max_delay(s.unit),
         };
-        let delays = match load_delays(&nonempty, s.unit).and_then(|d| bounded(d, limit, s.unit)) {
+        let loaded = match nonempty("IBJITTER_EPISODES") {
+            Some(v) => load_episodes(&v, &nonempty).map(|(d, dwell)| {
+                s.shape.episodes = Some(dwell);
+                Some(d)
+            }),
+            None => load_delays(&nonempty, s.unit),
+        };
+        let delays = match loaded.and_then(|d| bounded(d, limit, s.unit)) {
             Ok(d) => d,
             Err(e) => {
                 problems.push(e);
@@ -258,6 +281,36 @@ impl Settings {
                 ));
             }
             s.window = Some(w);
+        }
+        if let Some(v) = nonempty("IBJITTER_CORRELATION") {
+            match parse_correlation(&v) {
+                Ok(_) if delays.is_none() => problems.push(
+                    "IBJITTER_CORRELATION needs a table (IBJITTER_TABLE, _DIST, _DELAY or _EPISODES)"
+                        .into(),
+                ),
+                Ok(rho) => s.shape.correlation = Some(rho),
+                Err(e) => problems.push(e),
+            }
+        }
+        if let Some(path) = nonempty("IBJITTER_TRACE") {
+            let max = match nonempty("IBJITTER_TRACE_MAX") {
+                None => Some(DEFAULT_TRACE_MAX),
+                Some(v) => match parse_u64(v.trim()) {
+                    Some(n) if (1..=MAX_TRACE_MAX).contains(&n) => Some(n as usize),
+                    _ => {
+                        problems.push(format!(
+                            "IBJITTER_TRACE_MAX={}: expected a number of draws, 1..={MAX_TRACE_MAX}",
+                            v.trim()
+                        ));
+                        None
+                    }
+                },
+            };
+            if delays.is_none() {
+                problems.push("IBJITTER_TRACE records draws: it needs a table".into());
+            } else if let Some(max) = max {
+                s.shape.trace = Some((path.trim().to_string(), max));
+            }
         }
         match Selection::parse(
             nonempty("IBJITTER_OPS").as_deref(),
@@ -343,8 +396,11 @@ pub fn with_probability(d: Delays, p: f64, seed: u64) -> Delays {
         order.swap(i, j);
     }
     let mut values = d.values;
-    for &i in &order[keep..] {
-        values[i] = 0;
+    // Each table of IBJITTER_EPISODES keeps the same entries.
+    for table in values.chunks_mut(ENTRIES) {
+        for &i in &order[keep..] {
+            table[i] = 0;
+        }
     }
     Delays {
         source: format!(
@@ -353,6 +409,96 @@ pub fn with_probability(d: Delays, p: f64, seed: u64) -> Delays {
         ),
         values,
     }
+}
+
+/// Draws `IBJITTER_TRACE` keeps by default (4 bytes each), and at most.
+pub const DEFAULT_TRACE_MAX: usize = 1_000_000;
+const MAX_TRACE_MAX: u64 = 1 << 28;
+
+/// `IBJITTER_CORRELATION=rho`: 0 <= rho < 1, or a percentage as netem writes it (`25%`).
+fn parse_correlation(v: &str) -> Result<f64, String> {
+    let t = v.trim();
+    let rho = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
+        None => t.parse::<f64>(),
+    };
+    match rho {
+        Ok(r) if (0.0..1.0).contains(&r) => Ok(r),
+        _ => Err(format!(
+            "IBJITTER_CORRELATION={t}: expected a correlation in [0, 1), e.g. 0.5 or 50%"
+        )),
+    }
+}
+
+/// `IBJITTER_EPISODES=CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED`: two absolute tables
+/// (absolute paths) and the mean dwell times (with units). Returns the calm table followed by
+/// the congested one, and the means in ns.
+fn load_episodes(
+    v: &str,
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<(Delays, (f64, f64)), String> {
+    let v = v.trim();
+    let form = || {
+        format!(
+            "IBJITTER_EPISODES={v}: expected CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED \
+             (absolute table paths, durations with units, e.g. /t/calm.dist:/t/cong.dist:50ms:10ms)"
+        )
+    };
+    if [
+        "IBJITTER_TABLE",
+        "IBJITTER_DIST",
+        "IBJITTER_DELAY",
+        "IBJITTER_JITTER",
+    ]
+    .iter()
+    .any(|k| var(k).is_some())
+    {
+        return Err(
+            "IBJITTER_EPISODES brings its own two tables: do not combine it with \
+                    IBJITTER_TABLE/DIST/DELAY/JITTER"
+                .into(),
+        );
+    }
+    let mut parts = v.rsplitn(3, ':');
+    let (Some(congested_mean), Some(calm_mean), Some(paths)) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(form());
+    };
+    let Some((calm, congested)) = paths.split_once(':') else {
+        return Err(form());
+    };
+    let mean = |t: &str, which: &str| {
+        match parse_duration(t, Unit::Ns) {
+        Ok(ns) if ns > 0.0 => Ok(ns),
+        _ => Err(format!(
+            "IBJITTER_EPISODES: mean {which} dwell \"{t}\": expected a positive duration with a unit"
+        )),
+    }
+    };
+    let dwell = (mean(calm_mean, "calm")?, mean(congested_mean, "congested")?);
+    let mut values = Vec::with_capacity(2 * ENTRIES);
+    let mut means = Vec::new();
+    for (path, which) in [(calm, "calm"), (congested, "congested")] {
+        let path = path.trim();
+        if !Path::new(path).is_absolute() {
+            return Err(format!(
+                "IBJITTER_EPISODES: {which} table {path}: give an absolute path"
+            ));
+        }
+        let t = table::read(Path::new(path), Kind::Absolute)
+            .map_err(|e| format!("IBJITTER_EPISODES ({which}): {e}"))?;
+        let before = values.len();
+        values.extend(t.entries.iter().map(|&e| e.max(0) as u64));
+        let n = (values.len() - before) as f64;
+        means.push(values[before..].iter().map(|&x| x as f64).sum::<f64>() / n);
+    }
+    let source = format!(
+        "episodes: calm {calm} (mean {:.0} ns) for {calm_mean} on average, congested {congested} \
+         (mean {:.0} ns) for {congested_mean} on average",
+        means[0], means[1]
+    );
+    Ok((Delays { source, values }, dwell))
 }
 
 /// `IBJITTER_RANKS=0,3-5`: ranks and inclusive ranges.
@@ -582,6 +728,62 @@ mod tests {
             assert!(s.delays.is_none());
             assert!(s.warning.unwrap().contains("IBJITTER_PROB"), "{bad}");
         }
+    }
+
+    #[test]
+    fn episodes_and_correlation_parse_or_say_what_was_expected() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-episodes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (calm, cong) = (dir.join("calm.dist"), dir.join("cong.dist"));
+        let table = |v: u64| {
+            (0..512)
+                .map(|_| vec![v.to_string(); 8].join(" "))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        std::fs::write(&calm, table(1000)).unwrap();
+        std::fs::write(&cong, table(9000)).unwrap();
+        let spec = format!("{}:{}:50ms:10ms", calm.display(), cong.display());
+        let s = Settings::from_vars(env(&[
+            ("IBJITTER_EPISODES", &spec),
+            ("IBJITTER_CORRELATION", "25%"),
+        ]));
+        assert_eq!(s.warning, None);
+        assert_eq!(s.shape.episodes, Some((50e6, 10e6)));
+        assert_eq!(s.shape.correlation, Some(0.25));
+        let d = s.delays.unwrap();
+        assert_eq!(d.values.len(), 2 * ENTRIES);
+        assert_eq!((d.values[0], d.values[ENTRIES]), (1000, 9000));
+        for (k, v, says) in [
+            (
+                "IBJITTER_EPISODES",
+                format!("{}:50ms:10ms", calm.display()),
+                "expected CALM.dist",
+            ),
+            (
+                "IBJITTER_EPISODES",
+                "calm.dist:cong.dist:50ms:10ms".into(),
+                "absolute path",
+            ),
+            (
+                "IBJITTER_EPISODES",
+                format!("{}:{}:50:10ms", calm.display(), cong.display()),
+                "mean calm dwell",
+            ),
+            (
+                "IBJITTER_CORRELATION",
+                "1.5".into(),
+                "expected a correlation in [0, 1)",
+            ),
+        ] {
+            let mut vars = vec![(k, v.as_str())];
+            if k == "IBJITTER_CORRELATION" {
+                vars.push(("IBJITTER_DELAY", "1us"));
+            }
+            let w = Settings::from_vars(env(&vars)).warning.unwrap_or_default();
+            assert!(w.contains(says), "{k}={v}: {w}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

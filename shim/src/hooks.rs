@@ -67,7 +67,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
 /// (unless UCX opened it and its messages are delayed at UCP).
 unsafe fn opened(ctx: *mut ibv_context) {
     say::announce_once();
-    inject::arm_window();
+    inject::arm_threads();
     if ctx.is_null() {
         return;
     }

@@ -3,11 +3,13 @@
 //! Everything here that the post path reads is a plain atomic: no lock, no syscall, no
 //! allocation.
 use crate::clock::{self, WaitKind};
-use crate::config::{Delays, Layer, Per, Spin, Unit, Window};
+use crate::config::{Delays, Layer, Per, Shape, Spin, Unit, Window};
 use crate::rng;
-use crate::stats::{self, Hook};
+use crate::stats::{self, Hook, INDICES};
+use crate::trace;
 use ibjitter_table::ENTRIES;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
+use rand_pcg::Pcg32;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 
 /// Mode bit: draw and wait.
 const INJECT: u8 = 1;
@@ -17,6 +19,14 @@ const STATS: u8 = 2;
 pub const PER_WR: u8 = 4;
 /// Mode bit: only some sends are delayed ([`crate::select`]); the others are counted.
 pub const SELECT: u8 = 8;
+/// Mode bits that shape the index drawn (out of line): two-state episodes, correlation, trace.
+const EPISODES: u8 = 16;
+const CORRELATED: u8 = 32;
+const TRACE: u8 = 64;
+pub const SHAPED: u8 = EPISODES | CORRELATED | TRACE;
+/// Modes the default post wrappers hand to an out-of-line path ([`delay`]), so that their
+/// own path stays frameless.
+pub const SLOW: u8 = SELECT | SHAPED;
 
 /// The verbs wrappers' mode: 0 until load finished (and whenever there is nothing to do):
 /// they pass through. Without INJECT when UCP is the only layer (they may still count).
@@ -26,8 +36,17 @@ static UCP_MODE: AtomicU8 = AtomicU8::new(0);
 /// The full mode (both layers' bits), and the layer asked for (a `Layer` as u8).
 static FULL_MODE: AtomicU8 = AtomicU8::new(0);
 static LAYER: AtomicU8 = AtomicU8::new(Layer::Auto as u8);
-/// The table in wait units (TSC ticks, ns or loops), read by the post path.
-static WAITS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
+/// The table in wait units (TSC ticks, ns or loops), read by the post path; with
+/// `IBJITTER_EPISODES` the calm table, then the congested one.
+static WAITS: [AtomicU64; INDICES] = [const { AtomicU64::new(0) }; INDICES];
+/// `IBJITTER_EPISODES`: 0 while calm, ENTRIES while congested (added to the index drawn);
+/// how many times the state changed; the mean dwells (ns).
+static EPISODE_OFFSET: AtomicUsize = AtomicUsize::new(0);
+static EPISODE_CHANGES: AtomicU64 = AtomicU64::new(0);
+static DWELL_CALM: AtomicU64 = AtomicU64::new(0);
+static DWELL_CONGESTED: AtomicU64 = AtomicU64::new(0);
+/// `IBJITTER_CORRELATION` as a threshold of a 32-bit draw.
+static REPEAT: AtomicU32 = AtomicU32::new(0);
 /// Set once a configuration is active.
 static LOADED: AtomicBool = AtomicBool::new(false);
 /// The verbs and UCP modes while injecting (MODE and UCP_MODE hold them, or the same without
@@ -76,13 +95,14 @@ pub fn layer_used(verbs_posts: u64, ucp_messages: u64) -> &'static str {
     }
 }
 
-/// Called before a post when [`mode`] is not 0: draw an index and count. Returns what to
+/// Called before a post when [`mode`] is not 0 and has no [`SHAPED`] bit (those go through
+/// [`delay`]): draw an index and count. Returns what to
 /// busy-wait (0 for a zero entry: then the post goes on without reading any clock), or None
 /// on the thread's first post (see [`rng::with_thread`]; the caller then runs
 /// [`first_post_of_thread`] and draws again).
 #[inline(always)]
 pub fn draw(mode: u8, hook: Hook) -> Option<u64> {
-    rng::with_thread(|rng, thread| {
+    rng::with_thread(|rng, _, thread| {
         let (index, wait) = if mode & INJECT != 0 {
             let i = rng::next_index(rng);
             (Some(i), WAITS[i].load(Relaxed))
@@ -96,6 +116,38 @@ pub fn draw(mode: u8, hook: Hook) -> Option<u64> {
     })
 }
 
+/// [`draw`], shaped or not.
+fn draw_any(mode: u8, hook: Hook) -> Option<u64> {
+    if mode & SHAPED == 0 || mode & INJECT == 0 {
+        return draw(mode, hook);
+    }
+    rng::with_thread(|rng, last, thread| {
+        let i = shaped_index(mode, rng, last, thread);
+        if mode & STATS != 0 {
+            stats::count(thread, hook, Some(i));
+        }
+        WAITS[i].load(Relaxed)
+    })
+}
+
+/// The index of a shaped draw: the thread's last one again (correlation) or a new one, in
+/// the table of the current state (episodes), recorded (trace).
+#[inline(never)]
+fn shaped_index(mode: u8, rng: &mut Pcg32, last: &mut u32, thread: u32) -> usize {
+    let mut i = if mode & CORRELATED != 0 {
+        rng::correlated_index(rng, last, REPEAT.load(Relaxed))
+    } else {
+        rng::next_index(rng)
+    };
+    if mode & EPISODES != 0 {
+        i += EPISODE_OFFSET.load(Relaxed);
+    }
+    if mode & TRACE != 0 {
+        trace::record(thread, i);
+    }
+    i
+}
+
 /// Gives the calling thread its stream (kept off the inlined post path).
 #[cold]
 pub fn first_post_of_thread() {
@@ -106,11 +158,11 @@ pub fn first_post_of_thread() {
 /// the default post path (whose wrappers split this up to stay frameless).
 #[inline(never)]
 pub fn delay(mode: u8, hook: Hook) {
-    let units = match draw(mode, hook) {
+    let units = match draw_any(mode, hook) {
         Some(u) => u,
         None => {
             first_post_of_thread();
-            draw(mode, hook).unwrap_or(0)
+            draw_any(mode, hook).unwrap_or(0)
         }
     };
     if units != 0 {
@@ -154,6 +206,7 @@ pub fn activate(
     count: bool,
     window: Option<Window>,
     selective: bool,
+    shape: &Shape,
 ) -> String {
     MODE.store(0, Release);
     UCP_MODE.store(0, Release);
@@ -207,6 +260,22 @@ pub fn activate(
     if selective && mode & INJECT != 0 {
         mode |= SELECT;
     }
+    if mode & INJECT != 0 {
+        if let Some((calm, congested)) = shape.episodes {
+            DWELL_CALM.store(calm.round().max(1.0) as u64, Release);
+            DWELL_CONGESTED.store(congested.round().max(1.0) as u64, Release);
+            EPISODE_OFFSET.store(0, Release);
+            mode |= EPISODES;
+        }
+        if let Some(rho) = shape.correlation {
+            REPEAT.store((rho * 4_294_967_296.0).min(u32::MAX as f64) as u32, Release);
+            mode |= CORRELATED;
+        }
+        if let Some((_, max)) = &shape.trace {
+            trace::arm(*max);
+            mode |= TRACE;
+        }
+    }
     FULL_MODE.store(mode, Release);
     LAYER.store(layer as u8, Release);
     // `ucp`: verbs wrappers only count (they are patched only on contexts UCX did not open).
@@ -237,7 +306,7 @@ pub fn activate(
 
 /// A mode outside the window: counting only.
 fn outside(mode: u8) -> u8 {
-    mode & !INJECT & !PER_WR & !SELECT
+    mode & !INJECT & !PER_WR & !SELECT & !SHAPED
 }
 
 /// The mode for a send that the selection leaves out: counted, not delayed.
@@ -255,8 +324,12 @@ pub fn count_only(mode: u8, hook: Hook) {
 /// Draws and waits without counting a post (it was counted by [`count_only`]).
 #[inline(never)]
 pub fn delay_drawn_only(mode: u8) {
-    let draw_hit = |rng: &mut rand_pcg::Pcg32, thread: u32| {
-        let i = rng::next_index(rng);
+    let draw_hit = |rng: &mut Pcg32, last: &mut u32, thread: u32| {
+        let i = if mode & SHAPED == 0 {
+            rng::next_index(rng)
+        } else {
+            shaped_index(mode, rng, last, thread)
+        };
         if mode & STATS != 0 {
             stats::count_hit(thread, i);
         }
@@ -274,11 +347,59 @@ pub fn delay_drawn_only(mode: u8) {
     }
 }
 
+/// Starts the shim's timer threads a configuration needs ([`arm_window`], [`arm_episodes`]):
+/// when the process first opens a device or sends through UCP.
+pub fn arm_threads() {
+    arm_window();
+    arm_episodes();
+}
+
+/// The state changes of `IBJITTER_EPISODES` so far, and the mean dwells asked (ns): None
+/// without episodes.
+pub fn episodes() -> Option<(u64, u64, u64)> {
+    let calm = DWELL_CALM.load(Acquire);
+    (calm > 0).then(|| {
+        (
+            EPISODE_CHANGES.load(Relaxed),
+            calm,
+            DWELL_CONGESTED.load(Acquire),
+        )
+    })
+}
+
+/// With `IBJITTER_EPISODES`: starts, once, the thread that switches between the calm and
+/// the congested table after exponential dwell times (means as asked, drawn from a stream
+/// of the seed: the state sequence repeats with it; which posts fall in which episode
+/// depends on their timing). Starts calm. A fork child keeps the state it was forked in.
+fn arm_episodes() {
+    static ARMED: AtomicBool = AtomicBool::new(false);
+    let (calm, congested) = (DWELL_CALM.load(Acquire), DWELL_CONGESTED.load(Acquire));
+    if calm == 0 || ARMED.swap(true, AcqRel) {
+        return;
+    }
+    let mut rng = rng::stream(rng::seed(), EPISODES_SALT, 0);
+    let _ = std::thread::Builder::new()
+        .name("ibjitter-episodes".into())
+        .spawn(move || loop {
+            let congested_now = EPISODE_OFFSET.load(Relaxed) != 0;
+            let mean = if congested_now { congested } else { calm };
+            // Exponential: -mean ln(1 - u), u uniform in [0, 1).
+            let u = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+            let dwell = -(mean as f64) * (1.0 - u).ln();
+            std::thread::sleep(std::time::Duration::from_nanos(dwell as u64));
+            EPISODE_OFFSET.store(if congested_now { 0 } else { ENTRIES }, Relaxed);
+            EPISODE_CHANGES.fetch_add(1, Relaxed);
+        });
+}
+
+/// The salt of the episodes' dwell-time stream ("epis").
+const EPISODES_SALT: u64 = 0x6570_6973;
+
 /// With an `IBJITTER_START`/`STOP` window: starts, once, the thread that switches injection
 /// on at the start and off at the stop (the post path only reads the mode). Called when the
 /// process first opens a device or sends through UCP: programs that never do get no thread.
 /// A fork child keeps the mode it was forked with (it has no timer thread).
-pub fn arm_window() {
+fn arm_window() {
     static ARMED: AtomicBool = AtomicBool::new(false);
     let (start, stop) = (WINDOW_START.load(Acquire), WINDOW_STOP.load(Acquire));
     if (start == 0 && stop == u64::MAX) || ARMED.swap(true, AcqRel) {

@@ -38,6 +38,7 @@ pub mod say;
 pub mod select;
 pub mod sigstats;
 pub mod stats;
+pub mod trace;
 pub mod ucp;
 pub mod verbs_abi;
 pub mod wr_ops;
@@ -76,6 +77,7 @@ pub fn install(settings: Settings) {
         settings.stats.is_some(),
         settings.window,
         select::activate(&settings.select),
+        &settings.shape,
     );
     say::set_startup(startup_message(&settings, &clock));
     if settings.warning.is_some() {
@@ -106,12 +108,13 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
     let u = s.unit.name();
     let what = match &s.delays {
         Some(d) => format!(
-            "table {} (mean {:.0} {u}, max {} {u}), seed {} ({}), clock {clock}",
+            "table {} (mean {:.0} {u}, max {} {u}), seed {} ({}), clock {clock}{}",
             d.source,
-            d.mean(),
+            time_weighted_mean(d, &s.shape),
             d.max(),
             s.seed,
-            s.seed_source
+            s.seed_source,
+            shape_words(&s.shape),
         ),
         None if s.stats.is_some() => "no table: counting posts only".into(),
         None => {
@@ -150,6 +153,48 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
         s.select.describe(),
         hooks::HOOKED
     ))
+}
+
+/// The mean delay: with episodes, each table's mean weighted by its state's mean dwell.
+fn time_weighted_mean(d: &config::Delays, shape: &config::Shape) -> f64 {
+    match shape.episodes {
+        Some((calm, congested)) if d.values.len() == 2 * ibjitter_table::ENTRIES => {
+            let (a, b) = d.values.split_at(ibjitter_table::ENTRIES);
+            let mean = |t: &[u64]| t.iter().map(|&v| v as f64).sum::<f64>() / t.len() as f64;
+            (calm * mean(a) + congested * mean(b)) / (calm + congested)
+        }
+        _ => d.mean(),
+    }
+}
+
+/// ", correlation 0.8, trace FILE" for the startup line.
+fn shape_words(shape: &config::Shape) -> String {
+    let mut w = String::new();
+    if let Some(rho) = shape.correlation {
+        w += &format!(
+            ", correlation {rho} (a draw repeats the thread's last with that probability)"
+        );
+    }
+    if let Some((path, max)) = &shape.trace {
+        w += &format!(", trace {path} (first {max} draws)");
+    }
+    w
+}
+
+/// Writes the `IBJITTER_TRACE` file, if asked for, of a process that drew.
+fn write_trace() {
+    let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(l) = guard.as_ref() else { return };
+    let (Some((pattern, _)), Some(d)) = (&l.settings.shape.trace, &l.settings.delays) else {
+        return;
+    };
+    if rng::threads_posted() == 0 {
+        return;
+    }
+    let path = stats_path(pattern);
+    if let Err(e) = trace::write(&path, &d.values, l.settings.unit.name()) {
+        say::warn_once(&format!("cannot write trace file {path}: {e}"));
+    }
 }
 
 /// The stats document now (None when stats are off).
@@ -193,6 +238,13 @@ fn write_stats_noting(nothing_delayed: Option<String>) {
     };
     let Some(mut doc) = stats_json() else { return };
     doc["nothing_delayed"] = serde_json::json!(nothing_delayed);
+    if let Some((changes, calm, congested)) = inject::episodes() {
+        doc["episodes"] = serde_json::json!({
+            "mean_calm_ns": calm, "mean_congested_ns": congested, "state_changes": changes,
+            // index_hits from 4096 on are the congested table's.
+            "congested_indices_from": ibjitter_table::ENTRIES,
+        });
+    }
     // What the ports sent meanwhile (all processes' traffic on them), beside posts_total.
     doc["ports_sent"] = ports::sent_since_open();
     let text = format!("{doc:#}\n");
@@ -274,6 +326,7 @@ extern "C" fn on_fork_child() {
     coverage::reset_after_fork();
     ports::reset_after_fork();
     stats::reset();
+    trace::reset();
     // SAFETY: PATTERN is leaked, never freed. (glibc lets the forking thread allocate.)
     if let Some(p) = unsafe { PATTERN.load(Acquire).as_ref() } {
         sigstats::set_path(&stats_path(p));
@@ -289,6 +342,7 @@ extern "C" fn on_exit() {
             say::line(&line);
         }
         write_stats_noting(nothing_delayed);
+        write_trace();
     });
 }
 

@@ -331,9 +331,9 @@ unsafe extern "C" fn post_send_delayed(
     bad: *mut *mut ibv_send_wr,
     mode: u8,
 ) -> c_int {
-    if mode & inject::SELECT != 0 {
+    if mode & inject::SLOW != 0 {
         // A tail call: the usual path stays frameless.
-        return post_send_selecting(qp, wr, bad, mode);
+        return post_send_slow(qp, wr, bad, mode);
     }
     let Some(wait) = inject::draw(mode, Hook::PostSend) else {
         return post_send_first(qp, wr, bad, mode);
@@ -345,20 +345,22 @@ unsafe extern "C" fn post_send_delayed(
     post_send_orig(qp, wr, bad)
 }
 
-/// With `IBJITTER_OPS`/`_QPN`/`_DEST`: a post the selection leaves out is counted only.
+/// With a selection (`IBJITTER_OPS`/`_QPN`/`_DEST`: a post it leaves out is counted only)
+/// or a shaped source (episodes, correlation, trace).
 #[inline(never)]
-unsafe extern "C" fn post_send_selecting(
+unsafe extern "C" fn post_send_slow(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
     mode: u8,
 ) -> c_int {
-    let mode = if select::post_selected(qp, wr) {
-        mode & !inject::SELECT
+    let mode = if mode & inject::SELECT != 0 && !select::post_selected(qp, wr) {
+        inject::unselected(mode)
     } else {
-        inject::unselected(mode) & !inject::SELECT
+        mode
     };
-    post_send_delayed(qp, wr, bad, mode)
+    inject::delay(mode, Hook::PostSend);
+    post_send_orig(qp, wr, bad)
 }
 
 /// Our `ops.post_send` under `IBJITTER_PER=wr` (chosen when the context is patched, so the
@@ -501,6 +503,10 @@ unsafe extern "C" fn wr_start_delayed(qpx: *mut ibv_qp_ex, mode: u8) {
     if mode & inject::PER_WR != 0 {
         // The batch's first work request is waited for here, before the provider's lock.
         rng::set_batch_paid();
+    }
+    if mode & inject::SHAPED != 0 {
+        inject::delay(mode, Hook::WrBatch);
+        return wr_start_orig(qpx);
     }
     let Some(wait) = inject::draw(mode, Hook::WrBatch) else {
         return wr_start_first(qpx, mode);

@@ -31,6 +31,9 @@ struct ThreadState {
     /// `IBJITTER_OPS` on the `ibv_wr_*` API: 1 from `ibv_wr_start` until the batch's first
     /// selected work request waited (see `wr_ops`).
     batch_open: u32,
+    /// The last table index drawn (`IBJITTER_CORRELATION` repeats it). Kept in this block:
+    /// the one TLS slot.
+    last_index: u32,
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -84,7 +87,7 @@ mod tls {
 
     thread_local! {
         static STATE: UnsafeCell<ThreadState> = const {
-            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0, ucp_depth: 0, batch_open: 0 })
+            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0, ucp_depth: 0, batch_open: 0, last_index: 0 })
         };
     }
 
@@ -106,6 +109,11 @@ fn mix(mut z: u64) -> u64 {
 pub fn stream(seed: u64, salt: u64, k: u32) -> Pcg32 {
     let state = mix(seed ^ mix(salt ^ mix(u64::from(k))));
     Pcg32::new(state, mix(state ^ 0x6a09_e667_f3bc_c909))
+}
+
+/// The seed set at load.
+pub fn seed() -> u64 {
+    SEED.load(Relaxed)
 }
 
 /// Sets the seed and restarts thread numbering (at load).
@@ -148,7 +156,7 @@ pub(crate) fn init_current_thread() {
 /// `f`) if the thread has no stream yet: the caller runs [`init_current_thread`] out of line
 /// and retries, which keeps the usual path free of calls and stack frames.
 #[inline(always)]
-pub(crate) fn with_thread<R>(f: impl FnOnce(&mut Pcg32, u32) -> R) -> Option<R> {
+pub(crate) fn with_thread<R>(f: impl FnOnce(&mut Pcg32, &mut u32, u32) -> R) -> Option<R> {
     // SAFETY: the block is this thread's; `f` (the post path) never re-enters here.
     let s = unsafe { &mut *tls::state() };
     if s.ready == 0 {
@@ -156,7 +164,7 @@ pub(crate) fn with_thread<R>(f: impl FnOnce(&mut Pcg32, u32) -> R) -> Option<R> 
     }
     // SAFETY: `ready` says `rng` was written.
     let rng = unsafe { s.rng.assume_init_mut() };
-    Some(f(rng, s.index))
+    Some(f(rng, &mut s.last_index, s.index))
 }
 
 /// Notes that this thread's `ibv_wr_start` waited for the first work request of its batch.
@@ -212,6 +220,17 @@ pub(crate) fn leave_ucp() {
 pub(crate) fn next_index(rng: &mut Pcg32) -> usize {
     const { assert!(ENTRIES.is_power_of_two()) };
     rng.next_u32() as usize & (ENTRIES - 1)
+}
+
+/// `IBJITTER_CORRELATION`: the thread's last index again with probability `repeat` (in
+/// 2^-32 steps), else a new one; the table's distribution is kept and the lag-k
+/// autocorrelation of the indices drawn is repeat^k.
+#[inline(always)]
+pub(crate) fn correlated_index(rng: &mut Pcg32, last: &mut u32, repeat: u32) -> usize {
+    if rng.next_u32() >= repeat {
+        *last = next_index(rng) as u32;
+    }
+    *last as usize
 }
 
 /// fork() prepare handler (parent): number the fork, so each child gets its own salt.

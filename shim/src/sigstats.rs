@@ -12,14 +12,16 @@ use crate::stats::{self, Hook};
 use ibjitter_table::ENTRIES;
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, CString};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 
 const SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
 /// What the handler reads, prepared at load (and the path again in a forked child).
 static PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
-/// The table in its unit (ENTRIES values), or null when not injecting.
+/// The table in its unit ([`TABLE_LEN`] values: ENTRIES, or two tables' with episodes), or
+/// null when not injecting.
 static TABLE: AtomicPtr<u64> = AtomicPtr::new(std::ptr::null_mut());
+static TABLE_LEN: AtomicUsize = AtomicUsize::new(0);
 /// Table indices sorted by value, for exact percentiles.
 static ORDER: AtomicPtr<u16> = AtomicPtr::new(std::ptr::null_mut());
 static SEED: AtomicU64 = AtomicU64::new(0);
@@ -39,10 +41,11 @@ static PREVIOUS: Previous = Previous(UnsafeCell::new(unsafe { std::mem::zeroed()
 /// never over a signal the program ignores). `table`: the delays in `unit`, if injecting.
 pub fn arm(path: &str, table: Option<&[u64]>, unit: Unit, seed: u64) {
     set_path(path);
-    if let Some(t) = table.filter(|t| t.len() == ENTRIES) {
+    if let Some(t) = table.filter(|t| t.len() == ENTRIES || t.len() == stats::INDICES) {
         let values: Box<[u64]> = t.into();
-        let mut order: Vec<u16> = (0..ENTRIES as u16).collect();
+        let mut order: Vec<u16> = (0..t.len() as u16).collect();
         order.sort_by_key(|&i| t[usize::from(i)]);
+        TABLE_LEN.store(t.len(), Release);
         TABLE.store(Box::leak(values).as_mut_ptr(), Release);
         ORDER.store(Box::leak(order.into_boxed_slice()).as_mut_ptr(), Release);
     }
@@ -254,11 +257,12 @@ fn write_delays(o: &mut Out, u: &str) {
     if table.is_null() || order.is_null() {
         return;
     }
-    // SAFETY: leaked arrays of ENTRIES elements, never freed.
+    let len = TABLE_LEN.load(Acquire);
+    // SAFETY: leaked arrays of `len` elements, never freed.
     let (table, order) = unsafe {
         (
-            std::slice::from_raw_parts(table, ENTRIES),
-            std::slice::from_raw_parts(order, ENTRIES),
+            std::slice::from_raw_parts(table, len),
+            std::slice::from_raw_parts(order, len),
         )
     };
     let (mut draws, mut injected, mut sum) = (0u64, 0u64, 0u128);
@@ -278,7 +282,7 @@ fn write_delays(o: &mut Out, u: &str) {
     o.u(sum.min(u128::from(u64::MAX)) as u64);
     o.s(",\n  \"index_hits\": [");
     let mut first = true;
-    for i in 0..ENTRIES {
+    for i in 0..len {
         let n = stats::signal_safe_hits(i);
         if n > 0 {
             o.s(if first { "[" } else { ", [" });

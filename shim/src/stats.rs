@@ -7,6 +7,9 @@ use hdrhistogram::Histogram;
 use ibjitter_table::ENTRIES;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed};
 
+/// Table indices counted: two tables' worth (`IBJITTER_EPISODES`: calm, then congested).
+pub const INDICES: usize = 2 * ENTRIES;
+
 /// Threads 0..EXCLUSIVE_SLOTS own a slot; later threads share the last one (atomic adds).
 pub const EXCLUSIVE_SLOTS: usize = 64;
 
@@ -28,7 +31,7 @@ pub const HOOKS: usize = 3;
 #[repr(C, align(64))]
 pub struct Slot {
     posts: [AtomicU64; HOOKS],
-    hits: [AtomicU64; ENTRIES],
+    hits: [AtomicU64; INDICES],
 }
 
 /// EXCLUSIVE_SLOTS + 1 slots, allocated once at load when stats are on (null otherwise).
@@ -104,7 +107,7 @@ fn count_in(thread: u32, hook: Option<Hook>, index: Option<usize>) {
         bump(&slot.posts[hook as usize], exclusive);
     }
     if let Some(ix) = index {
-        bump(&slot.hits[ix & (ENTRIES - 1)], exclusive);
+        bump(&slot.hits[ix & (INDICES - 1)], exclusive);
     }
 }
 
@@ -159,7 +162,7 @@ pub struct Snapshot {
 
 pub fn snapshot() -> Snapshot {
     let mut s = Snapshot {
-        hits: vec![0; ENTRIES],
+        hits: vec![0; INDICES],
         ..Default::default()
     };
     for slot in slots().unwrap_or(&[]) {

@@ -36,7 +36,7 @@ fn first_message() {
     SEEN.store(true, Relaxed);
     crate::coverage::ucx_seen();
     say::announce_once();
-    crate::inject::arm_window();
+    crate::inject::arm_threads();
 }
 
 /// Before the real call: the outermost call of a thread waits its draw (when `class` is

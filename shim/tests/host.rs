@@ -2063,3 +2063,121 @@ fn only_selected_opcodes_qps_and_destinations_are_delayed() {
         eprintln!("{env:?}: {} of {posts} posts delayed", s["delays_injected"]);
     }
 }
+
+/// Lag-1 autocorrelation of a sequence.
+fn lag1(x: &[f64]) -> f64 {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var: f64 = x.iter().map(|v| (v - mean).powi(2)).sum();
+    let cov: f64 = x.windows(2).map(|w| (w[0] - mean) * (w[1] - mean)).sum();
+    cov / var
+}
+
+/// The delays of an `IBJITTER_TRACE` file, in draw order (one thread).
+fn traced_delays(path: &Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().starts_with("# ibjitter trace: "));
+    lines
+        .map(|l| l.split_whitespace().nth(2).unwrap().parse().unwrap())
+        .collect()
+}
+
+/// IBJITTER_CORRELATION and IBJITTER_EPISODES shape the sequence of draws, as the trace of
+/// 3,000 posts shows: i.i.d. draws have no lag-1 autocorrelation (|r| < 0.1, 5 sd of the
+/// estimate), correlation 0.8 gives 0.8 (±0.06) with the table's distribution kept, and
+/// two-state episodes (1 us calm, 30 us congested, 20 ms mean dwells, a post a millisecond
+/// for 600 ms) give r > 0.5 where the same two values drawn i.i.d. give none.
+#[test]
+fn correlation_and_episodes_shape_the_draws_and_the_trace_shows_it() {
+    match child_scenario().as_deref() {
+        Some("windowed") => return child_windowed(),
+        Some(_) => return child_basic(2000),
+        None => {}
+    }
+    let dir = scratch("shape");
+    let spread = dir.join("spread.dist");
+    write_table(&spread, &(0..4096u64).map(|i| i * 5).collect::<Vec<_>>());
+    let (calm, congested, mixed) = (
+        dir.join("calm.dist"),
+        dir.join("congested.dist"),
+        dir.join("mixed.dist"),
+    );
+    write_table(&calm, &[1_000; 4096]);
+    write_table(&congested, &[30_000; 4096]);
+    write_table(
+        &mixed,
+        &(0..4096u64)
+            .map(|i| if i % 2 == 0 { 1_000 } else { 30_000 })
+            .collect::<Vec<_>>(),
+    );
+    let episodes = format!("{}:{}:20ms:20ms", calm.display(), congested.display());
+    let table = |p: &Path| ("IBJITTER_TABLE", p.display().to_string());
+    let cases: Vec<(&str, Vec<(&str, String)>)> = vec![
+        ("iid", vec![table(&spread)]),
+        (
+            "correlated",
+            vec![table(&spread), ("IBJITTER_CORRELATION", "80%".into())],
+        ),
+        ("mixed", vec![table(&mixed)]),
+        ("episodes", vec![("IBJITTER_EPISODES", episodes)]),
+    ];
+    let mut r = std::collections::HashMap::new();
+    for (name, mut env) in cases {
+        let trace = dir.join(format!("{name}.trace"));
+        env.push(("IBJITTER_TRACE", trace.display().to_string()));
+        env.push((
+            "IBJITTER_STATS",
+            dir.join(format!("{name}.json")).display().to_string(),
+        ));
+        // Episodes need time: one post a millisecond for 600 ms (about 30 episodes).
+        let child = if name == "episodes" {
+            "windowed"
+        } else {
+            "basic"
+        };
+        let out = respawn(
+            "correlation_and_episodes_shape_the_draws_and_the_trace_shows_it",
+            child,
+            &env,
+        );
+        let d = traced_delays(&trace);
+        if name != "episodes" {
+            assert_eq!(d.len(), 3000, "{name}: 2000 posts and 1000 batches traced");
+        }
+        let stats: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(stats["draws"], d.len(), "{name}: {stats}");
+        let mean = d.iter().sum::<f64>() / d.len() as f64;
+        eprintln!(
+            "{name}: lag-1 autocorrelation {:.3}, mean {mean:.0} ns; {}",
+            lag1(&d),
+            out.stderr_lines[0]
+        );
+        if name == "episodes" {
+            let changes = stats["episodes"]["state_changes"].as_u64().unwrap();
+            assert!(changes >= 2, "{name}: {changes} state changes: {stats}");
+            assert!(d.iter().all(|&v| v == 1_000.0 || v == 30_000.0));
+            assert!(
+                d.contains(&1_000.0) && d.contains(&30_000.0),
+                "{name}: both states drawn"
+            );
+        }
+        if name == "correlated" {
+            // The table's distribution is kept: the mean of 0..20475 ns is 10238.
+            assert!((mean - 10_238.0).abs() < 1_500.0, "{name}: mean {mean}");
+            assert!(
+                out.stderr_lines[0].contains("correlation 0.8"),
+                "{:?}",
+                out.stderr_lines
+            );
+        }
+        r.insert(name, lag1(&d));
+    }
+    assert!(r["iid"].abs() < 0.1, "{r:?}");
+    assert!(r["mixed"].abs() < 0.1, "{r:?}");
+    assert!((r["correlated"] - 0.8).abs() < 0.06, "{r:?}");
+    assert!(r["episodes"] > 0.5, "{r:?}");
+}

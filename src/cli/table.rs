@@ -483,7 +483,12 @@ fn run_episodes(a: EpisodesArgs) -> Result<(), TableError> {
     );
     let fit = fit_episodes(&series.points)?;
     let tables = fit.tables(&series.points, &source)?;
-    let paths = table_names(&a.prefix).map(|name| a.out_dir.join(format!("{name}.dist")));
+    std::fs::create_dir_all(&a.out_dir)
+        .map_err(|e| TableError::new(format!("{}: cannot create: {e}", a.out_dir.display())))?;
+    // The injector takes absolute paths only (ranks may start in other directories).
+    let out_dir = std::fs::canonicalize(&a.out_dir)
+        .map_err(|e| TableError::new(format!("{}: {e}", a.out_dir.display())))?;
+    let paths = table_names(&a.prefix).map(|name| out_dir.join(format!("{name}.dist")));
     let [calm, congested] = paths.each_ref().map(|p| p.display().to_string());
     for p in [&calm, &congested] {
         if p.contains(':') {
@@ -492,8 +497,6 @@ fn run_episodes(a: EpisodesArgs) -> Result<(), TableError> {
             )));
         }
     }
-    std::fs::create_dir_all(&a.out_dir)
-        .map_err(|e| TableError::new(format!("{}: cannot create: {e}", a.out_dir.display())))?;
     for (table, path) in tables.iter().zip(&paths) {
         write_table(table, path)?;
     }
