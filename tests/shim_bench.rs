@@ -972,8 +972,9 @@ fn a_program_that_resolves_verbs_through_dlopen_is_delayed_like_a_linked_one() {
             assert_eq!(s["delays_injected"], 2 * ITERS, "{name}: {s}");
             assert_eq!(s["sum_ns"], 2 * ITERS * (D_US as u64) * 1000, "{name}: {s}");
             assert!(s["nothing_delayed"].is_null(), "{name}: {s}");
-            // The dlopen build got the open, close, create and destroy hooks by dlvsym.
-            let via_dlsym = if name == "dlopen" { 4 } else { 0 };
+            // The dlopen build got the open, close, create, modify and destroy hooks by
+            // dlvsym (modify: IBJITTER_DEST reads destinations there).
+            let via_dlsym = if name == "dlopen" { 5 } else { 0 };
             assert_eq!(s["hooks_via_dlsym"], via_dlsym, "{name}: {s}");
         }
     }
@@ -1250,5 +1251,97 @@ fn selected_qps_and_destinations_are_delayed_and_the_others_are_not() {
         out.output.contains("delayed 300 of 600 sends"),
         "{}",
         out.output
+    );
+}
+
+/// Writes an absolute table of 4096 values (512 lines of 8).
+fn write_table_file(path: &Path, values: impl Fn(usize) -> u64) {
+    let text: String = (0..512)
+        .map(|l| {
+            let line: Vec<String> = (0..8).map(|k| values(l * 8 + k).to_string()).collect();
+            line.join(" ") + "\n"
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+/// Lag-1 autocorrelation of the delays in an `IBJITTER_TRACE` file (one posting thread).
+fn traced_lag1(path: &Path) -> (f64, usize) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let d: Vec<f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().nth(2).unwrap().parse().unwrap())
+        .collect();
+    let n = d.len() as f64;
+    let mean = d.iter().sum::<f64>() / n;
+    let var: f64 = d.iter().map(|v| (v - mean).powi(2)).sum();
+    let cov: f64 = d.windows(2).map(|w| (w[0] - mean) * (w[1] - mean)).sum();
+    (cov / var, d.len())
+}
+
+/// IBJITTER_EPISODES on the bench, under an unmodified ib_write_lat: the delays it injected
+/// (its trace) come in episodes, lag-1 autocorrelation > 0.5, where the same two delays drawn
+/// i.i.d. have none (|r| < 0.1); both states were drawn and the state changed.
+#[test]
+fn episodes_correlate_the_injected_delays_of_a_real_program() {
+    let so = shim_so();
+    let dir = scratch_dir("shim-episodes");
+    let (calm, congested, mixed) = (
+        dir.join("calm.dist"),
+        dir.join("congested.dist"),
+        dir.join("mixed.dist"),
+    );
+    write_table_file(&calm, |_| 5_000);
+    write_table_file(&congested, |_| 200_000);
+    write_table_file(&mixed, |i| if i % 2 == 0 { 5_000 } else { 200_000 });
+    let d = dir.display();
+    let client = |name: &str, env: &str| {
+        format!(
+            "pair {name} 'tcp_listening 18516' 'ib_write_lat -d rxe1 -x 1 -p 18516 -n 8000' \
+             'env LD_PRELOAD={} {env} IBJITTER_TRACE={d}/{name}.trace IBJITTER_STATS={d}/{name}.%p.json \
+             ib_write_lat -d rxe0 -x 1 -p 18516 -n 8000 10.0.0.2'\n",
+            so.display()
+        )
+    };
+    let script = format!(
+        ". tools/vm/lib.sh\n{}{}",
+        client(
+            "episodes",
+            &format!(
+                "IBJITTER_EPISODES={}:{}:10ms:10ms",
+                calm.display(),
+                congested.display()
+            )
+        ),
+        client("iid", &format!("IBJITTER_TABLE={}", mixed.display())),
+    );
+    let out = Vm::new().timeout(900).writable(&dir).run(&script);
+    out.assert_success();
+    let (r_episodes, n) = traced_lag1(&dir.join("episodes.trace"));
+    let (r_iid, m) = traced_lag1(&dir.join("iid.trace"));
+    let s = one_stats(&dir, "episodes");
+    let changes = s["episodes"]["state_changes"].as_u64().unwrap();
+    let congested_draws: u64 = s["index_hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[0].as_u64().unwrap() >= 4096)
+        .map(|h| h[1].as_u64().unwrap())
+        .sum();
+    eprintln!(
+        "ib_write_lat under episodes: lag-1 autocorrelation {r_episodes:.3} over {n} draws, \
+         {changes} state changes, {congested_draws} congested draws; i.i.d.: {r_iid:.3} over {m}"
+    );
+    assert!(n >= 8000 && m >= 8000, "{n}, {m} draws traced");
+    assert!(
+        r_episodes > 0.5,
+        "episodes: lag-1 autocorrelation {r_episodes}"
+    );
+    assert!(r_iid.abs() < 0.1, "i.i.d.: lag-1 autocorrelation {r_iid}");
+    assert!(changes >= 2, "{changes} state changes: {s}");
+    assert!(
+        congested_draws > 0 && (congested_draws as usize) < n,
+        "{congested_draws} of {n} draws congested"
     );
 }
