@@ -7,9 +7,11 @@
 //! - [`incast`]: many senders to one receiver through the cluster's launcher, merged.
 //! - [`report`]: what a run measured, and `report::export` for its output formats.
 //! - [`pcap`]: wire-level analysis of RoCE / InfiniBand captures (`ibjitter pcap`).
+//! - [`control`]: live control of processes under the injector (`ibjitter inject`).
 //!
 //! The LD_PRELOAD injector lives in the `shim/` crate and depends on `ibjitter-table` alone.
 
+pub mod control;
 pub mod gen;
 pub mod incast;
 pub mod pcap;

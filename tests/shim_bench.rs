@@ -1345,3 +1345,125 @@ fn episodes_correlate_the_injected_delays_of_a_real_program() {
         "{congested_draws} of {n} draws congested"
     );
 }
+
+/// perftest's `-U` dump (`#, usec` then `<index>, <latency>`), in iteration order.
+fn perftest_dump(text: &str) -> Vec<f64> {
+    text.lines()
+        .skip_while(|l| !l.trim_start().starts_with("#, usec"))
+        .skip(1)
+        .map_while(|l| {
+            let (_, v) = l.split_once(',')?;
+            v.trim().parse::<f64>().ok()
+        })
+        .collect()
+}
+
+/// The median of `x`.
+fn median(x: &[f64]) -> f64 {
+    let mut v = x.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Live control on the bench: `ibjitter inject set --delay 200us` switches a running,
+/// unmodified ib_write_lat (started under the shim without a table) to +200 us per post
+/// mid-run, `pause` restores it, `status` reports the counts. Each switch is applied within
+/// 100 ms of the request; ib_write_lat's own per-iteration latencies (`-U`, half a round
+/// trip) show three phases: clean, +100 us (±25 %), clean; the delayed phase is as long as
+/// the count of delayed posts the shim reports.
+#[test]
+fn inject_set_and_pause_switch_a_running_ib_write_lat() {
+    let so = shim_so();
+    let ibj = env!("CARGO_BIN_EXE_ibjitter");
+    let dir = scratch_dir("shim-live");
+    let d = dir.display();
+    let script = format!(
+        ". tools/vm/lib.sh\n\
+         ib_write_lat -d rxe1 -x 1 -p 18516 -n 60000 > {d}/server.out 2>&1 & SPID=$!\n\
+         wait_until 30 tcp_listening 18516 || exit 1\n\
+         env LD_PRELOAD={so} IBJITTER_STATS={d}/live.%p.json ib_write_lat -d rxe0 -x 1 \
+         -p 18516 -n 60000 -U 10.0.0.2 > {d}/client.out 2> {d}/client.err & CPID=$!\n\
+         wait_until 30 test -e /dev/shm/ibjitter.0/$CPID || {{ cat {d}/client.err; exit 1; }}\n\
+         sleep 0.5\n\
+         echo '@@ set'; {ibj} inject set --delay 200us $CPID || exit 1\n\
+         sleep 0.5\n\
+         echo '@@ pause'; {ibj} inject pause $CPID || exit 1\n\
+         echo '@@ status'; {ibj} inject status --all || exit 1\n\
+         echo '@@ end'\n\
+         wait $CPID || {{ cat {d}/client.err; exit 1; }}\n\
+         wait $SPID || exit 1\n\
+         cat {d}/client.err\n\
+         test ! -e /dev/shm/ibjitter.0/$CPID || {{ echo control file left behind; exit 1; }}\n",
+        so = so.display()
+    );
+    let out = Vm::new().timeout(900).writable(&dir).run(&script);
+    out.assert_success();
+    let applied = |name: &str| -> f64 {
+        let s = at_section(&out.output, name);
+        s.split("applied after ")
+            .nth(1)
+            .and_then(|t| t.split(" ms").next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: no answer:\n{s}"))
+    };
+    let (set_ms, pause_ms) = (applied("set"), applied("pause"));
+    let status = at_section(&out.output, "status");
+    assert!(status.contains(" paused: "), "{status}");
+    let delayed: usize = status
+        .split(" sends, ")
+        .nth(1)
+        .and_then(|t| t.split(" delayed").next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no delayed count:\n{status}"));
+    let lat = perftest_dump(&std::fs::read_to_string(dir.join("client.out")).unwrap());
+    // perftest dumps n - 1 differences of its n timestamps.
+    assert!(
+        lat.len() >= 59_999,
+        "ib_write_lat -U dumped {} iterations",
+        lat.len()
+    );
+    // The phases from a 21-iteration running median against the first 1,000's median.
+    let clean = median(&lat[..1000]);
+    let high =
+        |i: usize| median(&lat[i.saturating_sub(10)..(i + 11).min(lat.len())]) > clean + 50.0;
+    // The longest run of high iterations (a burst of bench noise makes short ones).
+    let (mut start, mut stop, mut i) = (0, 0, 0);
+    while i < lat.len() {
+        let j = (i..lat.len()).find(|&j| !high(j)).unwrap_or(lat.len());
+        if j - i > stop - start {
+            (start, stop) = (i, j);
+        }
+        i = j + 1;
+    }
+    assert!(
+        stop > start && stop < lat.len(),
+        "no delayed phase that ended"
+    );
+    let (during, after) = (median(&lat[start..stop]), median(&lat[stop..]));
+    eprintln!(
+        "live: set applied after {set_ms} ms, pause after {pause_ms} ms; ib_write_lat median \
+         {clean:.2} us -> {during:.2} us for iterations {start}..{stop} ({} iterations, the \
+         shim delayed {delayed}) -> {after:.2} us",
+        stop - start
+    );
+    assert!(
+        set_ms < 100.0 && pause_ms < 100.0,
+        "set {set_ms} ms, pause {pause_ms} ms"
+    );
+    let grew = during - clean;
+    assert!(
+        (75.0..=125.0).contains(&grew),
+        "+{grew:.1} us, not ~+100 (half of 200 us)"
+    );
+    assert!(
+        (after - clean).abs() < 25.0,
+        "after pause {after:.1} us vs {clean:.1} clean"
+    );
+    let phase = (stop - start) as f64;
+    assert!(
+        (phase - delayed as f64).abs() <= 25.0 + 0.02 * delayed as f64,
+        "the delayed phase ({phase} iterations) vs the {delayed} posts the shim delayed"
+    );
+    let s = one_stats(&dir, "live");
+    assert_eq!(s["delays_injected"], delayed, "{s}");
+}

@@ -239,7 +239,12 @@ fn main() {
     );
     for (name, role, env) in [
         ("floor: one extra indirect hop", "trampoline", vec![]),
-        ("no configuration (not patched)", "cost", vec![]),
+        ("no table, live control on (passes)", "cost", vec![]),
+        (
+            "IBJITTER_CONTROL=0 (not patched)",
+            "cost",
+            vec![("IBJITTER_CONTROL", "0")],
+        ),
         (
             "counting only (IBJITTER_STATS)",
             "cost",

@@ -122,6 +122,8 @@ pub struct Settings {
     /// `IBJITTER_EPISODES`, `IBJITTER_CORRELATION`, `IBJITTER_TRACE`: how draws follow each
     /// other.
     pub shape: Shape,
+    /// Live control (`ibjitter inject`): on unless `IBJITTER_CONTROL=0`.
+    pub control: bool,
 }
 
 /// How draws follow each other (all off by default: i.i.d. draws from one table).
@@ -171,6 +173,7 @@ impl Settings {
             window: None,
             select: Selection::default(),
             shape: Shape::default(),
+            control: true,
         }
     }
 
@@ -180,6 +183,7 @@ impl Settings {
         let nonempty = |k: &str| var(k).filter(|v| !v.trim().is_empty());
         s.quiet = nonempty("IBJITTER_QUIET").is_some_and(|v| v.trim() != "0");
         s.stats = nonempty("IBJITTER_STATS");
+        s.control = nonempty("IBJITTER_CONTROL").is_none_or(|v| v.trim() != "0");
         let mut problems: Vec<String> = Vec::new();
         match nonempty("IBJITTER_UNIT").as_deref().map(str::trim) {
             None | Some("ns") => {}

@@ -68,6 +68,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
 unsafe fn opened(ctx: *mut ibv_context) {
     say::announce_once();
     inject::arm_threads();
+    crate::control::arm();
     if ctx.is_null() {
         return;
     }

@@ -53,6 +53,13 @@ static LOADED: AtomicBool = AtomicBool::new(false);
 /// INJECT outside an `IBJITTER_START`/`STOP` window).
 static VERBS_ON: AtomicU8 = AtomicU8::new(0);
 static UCP_ON: AtomicU8 = AtomicU8::new(0);
+/// Inside the `IBJITTER_START`/`STOP` window (always, without one); paused by
+/// `ibjitter inject pause`; live control is on (`IBJITTER_CONTROL`, default); one draw per
+/// work request was asked for (kept for a live `set` in a process that had no table).
+static IN_WINDOW: AtomicBool = AtomicBool::new(true);
+static PAUSED: AtomicBool = AtomicBool::new(false);
+static CONTROLLED: AtomicBool = AtomicBool::new(false);
+static PER_WR_ASKED: AtomicBool = AtomicBool::new(false);
 /// The window, in ns after [`activate`] (u64::MAX: none), and when that was.
 static WINDOW_START: AtomicU64 = AtomicU64::new(u64::MAX);
 static WINDOW_STOP: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -207,41 +214,16 @@ pub fn activate(
     window: Option<Window>,
     selective: bool,
     shape: &Shape,
+    controlled: bool,
 ) -> String {
     MODE.store(0, Release);
     UCP_MODE.store(0, Release);
     let _ = ACTIVATED.set(std::time::Instant::now());
     let mut clock_desc = String::from("none");
+    CONTROLLED.store(controlled, Release);
+    PER_WR_ASKED.store(per == Per::Wr, Release);
     if let Some(d) = delays {
-        let kind = match unit {
-            Unit::Loops => WaitKind::Loops,
-            Unit::Ns if clock::tsc_trusted() && clock::calibrate(2_000_000).is_some() => {
-                WaitKind::Tsc
-            }
-            Unit::Ns => WaitKind::Monotonic,
-        };
-        clock::set_kind(kind);
-        clock_desc = match kind {
-            WaitKind::Tsc => format!("tsc {:.3} GHz", clock::tsc_per_ns().unwrap_or_default()),
-            WaitKind::Monotonic => "CLOCK_MONOTONIC".into(),
-            WaitKind::Loops => "spin loops".into(),
-        };
-        let (pause, why) = match (kind, spin) {
-            (WaitKind::Loops, _) => (false, String::new()),
-            (_, Spin::Plain) => (false, "IBJITTER_SPIN".into()),
-            (_, Spin::Pause) => (true, "IBJITTER_SPIN".into()),
-            (_, Spin::Auto) => {
-                clock::choose_pause(d.values.iter().copied().filter(|&v| v > 0).min())
-            }
-        };
-        clock::set_pause(pause);
-        if kind != WaitKind::Loops {
-            let how = if pause { "pause" } else { "plain" };
-            clock_desc += &format!(", spin {how} ({why})");
-        }
-        for (w, &v) in WAITS.iter().zip(&d.values) {
-            w.store(clock::ns_to_units(v, kind), Relaxed);
-        }
+        clock_desc = use_table(d, unit, spin);
     }
     rng::set_seed(seed);
     let mut mode = 0;
@@ -249,9 +231,12 @@ pub fn activate(
         mode |= INJECT;
     }
     // Counting comes with any table too (+0.8 ns a post on the hotpath bench): the coverage
-    // line at exit says how many sends were delayed, stats file or not.
-    if count || delays.is_some() {
+    // line at exit says how many sends were delayed, stats file or not. Under live control
+    // the counters exist from the start (a later `set` turns counting on).
+    if count || delays.is_some() || controlled {
         stats::enable();
+    }
+    if count || delays.is_some() {
         mode |= STATS;
     }
     if per == Per::Wr && mode != 0 {
@@ -276,16 +261,7 @@ pub fn activate(
             mode |= TRACE;
         }
     }
-    FULL_MODE.store(mode, Release);
     LAYER.store(layer as u8, Release);
-    // `ucp`: verbs wrappers only count (they are patched only on contexts UCX did not open).
-    let (verbs, ucp) = match layer {
-        Layer::Verbs => (mode, 0),
-        Layer::Ucp => (outside(mode), mode),
-        Layer::Auto => (mode, mode),
-    };
-    VERBS_ON.store(verbs, Release);
-    UCP_ON.store(ucp, Release);
     let (start, stop) = match window {
         Some(w) => (w.start_ns, w.stop_ns.unwrap_or(u64::MAX)),
         None => (0, u64::MAX),
@@ -293,15 +269,115 @@ pub fn activate(
     WINDOW_START.store(start, Release);
     WINDOW_STOP.store(stop, Release);
     // Before a window opens the wrappers only count (the timer thread turns injection on).
-    let (verbs, ucp) = if start > 0 {
-        (outside(verbs), outside(ucp))
-    } else {
+    IN_WINDOW.store(start == 0, Release);
+    PAUSED.store(false, Release);
+    set_full_mode(mode);
+    LOADED.store(true, Release);
+    clock_desc
+}
+
+/// Chooses the clock for `d` (when nothing was injected before: a live `set` keeps the one
+/// chosen) and stores it in wait units. Returns the clock's description.
+fn use_table(d: &Delays, unit: Unit, spin: Spin) -> String {
+    let kind = match unit {
+        Unit::Loops => WaitKind::Loops,
+        Unit::Ns if clock::tsc_trusted() && clock::calibrate(2_000_000).is_some() => WaitKind::Tsc,
+        Unit::Ns => WaitKind::Monotonic,
+    };
+    clock::set_kind(kind);
+    let mut clock_desc = match kind {
+        WaitKind::Tsc => format!("tsc {:.3} GHz", clock::tsc_per_ns().unwrap_or_default()),
+        WaitKind::Monotonic => "CLOCK_MONOTONIC".into(),
+        WaitKind::Loops => "spin loops".into(),
+    };
+    let (pause, why) = match (kind, spin) {
+        (WaitKind::Loops, _) => (false, String::new()),
+        (_, Spin::Plain) => (false, "IBJITTER_SPIN".into()),
+        (_, Spin::Pause) => (true, "IBJITTER_SPIN".into()),
+        (_, Spin::Auto) => clock::choose_pause(d.values.iter().copied().filter(|&v| v > 0).min()),
+    };
+    clock::set_pause(pause);
+    if kind != WaitKind::Loops {
+        let how = if pause { "pause" } else { "plain" };
+        clock_desc += &format!(", spin {how} ({why})");
+    }
+    store_waits(d, kind);
+    clock_desc
+}
+
+/// The table in wait units; a single table fills both halves (the episodes' states).
+fn store_waits(d: &Delays, kind: WaitKind) {
+    if d.values.is_empty() {
+        return;
+    }
+    for (i, w) in WAITS.iter().enumerate() {
+        w.store(
+            clock::ns_to_units(d.values[i % d.values.len()], kind),
+            Relaxed,
+        );
+    }
+}
+
+/// Sets the full mode and each layer's, and publishes them (window, pause).
+fn set_full_mode(mode: u8) {
+    FULL_MODE.store(mode, Release);
+    // `ucp`: verbs wrappers only count (they are patched only on contexts UCX did not open).
+    let (verbs, ucp) = match LAYER.load(Acquire) {
+        l if l == Layer::Verbs as u8 => (mode, 0),
+        l if l == Layer::Ucp as u8 => (outside(mode), mode),
+        _ => (mode, mode),
+    };
+    VERBS_ON.store(verbs, Release);
+    UCP_ON.store(ucp, Release);
+    publish();
+}
+
+/// What the wrappers do now: injecting inside the window unless paused, else counting only.
+fn publish() {
+    let on = IN_WINDOW.load(Acquire) && !PAUSED.load(Acquire);
+    let (verbs, ucp) = (VERBS_ON.load(Acquire), UCP_ON.load(Acquire));
+    let (verbs, ucp) = if on {
         (verbs, ucp)
+    } else {
+        (outside(verbs), outside(ucp))
     };
     UCP_MODE.store(ucp, Release);
     MODE.store(verbs, Release);
-    LOADED.store(true, Release);
-    clock_desc
+}
+
+/// `ibjitter inject pause|resume`: sends are counted, not delayed, while paused.
+pub fn set_paused(paused: bool) {
+    PAUSED.store(paused, Release);
+    publish();
+}
+
+/// Whether live control is on (`IBJITTER_CONTROL`).
+pub fn controlled() -> bool {
+    CONTROLLED.load(Acquire)
+}
+
+pub fn paused() -> bool {
+    PAUSED.load(Acquire)
+}
+
+/// `ibjitter inject set`: injects `d` from now on (the draws' entries switch one by one,
+/// within microseconds; the clock is the one chosen at load, or chosen now if the process
+/// injected nothing before). Returns the clock's description when it was chosen now. Called
+/// by the control thread only.
+pub fn replace_table(d: &Delays, unit: Unit, spin: Spin) -> Option<String> {
+    let full = FULL_MODE.load(Acquire);
+    let desc = if full & INJECT == 0 {
+        Some(use_table(d, unit, spin))
+    } else {
+        store_waits(d, clock::kind());
+        None
+    };
+    let mut mode = full | INJECT | STATS;
+    if PER_WR_ASKED.load(Acquire) {
+        mode |= PER_WR;
+    }
+    set_full_mode(mode);
+    desc
 }
 
 /// A mode outside the window: counting only.
@@ -418,13 +494,13 @@ fn arm_window() {
         .spawn(move || {
             if start > 0 {
                 until(start);
-                MODE.store(VERBS_ON.load(Acquire), Release);
-                UCP_MODE.store(UCP_ON.load(Acquire), Release);
+                IN_WINDOW.store(true, Release);
+                publish();
             }
             if stop != u64::MAX {
                 until(stop);
-                MODE.store(outside(VERBS_ON.load(Acquire)), Release);
-                UCP_MODE.store(outside(UCP_ON.load(Acquire)), Release);
+                IN_WINDOW.store(false, Release);
+                publish();
             }
         });
 }
@@ -433,5 +509,5 @@ fn arm_window() {
 /// nothing (no table, no stats): then posts go straight to the provider at no cost. Before
 /// the configuration is loaded, patch (the wrappers pass through until it is).
 pub fn wants_patching() -> bool {
-    !LOADED.load(Acquire) || VERBS_ON.load(Acquire) != 0
+    !LOADED.load(Acquire) || VERBS_ON.load(Acquire) != 0 || CONTROLLED.load(Acquire)
 }

@@ -7,6 +7,7 @@
 //! - [`dl`]: interposed `dlsym`/`dlvsym`, so lookups through a libibverbs handle get the
 //!   hooks; [`elf_lookup`]: libc's real ones, from its dynamic symbol table;
 //! - [`hooks`]: the interposed exported symbols (open/import/close a device, create a QP);
+//!   [`control`]: live control (`ibjitter inject`), served by a thread of the shim;
 //! - [`patch`]: swapping provider pointers in contexts and QPs, the registries of originals,
 //!   and the post wrappers; [`wr_ops`]: the `ibv_wr_*` work-request wrappers of
 //!   `IBJITTER_PER=wr` and `IBJITTER_OPS`; [`select`]: which sends are delayed (opcode, QP,
@@ -25,6 +26,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod coverage;
 pub mod dl;
 pub mod elf_lookup;
@@ -78,6 +80,7 @@ pub fn install(settings: Settings) {
         settings.window,
         select::activate(&settings.select),
         &settings.shape,
+        settings.control,
     );
     say::set_startup(startup_message(&settings, &clock));
     if settings.warning.is_some() {
@@ -117,6 +120,13 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
             shape_words(&s.shape),
         ),
         None if s.stats.is_some() => "no table: counting posts only".into(),
+        None if s.control => {
+            return Some(format!(
+                "ibjitter: no table yet (IBJITTER_TABLE, _DIST or _DELAY): pass-through until \
+                 `ibjitter inject set {}` gives one",
+                std::process::id()
+            ))
+        }
         None => {
             return Some(
                 "ibjitter: warning: no IBJITTER_TABLE, IBJITTER_DIST or IBJITTER_DELAY set; pass-through"
@@ -153,6 +163,138 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
         s.select.describe(),
         hooks::HOOKED
     ))
+}
+
+/// Live `set`s ([`apply_live_set`]): what earlier tables' draws added up to, and the hits at
+/// the last set (the table in `STATE` counts the draws since).
+struct Epochs {
+    sets: u64,
+    carried: stats::Drawn,
+    base_hits: Vec<u64>,
+}
+
+static EPOCHS: Mutex<Epochs> = Mutex::new(Epochs {
+    sets: 0,
+    carried: stats::Drawn {
+        draws: 0,
+        injected: 0,
+        sum: 0,
+    },
+    base_hits: Vec::new(),
+});
+
+/// The hits since the last live set (all of them without one).
+fn hits_since_set(hits: &[u64]) -> Vec<u64> {
+    let e = EPOCHS.lock().unwrap_or_else(|e| e.into_inner());
+    hits.iter()
+        .enumerate()
+        .map(|(i, &h)| h - e.base_hits.get(i).copied().unwrap_or(0).min(h))
+        .collect()
+}
+
+/// Draws, delays and their sum over every table the process used.
+fn drawn_in_all(table: Option<&[u64]>, hits: &[u64]) -> stats::Drawn {
+    let now = stats::drawn(table, &hits_since_set(hits));
+    let c = EPOCHS.lock().unwrap_or_else(|e| e.into_inner()).carried;
+    stats::Drawn {
+        draws: c.draws + now.draws,
+        injected: c.injected + now.injected,
+        sum: c.sum + now.sum,
+    }
+}
+
+/// For live control's answers: sends that passed a hook, delayed ones, their sum in ns.
+pub fn live_counts() -> (u64, u64, u64) {
+    let snap = stats::snapshot();
+    let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let table = guard
+        .as_ref()
+        .and_then(|l| l.settings.delays.as_ref())
+        .map(|d| d.values.as_slice());
+    let d = drawn_in_all(table, &snap.hits);
+    (
+        snap.post_send + snap.wr_complete + snap.ucp,
+        d.injected,
+        d.sum.min(u128::from(u64::MAX)) as u64,
+    )
+}
+
+/// What is injected now, for live control's answers.
+pub fn table_now() -> String {
+    let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    match guard.as_ref().and_then(|l| l.settings.delays.as_ref()) {
+        Some(d) if inject::paused() => format!("paused (table {})", d.source),
+        Some(d) => format!("table {}", d.source),
+        None => "no table (pass-through)".into(),
+    }
+}
+
+/// The variables `ibjitter inject set` may change.
+const LIVE_VARS: [&str; 5] = [
+    "IBJITTER_TABLE",
+    "IBJITTER_DIST",
+    "IBJITTER_DELAY",
+    "IBJITTER_JITTER",
+    "IBJITTER_PROB",
+];
+
+/// `ibjitter inject set`: `IBJITTER_*=value` lines, read with the grammar of the launch
+/// environment (the unit and seed the process started with); on success the new table is
+/// injected from now on. Returns what is injected now, or why nothing changed.
+pub fn apply_live_set(text: &str) -> Result<String, String> {
+    let mut vars = std::collections::HashMap::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| format!("\"{line}\": expected IBJITTER_NAME=value"))?;
+        if !LIVE_VARS.contains(&k) {
+            return Err(format!(
+                "{k} cannot change while the process runs (live: {})",
+                LIVE_VARS.join(", ")
+            ));
+        }
+        vars.insert(k.to_string(), v.to_string());
+    }
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let l = guard.as_mut().ok_or("the shim has no configuration")?;
+    let unit = l.settings.unit;
+    vars.insert("IBJITTER_UNIT".into(), unit.name().into());
+    vars.insert("IBJITTER_SEED".into(), l.settings.seed.to_string());
+    let s = Settings::from_vars(|k| vars.get(k).cloned());
+    if let Some(w) = s.warning {
+        return Err(w
+            .trim_end_matches("; injection disabled (pass-through)")
+            .to_string());
+    }
+    let mut d = s
+        .delays
+        .ok_or("no table given (IBJITTER_TABLE, _DIST or _DELAY)")?;
+    if inject::episodes().is_some() {
+        // Both states' halves now hold the one table.
+        d.values = d.values.repeat(2);
+    }
+    {
+        // What the old table's draws added up to stays counted.
+        let snap = stats::snapshot();
+        let old = l.settings.delays.as_ref().map(|d| d.values.as_slice());
+        let since = hits_since_set(&snap.hits);
+        let mut e = EPOCHS.lock().unwrap_or_else(|e| e.into_inner());
+        let was = stats::drawn(old, &since);
+        e.carried.draws += was.draws;
+        e.carried.injected += was.injected;
+        e.carried.sum += was.sum;
+        e.base_hits = snap.hits;
+        e.sets += 1;
+    }
+    if let Some(clock) = inject::replace_table(&d, unit, l.settings.spin) {
+        l.clock = clock;
+    }
+    if let Some(pattern) = &l.settings.stats {
+        sigstats::arm(&stats_path(pattern), Some(&d.values), unit, l.settings.seed);
+    }
+    let now = format!("table {}", d.source);
+    l.settings.delays = Some(d);
+    Ok(now)
 }
 
 /// The mean delay: with episodes, each table's mean weighted by its state's mean dwell.
@@ -214,7 +356,20 @@ pub fn stats_json() -> Option<serde_json::Value> {
         clock: l.clock.clone(),
         disabled_reason: s.warning.as_deref().or(s.not_this_process.as_deref()),
     };
-    Some(stats::to_json(&stats::snapshot(), &ctx))
+    let mut snap = stats::snapshot();
+    let all = drawn_in_all(ctx.table, &snap.hits);
+    // Index hits, the histogram and percentiles: the draws since the last live set (of the
+    // table now in use); the totals: every table's.
+    snap.hits = hits_since_set(&snap.hits);
+    let mut doc = stats::to_json(&snap, &ctx);
+    let sets = EPOCHS.lock().unwrap_or_else(|e| e.into_inner()).sets;
+    if sets > 0 {
+        doc["draws"] = all.draws.into();
+        doc["delays_injected"] = all.injected.into();
+        doc[format!("sum_{}", s.unit.name())] = (all.sum.min(u128::from(u64::MAX)) as u64).into();
+        doc["live_sets"] = sets.into();
+    }
+    Some(doc)
 }
 
 /// Writes the stats file if `IBJITTER_STATS` asked for one and the process opened a device,
@@ -343,6 +498,7 @@ extern "C" fn on_exit() {
         }
         write_stats_noting(nothing_delayed);
         write_trace();
+        control::remove_file();
     });
 }
 
@@ -360,7 +516,7 @@ fn exit_summary() -> Option<String> {
     if s.quiet {
         return None;
     }
-    let d = stats::drawn(Some(&table.values), &snap.hits);
+    let d = drawn_in_all(Some(&table.values), &snap.hits);
     let sum = match s.unit {
         config::Unit::Ns => format!("{:.3} ms", d.sum as f64 / 1e6),
         config::Unit::Loops => format!("{} loops", d.sum),

@@ -37,6 +37,7 @@ fn first_message() {
     crate::coverage::ucx_seen();
     say::announce_once();
     crate::inject::arm_threads();
+    crate::control::arm();
 }
 
 /// Before the real call: the outermost call of a thread waits its draw (when `class` is

@@ -2181,3 +2181,151 @@ fn correlation_and_episodes_shape_the_draws_and_the_trace_shows_it() {
     assert!((r["correlated"] - 0.8).abs() < 0.06, "{r:?}");
     assert!(r["episodes"] > 0.5, "{r:?}");
 }
+
+/// Child: opens a fake device (no table configured), says READY on stdout, then posts
+/// every ~0.3 ms for 1.2 s; emits each post's start (CLOCK_MONOTONIC ns) and duration.
+fn child_controlled() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    let qpx: *mut ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    println!("READY {}", std::process::id());
+    let t0 = now_ns();
+    let mut posts = Vec::new();
+    while now_ns() - t0 < 1_200_000_000 {
+        let t = now_ns();
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_post_send(qp) }, 0);
+        posts.push((t, now_ns() - t));
+        std::thread::sleep(std::time::Duration::from_micros(300));
+    }
+    // SAFETY: the context is ours; the stub's close does nothing.
+    unsafe { (shim.close_device)(ctx) };
+    emit(serde_json::json!({ "posts": posts }));
+}
+
+/// Live control, from the shim's side: a process started without a table is switched to
+/// 1 ms by a `set` request, paused, and asked for its status; each answer comes within
+/// 100 ms, the posts between the switches show it, the counts are exact, and the control
+/// file goes with the process.
+#[test]
+fn live_set_pause_and_status_switch_a_running_process() {
+    use ibjitter_control::{self as ctl, Command as Request};
+    if child_scenario().is_some() {
+        return child_controlled();
+    }
+    let b = built();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "live_set_pause_and_status_switch_a_running_process",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    without_ibjitter_env(&mut cmd);
+    cmd.env(CHILD, "controlled")
+        .env("IBJITTER_TEST_SO", &b.so)
+        .env("IBJITTER_TEST_STUB", &b.stub)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let pid = loop {
+        let mut line = String::new();
+        assert!(
+            std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0,
+            "no READY"
+        );
+        // The harness's "test NAME ... " precedes it on the same line.
+        if let Some((_, p)) = line.trim().split_once("READY ") {
+            break p.parse::<u32>().unwrap();
+        }
+    };
+    let ask = |c: Request, text: &str| {
+        let t = now_ns();
+        let a = ctl::send(pid, c, text, std::time::Duration::from_secs(2)).unwrap();
+        (t, now_ns(), a)
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (_, _, before) = ask(Request::Status, "");
+    let (set_sent, set_back, set) = ask(Request::Set, "IBJITTER_DELAY=1ms");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (pause_sent, pause_back, pause) = ask(Request::Pause, "");
+    let (_, _, refused) = ask(Request::Set, "IBJITTER_SEED=3");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(child.wait().unwrap().success(), "{err}");
+    let result: Value = serde_json::from_str(
+        rest.lines()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .expect("RESULT"),
+    )
+    .unwrap();
+    eprintln!(
+        "status {before:?}\nset {set:?}\npause {pause:?}\nrefused {refused:?}\nstderr: {err}"
+    );
+    assert!(err.contains("no table yet"), "{err}");
+    assert!(
+        before.ok && before.state == 0 && before.delayed == 0,
+        "{before:?}"
+    );
+    assert!(set.ok && set.state & ctl::STATE_INJECTING != 0, "{set:?}");
+    assert_eq!(set.text, "table constant 1000000 ns");
+    assert!(
+        pause.ok && pause.state & ctl::STATE_PAUSED != 0,
+        "{pause:?}"
+    );
+    assert!(
+        !refused.ok && refused.text.contains("IBJITTER_SEED cannot change"),
+        "{refused:?}"
+    );
+    for a in [&set, &pause] {
+        assert!(a.applied_after.as_millis() < 100, "{a:?}");
+    }
+    let posts: Vec<(u64, u64)> = result["posts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap()))
+        .collect();
+    // Floors (noise only lengthens a post): every post that began after the set was answered
+    // and before the pause was sent waited 1 ms; exactly the posts the process counted as
+    // delayed did, at most those begun between the requests and their answers.
+    let inside: Vec<u64> = posts
+        .iter()
+        .filter(|(t, _)| *t > set_back && *t < pause_sent)
+        .map(|p| p.1)
+        .collect();
+    assert!(
+        inside.len() > 50 && inside.iter().all(|&d| d >= 1_000_000),
+        "{inside:?}"
+    );
+    let maybe = posts
+        .iter()
+        .filter(|(t, _)| {
+            (*t >= set_sent && *t <= set_back) || (*t >= pause_sent && *t <= pause_back)
+        })
+        .count() as u64;
+    let delayed = pause.delayed;
+    assert!(
+        delayed >= inside.len() as u64 && delayed <= inside.len() as u64 + maybe,
+        "{delayed} delayed, {} inside, {maybe} at the edges",
+        inside.len()
+    );
+    assert_eq!(pause.sum_ns, delayed * 1_000_000);
+    assert!(
+        !ctl::path(pid).exists(),
+        "the control file outlived its process"
+    );
+    eprintln!(
+        "live set applied after {:.1} ms, pause after {:.1} ms; {delayed} posts delayed",
+        set.applied_after.as_secs_f64() * 1e3,
+        pause.applied_after.as_secs_f64() * 1e3
+    );
+}

@@ -4,6 +4,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod exit;
 mod incast;
+mod inject;
 mod pcap;
 mod run;
 mod serve;
@@ -27,6 +28,8 @@ enum Command {
     Run(run::RunArgs),
     /// Many senders into one receiver, launched through ssh/srun/mpirun, results merged
     Incast(incast::IncastArgs),
+    /// Live control of running processes under libibjitter.so: status, set, pause, resume
+    Inject(inject::InjectArgs),
     /// Per-flow and inter-packet-delay analysis of RoCEv2 / InfiniBand captures (pcap, pcapng)
     Pcap(pcap::PcapArgs),
 }
@@ -40,6 +43,7 @@ pub fn main() -> i32 {
         Command::Run(args) => run::run(args),
         Command::Incast(args) => incast::run(args),
         Command::Pcap(args) => pcap::run(args),
+        Command::Inject(args) => inject::run(args),
     }
 }
 
