@@ -1467,3 +1467,105 @@ fn inject_set_and_pause_switch_a_running_ib_write_lat() {
     let s = one_stats(&dir, "live");
     assert_eq!(s["delays_injected"], delayed, "{s}");
 }
+
+/// `IBJITTER_MODE=line`, on the bench. (1) A one-process SEND ping-pong (two posts per round
+/// trip, both delayed 1 ms) grows by 2 ms (±25 %) as in spin mode: each post still waits its
+/// delay, on the line. (2) `ibjitter run` (a real verbs program, here under the shim) keeping
+/// 16 RDMA WRITEs outstanding on one QP: in spin mode the posting thread waits each 1 ms
+/// delay in turn (~1,000 ops/s); on the line 16 delays overlap (~16,000/(1 ms + round trip)),
+/// at least 8x as many, and at least half of 16/D. Spin and line runs alternate, twice.
+#[test]
+fn the_delay_line_overlaps_delays_that_spin_mode_adds_up() {
+    let so = shim_so();
+    let ibj = env!("CARGO_BIN_EXE_ibjitter");
+    let bin = support_program(
+        "pingpong_verbs",
+        "pingpong_linked",
+        &["-DLINKED", "-libverbs"],
+    );
+    let dir = scratch_dir("shim-line");
+    let (so, d, bin) = (so.display(), dir.display(), bin.display());
+    let mut script = String::from(". tools/vm/lib.sh\n");
+    for i in 0..2 {
+        for (name, env) in [
+            ("base", String::new()),
+            (
+                "line",
+                format!("env LD_PRELOAD={so} IBJITTER_DELAY=1ms IBJITTER_MODE=line IBJITTER_STATS={d}/pp-line-{i}.%p.json"),
+            ),
+        ] {
+            script += &format!(
+                "echo '=== pp-{name}-{i}'; timeout 120 {env} {bin} rxe0 rxe1 300 2>&1 || exit 1\n\
+                 echo '=== pp-{name}-{i}: client rc=0'\n"
+            );
+        }
+    }
+    script += &format!(
+        "{ibj} serve --dev rxe1 > /dev/null 2>&1 & server=$!\n\
+         wait_until 20 tcp_listening 18515 || exit 1\n"
+    );
+    for i in 0..2 {
+        for mode in ["spin", "line"] {
+            script += &format!(
+                "env LD_PRELOAD={so} IBJITTER_DELAY=1ms IBJITTER_MODE={mode} IBJITTER_QUIET=1 \
+                 IBJITTER_STATS={d}/stream-{mode}-{i}.%p.json {ibj} run 10.0.0.2 --dev rxe0 \
+                 --flows 1 --depth 16 --op write --size 64 --duration 2s --no-progress \
+                 --json {d}/report-{mode}-{i}.json > /dev/null || exit 1\n"
+            );
+        }
+    }
+    script += "kill $server; wait $server\nexit 0\n";
+    let out = Vm::new().timeout(900).writable(&dir).run(&script);
+    out.assert_success();
+    let fastest = |name: &str| {
+        (0..2)
+            .map(|i| {
+                let text = section(&out.output, &format!("pp-{name}-{i}"));
+                text.split("min ")
+                    .nth(1)
+                    .and_then(|t| t.split(" us").next())
+                    .and_then(|t| t.parse::<f64>().ok())
+                    .unwrap_or_else(|| panic!("no round trip in pp-{name}-{i}:\n{text}"))
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let grew = fastest("line") - fastest("base");
+    let s = one_stats(&dir, "pp-line-0");
+    eprintln!(
+        "line mode ping-pong: fastest round trip +{grew:.1} us for two 1 ms posts; line {}",
+        s["line"]
+    );
+    assert!(
+        (1500.0..=2500.0).contains(&grew),
+        "line mode: +{grew:.1} us per round trip of two 1 ms posts"
+    );
+    assert_eq!(s["line"]["deferred"], 600, "{s}");
+    assert_eq!(s["line"]["post_errors"], 0, "{s}");
+    let ops_per_s = |mode: &str, i: usize| {
+        let r: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(format!("report-{mode}-{i}.json"))).unwrap(),
+        )
+        .unwrap();
+        r["total"]["mops"].as_f64().unwrap() * 1e6
+    };
+    for i in 0..2 {
+        let (spin, line) = (ops_per_s("spin", i), ops_per_s("line", i));
+        let s = one_stats(&dir, &format!("stream-line-{i}"));
+        eprintln!(
+            "16 WRITEs outstanding, 1 ms per post: spin {spin:.0} ops/s, line {line:.0} ops/s \
+             (x{:.1}); line {}",
+            line / spin,
+            s["line"]
+        );
+        assert!(
+            spin <= 1_300.0,
+            "spin mode: {spin:.0} ops/s with 1 ms per post"
+        );
+        assert!(line >= 8.0 * spin, "line {line:.0} vs spin {spin:.0} ops/s");
+        assert!(
+            line >= 8_000.0,
+            "line mode: {line:.0} ops/s, 16/D is 16,000"
+        );
+        assert_eq!(s["line"]["post_errors"], 0, "{s}");
+    }
+}

@@ -76,6 +76,48 @@ fn child_cost(trampoline_only: bool) {
     alternate(|| time(&mut qd), || time(&mut qp));
 }
 
+/// ns per call of `ibv_post_send` with a real one-entry RDMA WRITE, directly and through
+/// the shim, in bursts of 1,000 with a pause between (so that `IBJITTER_MODE=line`'s pool,
+/// drained by its timer thread meanwhile, never fills: the post path's own cost).
+fn child_cost_wr() {
+    let shim = load();
+    let mut direct = FakeContext::new(bare_post_send);
+    let mut patched = FakeContext::new(bare_post_send);
+    // SAFETY: the stub returns the fake context passed as the device.
+    let pctx = unsafe { (shim.open_device)(patched.ctx() as *mut _) };
+    let mut qd = fake_qp(direct.ctx());
+    let mut qp = fake_qp(pctx);
+    let buf = [0u8; 64];
+    let time = |q: &mut verbs_abi::ibv_qp_ex| {
+        let mut sge = verbs_abi::ibv_sge {
+            addr: buf.as_ptr() as u64,
+            length: 64,
+            lkey: 1,
+        };
+        // SAFETY: all-zero is a valid ibv_send_wr.
+        let mut wr: verbs_abi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.opcode = verbs_abi::ibv_wr_opcode_IBV_WR_RDMA_WRITE;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        let mut spent = 0;
+        for _ in 0..CALLS / 1000 {
+            let t0 = now_ns();
+            for _ in 0..1000 {
+                // SAFETY: as verbs.h's inline ibv_post_send, on a fake QP of a live context.
+                unsafe {
+                    let f = (*q.qp_base.context).ops.post_send.unwrap();
+                    let mut bad = std::ptr::null_mut();
+                    f(&mut q.qp_base, &mut wr, &mut bad);
+                }
+            }
+            spent += now_ns() - t0;
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+        spent as f64 / CALLS as f64
+    };
+    alternate(|| time(&mut qd), || time(&mut qp));
+}
+
 /// ns per call of `ucp_tag_send_nbx` on a stand-in libucp directly and through the shim's
 /// UCP wrapper.
 fn child_ucp_cost() {
@@ -220,6 +262,7 @@ fn main() {
         match args[i + 1].as_str() {
             "cost" => child_cost(false),
             "trampoline" => child_cost(true),
+            "cost-wr" => child_cost_wr(),
             "ucp" => child_ucp_cost(),
             role => {
                 let (d, n) = role.split_once(':').unwrap();
@@ -255,6 +298,16 @@ fn main() {
             "zero-delay table + IBJITTER_STATS",
             "cost",
             vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_STATS", stats)],
+        ),
+        (
+            "1-SGE WRITE, zero-delay table",
+            "cost-wr",
+            vec![("IBJITTER_DELAY", "0ns")],
+        ),
+        (
+            "1-SGE WRITE, line (zero delay)",
+            "cost-wr",
+            vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_MODE", "line")],
         ),
         (
             "zero-delay table, QP selected",

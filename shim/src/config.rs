@@ -124,6 +124,8 @@ pub struct Settings {
     pub shape: Shape,
     /// Live control (`ibjitter inject`): on unless `IBJITTER_CONTROL=0`.
     pub control: bool,
+    /// `IBJITTER_MODE=line`: delays overlap in a delay line instead of blocking the poster.
+    pub line: bool,
 }
 
 /// How draws follow each other (all off by default: i.i.d. draws from one table).
@@ -174,6 +176,7 @@ impl Settings {
             select: Selection::default(),
             shape: Shape::default(),
             control: true,
+            line: false,
         }
     }
 
@@ -205,6 +208,17 @@ impl Settings {
             Some("ucp") => s.layer = Layer::Ucp,
             Some(other) => problems.push(format!(
                 "IBJITTER_LAYER={other}: expected \"auto\" (UCP for UCX's messages, verbs for the rest), \"verbs\" or \"ucp\""
+            )),
+        }
+        match nonempty("IBJITTER_MODE").as_deref().map(str::trim) {
+            None | Some("spin") => {}
+            Some("line") if s.unit == Unit::Loops => problems.push(
+                "IBJITTER_MODE=line keeps time: it needs delays in ns, not IBJITTER_UNIT=loops"
+                    .into(),
+            ),
+            Some("line") => s.line = true,
+            Some(other) => problems.push(format!(
+                "IBJITTER_MODE={other}: expected \"spin\" (the posting thread waits) or \"line\" (a delay line: posts return at once)"
             )),
         }
         match nonempty("IBJITTER_SPIN").as_deref().map(str::trim) {

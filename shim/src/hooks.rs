@@ -155,6 +155,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     };
     patch::forget_qp(qp);
     select::qp_destroyed(qp);
+    crate::line::qp_destroyed(qp);
     real(qp)
 }
 

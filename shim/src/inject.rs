@@ -24,9 +24,12 @@ const EPISODES: u8 = 16;
 const CORRELATED: u8 = 32;
 const TRACE: u8 = 64;
 pub const SHAPED: u8 = EPISODES | CORRELATED | TRACE;
+/// Mode bit: `IBJITTER_MODE=line` (the delay line takes `ibv_post_send` calls; kept outside
+/// a window or a pause too, so that a direct post never overtakes the line).
+pub const LINE: u8 = 128;
 /// Modes the default post wrappers hand to an out-of-line path ([`delay`]), so that their
 /// own path stays frameless.
-pub const SLOW: u8 = SELECT | SHAPED;
+pub const SLOW: u8 = SELECT | SHAPED | LINE;
 
 /// The verbs wrappers' mode: 0 until load finished (and whenever there is nothing to do):
 /// they pass through. Without INJECT when UCP is the only layer (they may still count).
@@ -324,8 +327,9 @@ fn set_full_mode(mode: u8) {
     // `ucp`: verbs wrappers only count (they are patched only on contexts UCX did not open).
     let (verbs, ucp) = match LAYER.load(Acquire) {
         l if l == Layer::Verbs as u8 => (mode, 0),
-        l if l == Layer::Ucp as u8 => (outside(mode), mode),
-        _ => (mode, mode),
+        // The UCP layer waits in the calling thread (UCP calls are not work requests).
+        l if l == Layer::Ucp as u8 => (outside(mode) & !LINE, mode & !LINE),
+        _ => (mode, mode & !LINE),
     };
     VERBS_ON.store(verbs, Release);
     UCP_ON.store(ucp, Release);
@@ -423,11 +427,41 @@ pub fn delay_drawn_only(mode: u8) {
     }
 }
 
-/// Starts the shim's timer threads a configuration needs ([`arm_window`], [`arm_episodes`]):
-/// when the process first opens a device or sends through UCP.
+/// Starts the shim's timer threads a configuration needs ([`arm_window`], [`arm_episodes`],
+/// the delay line's): when the process first opens a device or sends through UCP.
 pub fn arm_threads() {
     arm_window();
     arm_episodes();
+    if line_mode() && !crate::line::start() {
+        disable_line();
+    }
+}
+
+/// `IBJITTER_MODE=line` (at load, after [`activate`]).
+pub fn enable_line() {
+    set_full_mode(FULL_MODE.load(Acquire) | LINE);
+}
+
+/// Back to waiting in the posting thread (a fork child, or a line that could not start).
+pub fn disable_line() {
+    set_full_mode(FULL_MODE.load(Acquire) & !LINE);
+}
+
+/// Whether the delay line is the mode.
+pub fn line_mode() -> bool {
+    FULL_MODE.load(Acquire) & LINE != 0
+}
+
+/// Draws (and counts) like [`delay`], without waiting: what the delay line defers by.
+#[inline(never)]
+pub fn draw_units(mode: u8, hook: Hook) -> u64 {
+    match draw_any(mode, hook) {
+        Some(u) => u,
+        None => {
+            first_post_of_thread();
+            draw_any(mode, hook).unwrap_or(0)
+        }
+    }
 }
 
 /// The state changes of `IBJITTER_EPISODES` so far, and the mean dwells asked (ns): None

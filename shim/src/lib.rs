@@ -14,6 +14,7 @@
 //!   destination);
 //! - [`ucp`]: the UCP layer, UCX's send calls (`IBJITTER_LAYER`);
 //! - [`inject`]: the active injection: table in wait units, clock kind, draw, wait;
+//!   [`line`]: `IBJITTER_MODE=line`, the delay line and its timer thread;
 //! - [`stats`]: counters and the stats document; [`config`]: the `IBJITTER_*` environment;
 //!   [`rng`]: per-thread PCG streams; [`clock`]: TSC busy-wait;
 //! - [`coverage`]: whether anything passed the hooks (said at exit); [`ports`]: what the
@@ -32,6 +33,7 @@ pub mod dl;
 pub mod elf_lookup;
 pub mod hooks;
 pub mod inject;
+pub mod line;
 pub mod patch;
 pub mod ports;
 pub mod real;
@@ -82,6 +84,9 @@ pub fn install(settings: Settings) {
         &settings.shape,
         settings.control,
     );
+    if settings.line && (settings.delays.is_some() || settings.control) {
+        inject::enable_line();
+    }
     say::set_startup(startup_message(&settings, &clock));
     if settings.warning.is_some() {
         say::show_startup_now();
@@ -139,9 +144,13 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
         .as_deref()
         .map(|p| format!(", stats {p}"))
         .unwrap_or_default();
-    let per = match s.per {
-        config::Per::Post => "",
-        config::Per::Wr => ", one delay per work request",
+    let per = match (s.per, s.line) {
+        (config::Per::Post, false) => "",
+        (config::Per::Wr, false) => ", one delay per work request",
+        (config::Per::Post, true) => ", mode line (posts return at once; a shim thread posts when due)",
+        (config::Per::Wr, true) => {
+            ", one delay per work request, mode line (posts return at once; a shim thread posts when due)"
+        }
     };
     let per = match s.window {
         Some(w) => format!(
@@ -393,6 +402,9 @@ fn write_stats_noting(nothing_delayed: Option<String>) {
     };
     let Some(mut doc) = stats_json() else { return };
     doc["nothing_delayed"] = serde_json::json!(nothing_delayed);
+    if inject::line_mode() {
+        doc["line"] = line::stats_json();
+    }
     if let Some((changes, calm, congested)) = inject::episodes() {
         doc["episodes"] = serde_json::json!({
             "mean_calm_ns": calm, "mean_congested_ns": congested, "state_changes": changes,
@@ -482,6 +494,8 @@ extern "C" fn on_fork_child() {
     ports::reset_after_fork();
     stats::reset();
     trace::reset();
+    line::after_fork_child();
+    inject::disable_line();
     // SAFETY: PATTERN is leaked, never freed. (glibc lets the forking thread allocate.)
     if let Some(p) = unsafe { PATTERN.load(Acquire).as_ref() } {
         sigstats::set_path(&stats_path(p));
@@ -496,6 +510,9 @@ extern "C" fn on_exit() {
         } else if let Some(line) = exit_summary() {
             say::line(&line);
         }
+        // What is still in the delay line goes out before the process does (what a wire
+        // would do), then the stats count it.
+        line::drain(2_000_000_000);
         write_stats_noting(nothing_delayed);
         write_trace();
         control::remove_file();

@@ -8,6 +8,7 @@
 //! never allocates.
 use crate::coverage;
 use crate::inject;
+use crate::line;
 use crate::real::{address, FnSlot, QP_TO_QP_EX};
 use crate::rng;
 use crate::say;
@@ -359,6 +360,10 @@ unsafe extern "C" fn post_send_slow(
     } else {
         mode
     };
+    if mode & inject::LINE != 0 && line::on() {
+        let units = inject::draw_units(mode, Hook::PostSend);
+        return line::post(qp, wr, bad, units);
+    }
     inject::delay(mode, Hook::PostSend);
     post_send_orig(qp, wr, bad)
 }
@@ -434,8 +439,9 @@ unsafe extern "C" fn post_send_after_wait(
     post_send_orig(qp, wr, bad)
 }
 
+/// The provider's `post_send` for `qp` (the delay line posts through it too).
 #[inline(always)]
-unsafe fn post_send_orig(
+pub(crate) unsafe fn post_send_orig(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
@@ -503,6 +509,12 @@ unsafe extern "C" fn wr_start_delayed(qpx: *mut ibv_qp_ex, mode: u8) {
     if mode & inject::PER_WR != 0 {
         // The batch's first work request is waited for here, before the provider's lock.
         rng::set_batch_paid();
+    }
+    if mode & inject::LINE != 0 {
+        say::warn_once(
+            "IBJITTER_MODE=line: the ibv_wr_* API builds its requests inside the provider; \
+             its batches wait in the posting thread (spin)",
+        );
     }
     if mode & inject::SHAPED != 0 {
         inject::delay(mode, Hook::WrBatch);
