@@ -972,9 +972,10 @@ fn a_program_that_resolves_verbs_through_dlopen_is_delayed_like_a_linked_one() {
             assert_eq!(s["delays_injected"], 2 * ITERS, "{name}: {s}");
             assert_eq!(s["sum_ns"], 2 * ITERS * (D_US as u64) * 1000, "{name}: {s}");
             assert!(s["nothing_delayed"].is_null(), "{name}: {s}");
-            // The dlopen build got the open, close, create, modify and destroy hooks by
-            // dlvsym (modify: IBJITTER_DEST reads destinations there).
-            let via_dlsym = if name == "dlopen" { 5 } else { 0 };
+            // The dlopen build got the open, close, create/modify/destroy QP and create CQ
+            // hooks by dlvsym (modify: IBJITTER_DEST reads destinations there; create CQ:
+            // IBJITTER_CQ_TABLE gives CQs their rings).
+            let via_dlsym = if name == "dlopen" { 6 } else { 0 };
             assert_eq!(s["hooks_via_dlsym"], via_dlsym, "{name}: {s}");
         }
     }
@@ -1568,4 +1569,101 @@ fn the_delay_line_overlaps_delays_that_spin_mode_adds_up() {
         );
         assert_eq!(s["line"]["post_errors"], 0, "{s}");
     }
+}
+
+/// Completion-side delay on the bench. (1) ibv_rc_pingpong with only the server under
+/// `IBJITTER_CQ_DELAY=D`: the server sees each message D late, so each round trip grows by D
+/// (fastest average of 5 interleaved pairs, at least 0.75 D: see `averages_grew_by_d`); the
+/// server's stats hold every completion (a receive and a send per iteration). (2) The
+/// one-process ping-pong, whose both ends are under the shim: two receives per round trip,
+/// +2 D (±25 %) on the fastest round trip.
+#[test]
+fn held_completions_delay_the_receiver() {
+    const ITERS: u64 = 200;
+    let so = shim_so();
+    let bin = support_program(
+        "pingpong_verbs",
+        "pingpong_linked",
+        &["-DLINKED", "-libverbs"],
+    );
+    let dir = scratch_dir("shim-cq");
+    let (so, d, bin) = (so.display(), dir.display(), bin.display());
+    let mut script = String::from(". tools/vm/lib.sh\nF=0\n");
+    for r in 0..RC_ROUNDS {
+        for (side, pre) in [
+            ("base", String::new()),
+            (
+                "cq",
+                format!("env LD_PRELOAD={so} IBJITTER_CQ_DELAY={D_US}us IBJITTER_STATS={d}/rc-{r}.%p.json"),
+            ),
+        ] {
+            script += &format!(
+                "pair rc_{side}_{r} 'tcp_listening 18515' 'timeout 120 {pre} ibv_rc_pingpong -d rxe1 -g 1 -n {ITERS}' \
+                 'timeout 120 ibv_rc_pingpong -d rxe0 -g 1 -n {ITERS} 10.0.0.2' || F=1\n"
+            );
+        }
+    }
+    for r in 0..2 {
+        for (side, pre) in [
+            ("base", String::new()),
+            (
+                "cq",
+                format!("env LD_PRELOAD={so} IBJITTER_CQ_DELAY={D_US}us IBJITTER_STATS={d}/pp-{r}.%p.json"),
+            ),
+        ] {
+            script += &format!(
+                "echo '=== pp_{side}_{r}'; timeout 120 {pre} {bin} rxe0 rxe1 300 2>&1 || F=1\n\
+                 echo '=== pp_{side}_{r}: client rc=0'\n"
+            );
+        }
+    }
+    script += "exit $F\n";
+    let out = Vm::new().timeout(900).writable(&dir).run(&script);
+    out.assert_success();
+    let o = &out.output;
+    let pairs: Vec<(f64, f64)> = (0..RC_ROUNDS)
+        .map(|r| {
+            let avg = |side: &str| rc_usec_per_iter(client(section(o, &format!("rc_{side}_{r}"))));
+            (avg("base"), avg("cq"))
+        })
+        .collect();
+    let mut bad: Vec<String> =
+        averages_grew_by_d("ibv_rc_pingpong, server's completions held", &pairs)
+            .into_iter()
+            .collect();
+    for r in 0..RC_ROUNDS {
+        let s = one_stats(&dir, &format!("rc-{r}"));
+        // The server's receive and send completion of each iteration (and the first
+        // receive's, posted before the loop: at least 2 x ITERS).
+        let held = s["cq"]["held"].as_u64().unwrap();
+        assert!(held >= 2 * ITERS, "rc-{r}: {s}");
+        assert_eq!(
+            s["cq"]["sum_ns"],
+            held * (D_US as u64) * 1000,
+            "rc-{r}: {s}"
+        );
+        assert_eq!(s["cq"]["unheld"], 0, "rc-{r}: {s}");
+    }
+    let fastest = |side: &str| {
+        (0..2)
+            .map(|r| {
+                let text = section(o, &format!("pp_{side}_{r}"));
+                text.split("min ")
+                    .nth(1)
+                    .and_then(|t| t.split(" us").next())
+                    .and_then(|t| t.parse::<f64>().ok())
+                    .unwrap_or_else(|| panic!("no round trip in pp_{side}_{r}:\n{text}"))
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let grew = fastest("cq") - fastest("base");
+    let line = format!(
+        "one-process ping-pong, completions held {D_US} us: fastest round trip +{grew:.1} us (two receives)"
+    );
+    eprintln!("{line}");
+    if !(1.5 * D_US..=2.5 * D_US).contains(&grew) {
+        bad.push(line);
+    }
+    assert!(o.contains("completions in ibv_poll_cq"), "{o}");
+    assert_none(bad);
 }

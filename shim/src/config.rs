@@ -126,6 +126,8 @@ pub struct Settings {
     pub control: bool,
     /// `IBJITTER_MODE=line`: delays overlap in a delay line instead of blocking the poster.
     pub line: bool,
+    /// `IBJITTER_CQ_TABLE`/`IBJITTER_CQ_DELAY`: completions are held this long (ns).
+    pub cq: Option<Delays>,
 }
 
 /// How draws follow each other (all off by default: i.i.d. draws from one table).
@@ -177,6 +179,7 @@ impl Settings {
             shape: Shape::default(),
             control: true,
             line: false,
+            cq: None,
         }
     }
 
@@ -299,6 +302,10 @@ impl Settings {
                 ));
             }
             s.window = Some(w);
+        }
+        match load_cq(&nonempty) {
+            Ok(cq) => s.cq = cq,
+            Err(e) => problems.push(e),
         }
         if let Some(v) = nonempty("IBJITTER_CORRELATION") {
             match parse_correlation(&v) {
@@ -426,6 +433,34 @@ pub fn with_probability(d: Delays, p: f64, seed: u64) -> Delays {
             d.source
         ),
         values,
+    }
+}
+
+/// `IBJITTER_CQ_TABLE=FILE` (an absolute table, absolute path) or `IBJITTER_CQ_DELAY=D` (a
+/// constant): how long completions are held.
+fn load_cq(var: &impl Fn(&str) -> Option<String>) -> Result<Option<Delays>, String> {
+    match (var("IBJITTER_CQ_TABLE"), var("IBJITTER_CQ_DELAY")) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Err("give IBJITTER_CQ_TABLE or IBJITTER_CQ_DELAY, not both".into()),
+        (Some(path), None) => {
+            let path = path.trim();
+            if !Path::new(path).is_absolute() {
+                return Err(format!("IBJITTER_CQ_TABLE={path}: give an absolute path"));
+            }
+            let t = table::read(Path::new(path), Kind::Absolute)
+                .map_err(|e| format!("IBJITTER_CQ_TABLE: {e}"))?;
+            Ok(Some(Delays {
+                source: path.to_string(),
+                values: t.entries.iter().map(|&e| e.max(0) as u64).collect(),
+            }))
+        }
+        (None, Some(d)) => {
+            let ns = parse_duration(&d, Unit::Ns).map_err(|e| format!("IBJITTER_CQ_DELAY={e}"))?;
+            Ok(Some(Delays {
+                source: format!("constant {} ns", ns.round()),
+                values: vec![ns.round() as u64; ENTRIES],
+            }))
+        }
     }
 }
 

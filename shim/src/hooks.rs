@@ -10,6 +10,7 @@ use crate::patch;
 use crate::ports;
 use crate::real::{address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP, IMPORT_DEVICE};
 use crate::real::{CloseDeviceFn, CreateQpFn, DestroyQpFn, ImportDeviceFn, OpenDeviceFn};
+use crate::real::{CreateCqFn, DestroyCqFn, CREATE_CQ, DESTROY_CQ};
 use crate::real::{ModifyQpFn, MODIFY_QP, OPEN_DEVICE};
 use crate::say;
 use crate::select;
@@ -20,9 +21,9 @@ use std::ptr::null_mut;
 
 /// Names shown in the startup line.
 pub const HOOKED: &str = if cfg!(target_arch = "x86_64") {
-    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp (linked or via dlsym/dlvsym) -> ops.post_send, create_qp_ex -> wr_start"
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp ibv_create_cq ibv_destroy_cq (linked or via dlsym/dlvsym) -> ops.post_send, create_qp_ex -> wr_start"
 } else {
-    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp -> ops.post_send, create_qp_ex -> wr_start"
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp ibv_create_cq ibv_destroy_cq -> ops.post_send, create_qp_ex -> wr_start"
 };
 
 /// The hook that stands for `found`, the function a lookup of `name` through a handle
@@ -39,6 +40,8 @@ pub fn hook_for(name: &CStr, found: *mut c_void) -> Option<*mut c_void> {
         b"ibv_create_qp" => same(&CREATE_QP, found, ibv_create_qp as CreateQpFn),
         b"ibv_destroy_qp" => same(&DESTROY_QP, found, ibv_destroy_qp as DestroyQpFn),
         b"ibv_modify_qp" => same(&MODIFY_QP, found, ibv_modify_qp as ModifyQpFn),
+        b"ibv_create_cq" => same(&CREATE_CQ, found, ibv_create_cq as CreateCqFn),
+        b"ibv_destroy_cq" => same(&DESTROY_CQ, found, ibv_destroy_cq as DestroyCqFn),
         _ => None,
     }
 }
@@ -178,4 +181,38 @@ pub unsafe extern "C" fn ibv_modify_qp(
         select::qp_modified(qp, attr, attr_mask);
     }
     rc
+}
+
+/// Interposed `ibv_create_cq@IBVERBS_1.1`: with a completion table, the new CQ gets its
+/// holding ring ([`crate::cq`]).
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_create_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    let Some(real) = CREATE_CQ.get() else {
+        return fail_enosys();
+    };
+    let cq = real(ctx, cqe, cq_context, channel, comp_vector);
+    crate::cq::cq_created(cq);
+    cq
+}
+
+/// Interposed `ibv_destroy_cq@IBVERBS_1.1`: its ring goes first.
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_destroy_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    let Some(real) = DESTROY_CQ.get() else {
+        return libc::ENOSYS;
+    };
+    crate::cq::cq_destroyed(cq);
+    real(cq)
 }

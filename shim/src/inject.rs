@@ -282,6 +282,14 @@ pub fn activate(
 /// Chooses the clock for `d` (when nothing was injected before: a live `set` keeps the one
 /// chosen) and stores it in wait units. Returns the clock's description.
 fn use_table(d: &Delays, unit: Unit, spin: Spin) -> String {
+    let desc = choose_clock(d, unit, spin);
+    store_waits(d, clock::kind());
+    desc
+}
+
+/// Chooses the wait clock for a table (the send table's, or with only a completion table,
+/// that one's). Returns its description.
+pub fn choose_clock(d: &Delays, unit: Unit, spin: Spin) -> String {
     let kind = match unit {
         Unit::Loops => WaitKind::Loops,
         Unit::Ns if clock::tsc_trusted() && clock::calibrate(2_000_000).is_some() => WaitKind::Tsc,
@@ -304,7 +312,6 @@ fn use_table(d: &Delays, unit: Unit, spin: Spin) -> String {
         let how = if pause { "pause" } else { "plain" };
         clock_desc += &format!(", spin {how} ({why})");
     }
-    store_waits(d, kind);
     clock_desc
 }
 
@@ -543,5 +550,8 @@ fn arm_window() {
 /// nothing (no table, no stats): then posts go straight to the provider at no cost. Before
 /// the configuration is loaded, patch (the wrappers pass through until it is).
 pub fn wants_patching() -> bool {
-    !LOADED.load(Acquire) || VERBS_ON.load(Acquire) != 0 || CONTROLLED.load(Acquire)
+    !LOADED.load(Acquire)
+        || VERBS_ON.load(Acquire) != 0
+        || CONTROLLED.load(Acquire)
+        || crate::cq::on()
 }

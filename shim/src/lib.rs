@@ -13,6 +13,8 @@
 //!   `IBJITTER_PER=wr` and `IBJITTER_OPS`; [`select`]: which sends are delayed (opcode, QP,
 //!   destination);
 //! - [`ucp`]: the UCP layer, UCX's send calls (`IBJITTER_LAYER`);
+//! - [`cq`]: completion-side delay (`IBJITTER_CQ_TABLE`), the rings `ibv_poll_cq` hands
+//!   completions from;
 //! - [`inject`]: the active injection: table in wait units, clock kind, draw, wait;
 //!   [`line`]: `IBJITTER_MODE=line`, the delay line and its timer thread;
 //! - [`stats`]: counters and the stats document; [`config`]: the `IBJITTER_*` environment;
@@ -29,6 +31,7 @@ pub mod clock;
 pub mod config;
 pub mod control;
 pub mod coverage;
+pub mod cq;
 pub mod dl;
 pub mod elf_lookup;
 pub mod hooks;
@@ -87,6 +90,19 @@ pub fn install(settings: Settings) {
     if settings.line && (settings.delays.is_some() || settings.control) {
         inject::enable_line();
     }
+    let clock = match &settings.cq {
+        Some(cq) => {
+            // The completion table uses the send table's clock, or chooses it.
+            let desc = if settings.delays.is_none() {
+                inject::choose_clock(cq, settings.unit, settings.spin)
+            } else {
+                clock
+            };
+            cq::activate(&cq.values, clock::kind());
+            desc
+        }
+        None => clock,
+    };
     say::set_startup(startup_message(&settings, &clock));
     if settings.warning.is_some() {
         say::show_startup_now();
@@ -124,6 +140,7 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
             s.seed_source,
             shape_words(&s.shape),
         ),
+        None if s.cq.is_some() => format!("no send table, clock {clock}"),
         None if s.stats.is_some() => "no table: counting posts only".into(),
         None if s.control => {
             return Some(format!(
@@ -167,8 +184,18 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
         config::Layer::Verbs => ", layer verbs",
         config::Layer::Ucp => ", layer ucp",
     };
+    let cq =
+        s.cq.as_ref()
+            .map(|d| {
+                format!(
+                    ", completions held by table {} (mean {:.0} ns) in ibv_poll_cq",
+                    d.source,
+                    d.mean()
+                )
+            })
+            .unwrap_or_default();
     Some(format!(
-        "ibjitter: {what}{per}{}{layer}{stats}; hooks {}",
+        "ibjitter: {what}{cq}{per}{}{layer}{stats}; hooks {}",
         s.select.describe(),
         hooks::HOOKED
     ))
@@ -405,6 +432,9 @@ fn write_stats_noting(nothing_delayed: Option<String>) {
     if inject::line_mode() {
         doc["line"] = line::stats_json();
     }
+    if cq::on() {
+        doc["cq"] = cq::stats_json();
+    }
     if let Some((changes, calm, congested)) = inject::episodes() {
         doc["episodes"] = serde_json::json!({
             "mean_calm_ns": calm, "mean_congested_ns": congested, "state_changes": changes,
@@ -510,6 +540,9 @@ extern "C" fn on_exit() {
         } else if let Some(line) = exit_summary() {
             say::line(&line);
         }
+        if let Some(line) = cq_summary() {
+            say::line(&line);
+        }
         // What is still in the delay line goes out before the process does (what a wire
         // would do), then the stats count it.
         line::drain(2_000_000_000);
@@ -517,6 +550,30 @@ extern "C" fn on_exit() {
         write_trace();
         control::remove_file();
     });
+}
+
+/// The completion side's line at exit: "ibjitter: held 300 of 600 completions, 300.000 ms in
+/// all" (unless `IBJITTER_QUIET`).
+fn cq_summary() -> Option<String> {
+    if !cq::on() || STATE.lock().ok()?.as_ref()?.settings.quiet {
+        return None;
+    }
+    let (passed, held, sum_ns) = cq::counts();
+    let unheld_n = cq::stats_json()["unheld"].as_u64().unwrap_or(0);
+    let unheld = if unheld_n > 0 {
+        format!(
+            "; {unheld_n} from CQs made by ibv_create_cq_ex passed undelayed (their \
+             ibv_start_poll API is not hooked)"
+        )
+    } else {
+        String::new()
+    };
+    (passed + unheld_n > 0).then(|| {
+        format!(
+            "ibjitter: held {held} of {passed} completions in ibv_poll_cq, {:.3} ms in all{unheld}",
+            sum_ns as f64 / 1e6
+        )
+    })
 }
 
 /// The coverage line said at exit ([`coverage::summary`]) by a process that injects and

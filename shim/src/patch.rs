@@ -7,6 +7,7 @@
 //! few probes). Registration takes a lock (open, close, QP creation and destruction only) and
 //! never allocates.
 use crate::coverage;
+use crate::cq::{self, PollCqFn};
 use crate::inject;
 use crate::line;
 use crate::real::{address, FnSlot, QP_TO_QP_EX};
@@ -65,6 +66,7 @@ struct CtxEntry {
     ctx: AtomicPtr<ibv_context>,
     post_send: FnSlot<PostSendFn>,
     create_qp_ex: FnSlot<CreateQpExFn>,
+    poll_cq: FnSlot<PollCqFn>,
 }
 
 struct QpEntry {
@@ -78,6 +80,7 @@ const CTX_EMPTY: CtxEntry = CtxEntry {
     ctx: AtomicPtr::new(null_mut()),
     post_send: FnSlot::empty(),
     create_qp_ex: FnSlot::empty(),
+    poll_cq: FnSlot::empty(),
 };
 #[allow(clippy::declare_interior_mutable_const)]
 const QP_EMPTY: QpEntry = QpEntry {
@@ -130,6 +133,7 @@ fn qp_key(e: &QpEntry) -> usize {
     e.qp.load(Acquire) as usize
 }
 static SINGLE_POST_SEND: Single<PostSendFn> = Single::new();
+static SINGLE_POLL_CQ: Single<PollCqFn> = Single::new();
 static SINGLE_WR_START: Single<WrStartFn> = Single::new();
 /// Serializes registration (open, close, QP creation and destruction; never a post). A spin
 /// lock rather than a mutex so that fork can hold it across the fork ([`lock_for_fork`]): a
@@ -226,7 +230,14 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     if orig_ps.is_none() && orig_cqe.is_none() {
         return false;
     }
+    let ours_poll: PollCqFn = poll_cq_hook;
+    let orig_poll = if cq::on() {
+        (*ops).poll_cq.filter(|&f| address(f) != address(ours_poll))
+    } else {
+        None
+    };
     // Originals first, then the key, then the pointer swap: a wrapper can always find them.
+    slot.poll_cq.set(orig_poll, Relaxed);
     slot.post_send.set(orig_ps, Relaxed);
     slot.create_qp_ex.set(orig_cqe, Relaxed);
     slot.ctx.store(ctx, Release);
@@ -238,7 +249,26 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
         let f: CreateQpExFn = create_qp_ex_hook;
         std::ptr::write_volatile(addr_of_mut!((*vctx).create_qp_ex), Some(f));
     }
+    if let Some(orig) = orig_poll {
+        SINGLE_POLL_CQ.note(address(orig));
+        std::ptr::write_volatile(addr_of_mut!((*ops).poll_cq), Some(ours_poll));
+    }
     true
+}
+
+/// Our `ops.poll_cq` (`IBJITTER_CQ_TABLE`): completions wait in [`cq`]'s ring.
+///
+/// # Safety
+/// Called by libibverbs' inline `ibv_poll_cq` with its arguments.
+pub unsafe extern "C" fn poll_cq_hook(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    let orig = match SINGLE_POLL_CQ.get() {
+        Some(f) => f,
+        None => match find_ctx((*cq).context).and_then(|e| e.poll_cq.get(Relaxed)) {
+            Some(f) => f,
+            None => return -libc::EINVAL,
+        },
+    };
+    cq::poll(cq, n, wc, orig)
 }
 
 /// Restores a context's originals (before the real `ibv_close_device` frees it) and forgets
@@ -254,6 +284,9 @@ pub unsafe fn unpatch_context(ctx: *mut ibv_context) {
     let Some(e) = find_ctx(ctx) else { return };
     if let Some(f) = e.post_send.get(Relaxed) {
         std::ptr::write_volatile(addr_of_mut!((*ctx).ops.post_send), Some(f));
+    }
+    if let Some(f) = e.poll_cq.get(Relaxed) {
+        std::ptr::write_volatile(addr_of_mut!((*ctx).ops.poll_cq), Some(f));
     }
     let vctx = verbs_ctx_for_create_qp_ex(ctx);
     if let (Some(f), false) = (e.create_qp_ex.get(Relaxed), vctx.is_null()) {

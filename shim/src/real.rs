@@ -208,6 +208,14 @@ pub type CreateQpFn = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -
 pub type QpToQpExFn = unsafe extern "C" fn(*mut ibv_qp) -> *mut ibv_qp_ex;
 pub type DestroyQpFn = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
 pub type ModifyQpFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+pub type CreateCqFn = unsafe extern "C" fn(
+    *mut ibv_context,
+    c_int,
+    *mut c_void,
+    *mut ibv_comp_channel,
+    c_int,
+) -> *mut ibv_cq;
+pub type DestroyCqFn = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
 
 pub static OPEN_DEVICE: Real<OpenDeviceFn> = Real::new(c"ibv_open_device", c"IBVERBS_1.1");
 pub static IMPORT_DEVICE: Real<ImportDeviceFn> = Real::new(c"ibv_import_device", c"IBVERBS_1.10");
@@ -216,3 +224,5 @@ pub static CREATE_QP: Real<CreateQpFn> = Real::new(c"ibv_create_qp", c"IBVERBS_1
 pub static QP_TO_QP_EX: Real<QpToQpExFn> = Real::new(c"ibv_qp_to_qp_ex", c"IBVERBS_1.6");
 pub static DESTROY_QP: Real<DestroyQpFn> = Real::new(c"ibv_destroy_qp", c"IBVERBS_1.1");
 pub static MODIFY_QP: Real<ModifyQpFn> = Real::new(c"ibv_modify_qp", c"IBVERBS_1.1");
+pub static CREATE_CQ: Real<CreateCqFn> = Real::new(c"ibv_create_cq", c"IBVERBS_1.1");
+pub static DESTROY_CQ: Real<DestroyCqFn> = Real::new(c"ibv_destroy_cq", c"IBVERBS_1.1");

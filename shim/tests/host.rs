@@ -205,7 +205,9 @@ fn exports_only_hooks_and_does_not_need_libibverbs() {
             "dlsym",
             "dlvsym",
             "ibv_close_device",
+            "ibv_create_cq",
             "ibv_create_qp",
+            "ibv_destroy_cq",
             "ibv_destroy_qp",
             "ibv_import_device",
             "ibv_modify_qp",
@@ -1603,6 +1605,8 @@ fn lookups_through_a_libibverbs_handle_get_the_hooks_and_nothing_else_changes() 
             | "handle ibv_create_qp"
             | "handle ibv_destroy_qp"
             | "handle ibv_modify_qp"
+            | "handle ibv_create_cq"
+            | "handle ibv_destroy_cq"
             | "handle ibv_import_device"
             | "handle ibv_open_device@IBVERBS_1.1" => "libibjitter.so",
             // The preloaded shim is the first definer in the global scope, and after the program.
@@ -2452,4 +2456,111 @@ fn the_delay_line_posts_later_in_order_with_copied_payloads() {
     let s = &read_stats(&dir)[0];
     assert_eq!(s["line"]["deferred"], 200, "{s}");
     assert_eq!(s["delays_injected"], 200, "{s}");
+}
+
+/// Completions the fake provider's CQ holds (wr_ids), and when each arrived there.
+static CQ_ARRIVED: std::sync::Mutex<std::collections::VecDeque<u64>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+
+unsafe extern "C" fn fake_poll_cq(_cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    let mut q = CQ_ARRIVED.lock().unwrap();
+    let mut k = 0;
+    while k < n && !q.is_empty() {
+        let mut w: ibv_wc = std::mem::zeroed();
+        w.wr_id = q.pop_front().unwrap();
+        *wc.add(k as usize) = w;
+        k += 1;
+    }
+    k
+}
+
+/// Child: a fake CQ (made through the shim's ibv_create_cq); 100 completions arrive at the
+/// provider one by one; each is polled for until ibv_poll_cq hands it over; emits when each
+/// arrived and when the program got it.
+fn child_cq() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    fc.set_poll_cq(fake_poll_cq);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    // SAFETY: all-zero is a valid ibv_cq; the stub's ibv_create_cq returns its first
+    // argument, our fake CQ.
+    let mut fake: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    fake.context = ctx;
+    let raw: *mut ibv_cq = &mut *fake;
+    let cq = unsafe {
+        (shim.create_cq)(
+            raw.cast(),
+            16,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    assert_eq!(cq, raw);
+    let mut seen = Vec::new();
+    for k in 0..100u64 {
+        let arrived = now_ns();
+        CQ_ARRIVED.lock().unwrap().push_back(k);
+        loop {
+            // SAFETY: ibv_poll_cq as verbs.h inlines it, on the patched fake context.
+            let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+            let n = unsafe { (*(*cq).context).ops.poll_cq.unwrap()(cq, 1, &mut wc) };
+            assert!(n >= 0);
+            if n == 1 {
+                seen.push((wc.wr_id, arrived, now_ns()));
+                break;
+            }
+        }
+    }
+    // SAFETY: our fake CQ and context; the stub's destroy and close do nothing.
+    unsafe {
+        (shim.destroy_cq)(cq);
+        (shim.close_device)(ctx);
+    }
+    emit(serde_json::json!({ "seen": seen }));
+}
+
+/// IBJITTER_CQ_DELAY: each completion reaches the program no sooner than 1 ms after it
+/// reached the provider's CQ, in order; the exit line and the stats count them exactly.
+#[test]
+fn completions_are_held_for_their_delay() {
+    if child_scenario().is_some() {
+        return child_cq();
+    }
+    let dir = scratch("cq");
+    let out = respawn(
+        "completions_are_held_for_their_delay",
+        "cq",
+        &[("IBJITTER_CQ_DELAY", "1ms".into()), stats_env(&dir)],
+    );
+    let seen: Vec<(u64, u64, u64)> = serde_json::from_value(out.result["seen"].clone()).unwrap();
+    let mut held: Vec<u64> = Vec::new();
+    for (k, &(id, arrived, got)) in seen.iter().enumerate() {
+        assert_eq!(id, k as u64);
+        held.push(got - arrived);
+    }
+    held.sort_unstable();
+    eprintln!(
+        "held p0 {} us, p50 {} us, p99 {} us; {:?}",
+        held[0] / 1000,
+        held[50] / 1000,
+        held[98] / 1000,
+        out.stderr_lines
+    );
+    assert!(
+        held[0] >= 1_000_000,
+        "a completion was handed over {} ns after it arrived",
+        held[0]
+    );
+    assert!(
+        out.stderr_lines
+            .iter()
+            .any(|l| l.contains("held 100 of 100 completions in ibv_poll_cq, 100.000 ms in all")),
+        "{:?}",
+        out.stderr_lines
+    );
+    let s = &read_stats(&dir)[0];
+    assert_eq!(s["cq"]["held"], 100, "{s}");
+    assert_eq!(s["cq"]["sum_ns"], 100_000_000u64, "{s}");
 }

@@ -154,6 +154,9 @@ pub struct Shim {
     pub create_qp: unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
+    pub create_cq:
+        unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void, c_int) -> *mut ibv_cq,
+    pub destroy_cq: unsafe extern "C" fn(*mut ibv_cq) -> c_int,
 }
 
 impl Shim {
@@ -169,6 +172,8 @@ impl Shim {
             create_qp: sym(h, "ibv_create_qp"),
             destroy_qp: sym(h, "ibv_destroy_qp"),
             modify_qp: sym(h, "ibv_modify_qp"),
+            create_cq: sym(h, "ibv_create_cq"),
+            destroy_cq: sym(h, "ibv_destroy_cq"),
         }
     }
 }
@@ -250,6 +255,14 @@ impl FakeContext {
     /// The pointer libibverbs would hand out.
     pub fn ctx(&mut self) -> *mut ibv_context {
         &mut self.vctx.context
+    }
+
+    /// Gives the context a provider `poll_cq` (before it is opened through the shim).
+    pub fn set_poll_cq(
+        &mut self,
+        f: unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int,
+    ) {
+        self.vctx.context.ops.poll_cq = Some(f);
     }
 
     pub fn post_send_ptr(&self) -> usize {
