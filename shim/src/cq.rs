@@ -5,10 +5,10 @@
 //!
 //! - `ibv_poll_cq` is a static inline through `ctx->ops.poll_cq`, patched with the context
 //!   ([`crate::patch`]). CQs made by the exported `ibv_create_cq` get a holding ring
-//!   ([`CAP`] completions, allocated there, freed by `ibv_destroy_cq`); others (the
-//!   `ibv_create_cq_ex` path, whose `ibv_start_poll`/`ibv_next_poll` calls go through the
-//!   CQ's own pointers) pass through undelayed: the stats count their completions apart
-//!   (`cq.unheld`).
+//!   ([`CAP`] completions, allocated there, freed by `ibv_destroy_cq`); CQs made by
+//!   `ibv_create_cq_ex` get theirs in [`crate::cq_ex`], which holds the extended poll API's
+//!   completions. A CQ without a ring (the table of CQs full) passes through, its
+//!   completions counted apart (`cq.unheld`).
 //! - A CQ keeps its order: a completion is due at its own delay or its predecessor's due
 //!   time, whichever is later (completions of one QP are ordered, as on the wire).
 //! - Several threads may poll one CQ: the ring is taken with a try-lock; a thread that finds
@@ -138,7 +138,7 @@ pub unsafe fn cq_destroyed(cq: *mut ibv_cq) {
 }
 
 #[inline]
-fn now_units() -> u64 {
+pub(crate) fn now_units() -> u64 {
     if clock::kind() == WaitKind::Tsc {
         clock::rdtsc()
     } else {
@@ -147,7 +147,7 @@ fn now_units() -> u64 {
 }
 
 /// One draw from the completion table: (wait units, ns).
-fn draw() -> (u64, u64) {
+pub(crate) fn draw() -> (u64, u64) {
     let pick = |r: &mut rand_pcg::Pcg32, _: &mut u32, _: u32| {
         let i = rng::next_index(r);
         (WAITS[i].load(Relaxed), NS[i].load(Relaxed))
@@ -214,18 +214,22 @@ pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -
     let mut k = 0usize;
     while k < n.max(0) as usize && ring.len > 0 && ring.due[ring.head] <= now {
         *wc.add(k) = ring.wc[ring.head];
-        let ns = ring.ns[ring.head];
-        if ns > 0 {
-            HELD.fetch_add(1, Relaxed);
-            SUM_NS.fetch_add(ns, Relaxed);
-        }
+        handed_over(ring.ns[ring.head]);
         ring.head = (ring.head + 1) % CAP;
         ring.len -= 1;
         k += 1;
     }
-    PASSED.fetch_add(k as u64, Relaxed);
     e.busy.store(false, Release);
     k as c_int
+}
+
+/// Counts a completion handed to the program after `ns` held.
+pub(crate) fn handed_over(ns: u64) {
+    PASSED.fetch_add(1, Relaxed);
+    if ns > 0 {
+        HELD.fetch_add(1, Relaxed);
+        SUM_NS.fetch_add(ns, Relaxed);
+    }
 }
 
 /// The stats' `cq` object.

@@ -214,5 +214,6 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         return libc::ENOSYS;
     };
     crate::cq::cq_destroyed(cq);
+    crate::cq_ex::destroyed(cq);
     real(cq)
 }

@@ -14,7 +14,7 @@
 //!   destination);
 //! - [`ucp`]: the UCP layer, UCX's send calls (`IBJITTER_LAYER`);
 //! - [`cq`]: completion-side delay (`IBJITTER_CQ_TABLE`), the rings `ibv_poll_cq` hands
-//!   completions from;
+//!   completions from; [`cq_ex`]: the same for the extended poll API (`ibv_start_poll`);
 //! - [`inject`]: the active injection: table in wait units, clock kind, draw, wait;
 //!   [`line`]: `IBJITTER_MODE=line`, the delay line and its timer thread;
 //! - [`stats`]: counters and the stats document; [`config`]: the `IBJITTER_*` environment;
@@ -32,6 +32,7 @@ pub mod config;
 pub mod control;
 pub mod coverage;
 pub mod cq;
+pub mod cq_ex;
 pub mod dl;
 pub mod elf_lookup;
 pub mod hooks;
@@ -188,7 +189,7 @@ fn startup_message(s: &Settings, clock: &str) -> Option<String> {
         s.cq.as_ref()
             .map(|d| {
                 format!(
-                    ", completions held by table {} (mean {:.0} ns) in ibv_poll_cq",
+                    ", completions held by table {} (mean {:.0} ns)",
                     d.source,
                     d.mean()
                 )
@@ -562,15 +563,15 @@ fn cq_summary() -> Option<String> {
     let unheld_n = cq::stats_json()["unheld"].as_u64().unwrap_or(0);
     let unheld = if unheld_n > 0 {
         format!(
-            "; {unheld_n} from CQs made by ibv_create_cq_ex passed undelayed (their \
-             ibv_start_poll API is not hooked)"
+            "; {unheld_n} from CQs the shim had no ring for passed undelayed (more CQs than \
+             its table holds)"
         )
     } else {
         String::new()
     };
     (passed + unheld_n > 0).then(|| {
         format!(
-            "ibjitter: held {held} of {passed} completions in ibv_poll_cq, {:.3} ms in all{unheld}",
+            "ibjitter: held {held} of {passed} completions, {:.3} ms in all{unheld}",
             sum_ns as f64 / 1e6
         )
     })

@@ -8,6 +8,7 @@
 //! never allocates.
 use crate::coverage;
 use crate::cq::{self, PollCqFn};
+use crate::cq_ex::{self, CreateCqExFn};
 use crate::inject;
 use crate::line;
 use crate::real::{address, FnSlot, QP_TO_QP_EX};
@@ -67,6 +68,7 @@ struct CtxEntry {
     post_send: FnSlot<PostSendFn>,
     create_qp_ex: FnSlot<CreateQpExFn>,
     poll_cq: FnSlot<PollCqFn>,
+    create_cq_ex: FnSlot<CreateCqExFn>,
 }
 
 struct QpEntry {
@@ -81,6 +83,7 @@ const CTX_EMPTY: CtxEntry = CtxEntry {
     post_send: FnSlot::empty(),
     create_qp_ex: FnSlot::empty(),
     poll_cq: FnSlot::empty(),
+    create_cq_ex: FnSlot::empty(),
 };
 #[allow(clippy::declare_interior_mutable_const)]
 const QP_EMPTY: QpEntry = QpEntry {
@@ -236,7 +239,17 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     } else {
         None
     };
+    let ours_ccqe: CreateCqExFn = create_cq_ex_hook;
+    let cq_vctx = verbs_ctx_for_create_cq_ex(ctx);
+    let orig_ccqe = if cq::on() && !cq_vctx.is_null() {
+        (*cq_vctx)
+            .create_cq_ex
+            .filter(|&f| address(f) != address(ours_ccqe))
+    } else {
+        None
+    };
     // Originals first, then the key, then the pointer swap: a wrapper can always find them.
+    slot.create_cq_ex.set(orig_ccqe, Relaxed);
     slot.poll_cq.set(orig_poll, Relaxed);
     slot.post_send.set(orig_ps, Relaxed);
     slot.create_qp_ex.set(orig_cqe, Relaxed);
@@ -253,7 +266,29 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
         SINGLE_POLL_CQ.note(address(orig));
         std::ptr::write_volatile(addr_of_mut!((*ops).poll_cq), Some(ours_poll));
     }
+    if orig_ccqe.is_some() {
+        std::ptr::write_volatile(addr_of_mut!((*cq_vctx).create_cq_ex), Some(ours_ccqe));
+    }
     true
+}
+
+/// Our `verbs_context.create_cq_ex` (`IBJITTER_CQ_TABLE`): the provider's, then the new CQ
+/// gets its ring and our poll calls ([`cq_ex`]).
+unsafe extern "C" fn create_cq_ex_hook(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    let orig = {
+        let _g = lock();
+        find_ctx(ctx).and_then(|e| e.create_cq_ex.get(Relaxed))
+    };
+    let Some(orig) = orig else {
+        *libc::__errno_location() = libc::EOPNOTSUPP;
+        return null_mut();
+    };
+    let cq = orig(ctx, attr);
+    cq_ex::created(cq);
+    cq
 }
 
 /// Our `ops.poll_cq` (`IBJITTER_CQ_TABLE`): completions wait in [`cq`]'s ring.
@@ -287,6 +322,10 @@ pub unsafe fn unpatch_context(ctx: *mut ibv_context) {
     }
     if let Some(f) = e.poll_cq.get(Relaxed) {
         std::ptr::write_volatile(addr_of_mut!((*ctx).ops.poll_cq), Some(f));
+    }
+    let cq_vctx = verbs_ctx_for_create_cq_ex(ctx);
+    if let (Some(f), false) = (e.create_cq_ex.get(Relaxed), cq_vctx.is_null()) {
+        std::ptr::write_volatile(addr_of_mut!((*cq_vctx).create_cq_ex), Some(f));
     }
     let vctx = verbs_ctx_for_create_qp_ex(ctx);
     if let (Some(f), false) = (e.create_qp_ex.get(Relaxed), vctx.is_null()) {

@@ -27,6 +27,23 @@ pub type WrStartFn = unsafe extern "C" fn(*mut ibv_qp_ex);
 /// surrounds the `ibv_context`.
 pub const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
 
+/// `verbs_get_ctx_op(ctx, create_cq_ex)`: as [`verbs_ctx_for_create_qp_ex`], for
+/// `create_cq_ex`.
+///
+/// # Safety
+/// `ctx` must point to a live `ibv_context`.
+pub unsafe fn verbs_ctx_for_create_cq_ex(ctx: *mut ibv_context) -> *mut verbs_context {
+    if (*ctx).abi_compat as usize != VERBS_ABI_IS_EXTENDED {
+        return std::ptr::null_mut();
+    }
+    let vctx = (ctx as *mut u8).sub(offset_of!(verbs_context, context)) as *mut verbs_context;
+    let needed = size_of::<verbs_context>() - offset_of!(verbs_context, create_cq_ex);
+    if (*vctx).sz < needed {
+        return std::ptr::null_mut();
+    }
+    vctx
+}
+
 /// `verbs_get_ctx_op(ctx, create_qp_ex)`: the `verbs_context` around `ctx` if it is extended
 /// and large enough to hold `create_qp_ex` (the struct grows towards lower addresses, so
 /// `sz` says how many bytes before `ibv_context` exist), else null.

@@ -257,6 +257,21 @@ impl FakeContext {
         &mut self.vctx.context
     }
 
+    /// Gives the context a provider `create_cq_ex` (before it is opened through the shim).
+    pub fn set_create_cq_ex(
+        &mut self,
+        f: unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex,
+    ) {
+        self.vctx.create_cq_ex = Some(f);
+    }
+
+    /// The context's `create_cq_ex` now (the shim's, once opened through it).
+    pub fn create_cq_ex(
+        &self,
+    ) -> unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex {
+        self.vctx.create_cq_ex.unwrap()
+    }
+
     /// Gives the context a provider `poll_cq` (before it is opened through the shim).
     pub fn set_poll_cq(
         &mut self,

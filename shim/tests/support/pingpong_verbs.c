@@ -105,8 +105,16 @@ static void open_end(struct end *e, const char *name, int gid_index) {
     struct ibv_pd *pd = v.alloc_pd(e->ctx);
     e->buf = calloc(1, SIZE);
     e->mr = pd ? v.reg_mr(pd, e->buf, SIZE, IBV_ACCESS_LOCAL_WRITE) : NULL;
+#ifdef CQ_EX
+    /* The extended CQ API (inline ibv_create_cq_ex; polled with ibv_start_poll). */
+    struct ibv_cq_init_attr_ex ca = {.cqe = 16, .wc_flags = IBV_WC_EX_WITH_BYTE_LEN};
+    struct ibv_cq_ex *sx = ibv_create_cq_ex(e->ctx, &ca), *rx = ibv_create_cq_ex(e->ctx, &ca);
+    e->scq = sx ? ibv_cq_ex_to_cq(sx) : NULL;
+    e->rcq = rx ? ibv_cq_ex_to_cq(rx) : NULL;
+#else
     e->scq = v.create_cq(e->ctx, 16, NULL, NULL, 0);
     e->rcq = v.create_cq(e->ctx, 16, NULL, NULL, 0);
+#endif
     if (!e->mr || !e->scq || !e->rcq)
         die("pd/mr/cq");
     struct ibv_qp_init_attr qa = {
@@ -168,6 +176,21 @@ static void post_send(struct end *e) {
         die("post_send");
 }
 
+#ifdef CQ_EX
+static void wait_one(struct ibv_cq *cq) {
+    struct ibv_cq_ex *x = (struct ibv_cq_ex *)cq; /* ibv_cq_ex_to_cq is a cast */
+    struct ibv_poll_cq_attr pa = {0};
+    while (ibv_start_poll(x, &pa) != 0)
+        ;
+    int ok = x->status == IBV_WC_SUCCESS;
+    (void)ibv_wc_read_byte_len(x);
+    ibv_end_poll(x);
+    if (!ok) {
+        fprintf(stderr, "completion failed: status %d\n", (int)x->status);
+        exit(1);
+    }
+}
+#else
 static void wait_one(struct ibv_cq *cq) {
     struct ibv_wc wc;
     int n;
@@ -178,6 +201,7 @@ static void wait_one(struct ibv_cq *cq) {
         exit(1);
     }
 }
+#endif
 
 static double now_us(void) {
     struct timespec t;
