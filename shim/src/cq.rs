@@ -109,8 +109,14 @@ pub unsafe fn cq_created(cq: *mut ibv_cq) {
         return;
     }
     let key = cq as usize;
-    // SAFETY: all-zero is a valid Ring (integers and ibv_wc, integers only).
-    let ring: Box<Ring> = Box::new(std::mem::zeroed());
+    // SAFETY: all-zero is a valid Ring (integers and ibv_wc, integers only); made on the
+    // heap (65 KiB), never on the caller's stack.
+    let layout = std::alloc::Layout::new::<Ring>();
+    let p = std::alloc::alloc_zeroed(layout) as *mut Ring;
+    if p.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    let ring: Box<Ring> = Box::from_raw(p);
     for i in probe(key).take(256) {
         let e = &CQS[i];
         let k = e.key.load(Acquire);
@@ -129,8 +135,9 @@ pub unsafe fn cq_created(cq: *mut ibv_cq) {
 /// `cq` null or a CQ about to be destroyed, polled by no thread.
 pub unsafe fn cq_destroyed(cq: *mut ibv_cq) {
     if let Some(e) = find(cq) {
-        e.key.store(GONE, Release);
+        // The ring first, then the slot: a CQ created meanwhile never has its ring taken.
         let r = e.ring.swap(null_mut(), AcqRel);
+        e.key.store(GONE, Release);
         if !r.is_null() {
             drop(Box::from_raw(r));
         }

@@ -201,8 +201,9 @@ pub unsafe fn created(cq: *mut ibv_cq_ex) {
 /// `cq` null or a CQ about to be destroyed.
 pub unsafe fn destroyed(cq: *mut ibv_cq) {
     if let Some(e) = find(cq as usize) {
-        e.key.store(GONE, Release);
+        // The ring first, then the slot: a CQ created meanwhile never has its ring taken.
         let x = e.cq.swap(null_mut(), AcqRel);
+        e.key.store(GONE, Release);
         if !x.is_null() {
             drop(Box::from_raw(x));
         }
@@ -296,6 +297,12 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
         return libc::ENOENT;
     };
     consume(x);
+    // As in start_poll: an event-driven program would sleep on what is held.
+    if x.len > 0 && !(*cq).channel.is_null() {
+        while cq::now_units() < x.entries[x.head].1 {
+            std::hint::spin_loop();
+        }
+    }
     present(cq, x)
 }
 

@@ -195,6 +195,12 @@ pub fn per_wr() -> bool {
     mode() & PER_WR != 0
 }
 
+/// Whether `IBJITTER_PER=wr` was asked for (contexts get the per-request wrapper from the
+/// start, so that a live `set` in a process without a table at load has it too).
+pub fn per_wr_asked() -> bool {
+    PER_WR_ASKED.load(Acquire)
+}
+
 /// Busy-waits `units` of the active clock kind (what [`draw`] returned).
 #[inline(always)]
 pub fn wait(units: u64) {
@@ -328,8 +334,39 @@ fn store_waits(d: &Delays, kind: WaitKind) {
     }
 }
 
+/// Serializes mode changes (the window thread, the control thread, load): a spin lock, so
+/// that a fork child can release it ([`unlock_after_fork`]). Never taken on a post path.
+static MODE_LOCK: AtomicBool = AtomicBool::new(false);
+
+struct ModeLock;
+
+impl ModeLock {
+    fn take() -> ModeLock {
+        while MODE_LOCK
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        ModeLock
+    }
+}
+
+impl Drop for ModeLock {
+    fn drop(&mut self) {
+        MODE_LOCK.store(false, Release);
+    }
+}
+
+/// fork() child: a mode change in progress in another thread of the parent is not the
+/// child's.
+pub fn unlock_after_fork() {
+    MODE_LOCK.store(false, Release);
+}
+
 /// Sets the full mode and each layer's, and publishes them (window, pause).
 fn set_full_mode(mode: u8) {
+    let _l = ModeLock::take();
     FULL_MODE.store(mode, Release);
     // `ucp`: verbs wrappers only count (they are patched only on contexts UCX did not open).
     let (verbs, ucp) = match LAYER.load(Acquire) {
@@ -340,11 +377,17 @@ fn set_full_mode(mode: u8) {
     };
     VERBS_ON.store(verbs, Release);
     UCP_ON.store(ucp, Release);
-    publish();
+    publish_locked();
+}
+
+/// [`publish_locked`] under the mode lock.
+fn publish() {
+    let _l = ModeLock::take();
+    publish_locked();
 }
 
 /// What the wrappers do now: injecting inside the window unless paused, else counting only.
-fn publish() {
+fn publish_locked() {
     let on = IN_WINDOW.load(Acquire) && !PAUSED.load(Acquire);
     let (verbs, ucp) = (VERBS_ON.load(Acquire), UCP_ON.load(Acquire));
     let (verbs, ucp) = if on {

@@ -220,9 +220,26 @@ static EPOCHS: Mutex<Epochs> = Mutex::new(Epochs {
     base_hits: Vec::new(),
 });
 
+/// `m` locked, waiting at most half a second: a fork child whose parent forked while the
+/// control thread held the lock inherits it held forever; its exit paths then go without.
+fn locked<T>(m: &'static Mutex<T>) -> Option<std::sync::MutexGuard<'static, T>> {
+    for _ in 0..500 {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+        }
+    }
+    None
+}
+
 /// The hits since the last live set (all of them without one).
 fn hits_since_set(hits: &[u64]) -> Vec<u64> {
-    let e = EPOCHS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(e) = locked(&EPOCHS) else {
+        return hits.to_vec();
+    };
     hits.iter()
         .enumerate()
         .map(|(i, &h)| h - e.base_hits.get(i).copied().unwrap_or(0).min(h))
@@ -232,7 +249,7 @@ fn hits_since_set(hits: &[u64]) -> Vec<u64> {
 /// Draws, delays and their sum over every table the process used.
 fn drawn_in_all(table: Option<&[u64]>, hits: &[u64]) -> stats::Drawn {
     let now = stats::drawn(table, &hits_since_set(hits));
-    let c = EPOCHS.lock().unwrap_or_else(|e| e.into_inner()).carried;
+    let c = locked(&EPOCHS).map(|e| e.carried).unwrap_or_default();
     stats::Drawn {
         draws: c.draws + now.draws,
         injected: c.injected + now.injected,
@@ -362,7 +379,7 @@ fn shape_words(shape: &config::Shape) -> String {
 
 /// Writes the `IBJITTER_TRACE` file, if asked for, of a process that drew.
 fn write_trace() {
-    let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(guard) = locked(&STATE) else { return };
     let Some(l) = guard.as_ref() else { return };
     let (Some((pattern, _)), Some(d)) = (&l.settings.shape.trace, &l.settings.delays) else {
         return;
@@ -378,7 +395,7 @@ fn write_trace() {
 
 /// The stats document now (None when stats are off).
 pub fn stats_json() -> Option<serde_json::Value> {
-    let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = locked(&STATE)?;
     let l = guard.as_ref()?;
     l.settings.stats.as_ref()?;
     let s = &l.settings;
@@ -399,7 +416,7 @@ pub fn stats_json() -> Option<serde_json::Value> {
     // table now in use); the totals: every table's.
     snap.hits = hits_since_set(&snap.hits);
     let mut doc = stats::to_json(&snap, &ctx);
-    let sets = EPOCHS.lock().unwrap_or_else(|e| e.into_inner()).sets;
+    let sets = locked(&EPOCHS).map_or(0, |e| e.sets);
     if sets > 0 {
         doc["draws"] = all.draws.into();
         doc["delays_injected"] = all.injected.into();
@@ -422,7 +439,7 @@ fn write_stats_noting(nothing_delayed: Option<String>) {
         return;
     }
     let path = {
-        let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(guard) = locked(&STATE) else { return };
         match guard.as_ref().and_then(|l| l.settings.stats.clone()) {
             Some(p) => stats_path(&p),
             None => return,
@@ -526,6 +543,7 @@ extern "C" fn on_fork_child() {
     stats::reset();
     trace::reset();
     line::after_fork_child();
+    inject::unlock_after_fork();
     inject::disable_line();
     // SAFETY: PATTERN is leaked, never freed. (glibc lets the forking thread allocate.)
     if let Some(p) = unsafe { PATTERN.load(Acquire).as_ref() } {
@@ -556,7 +574,7 @@ extern "C" fn on_exit() {
 /// The completion side's line at exit: "ibjitter: held 300 of 600 completions, 300.000 ms in
 /// all" (unless `IBJITTER_QUIET`).
 fn cq_summary() -> Option<String> {
-    if !cq::on() || STATE.lock().ok()?.as_ref()?.settings.quiet {
+    if !cq::on() || locked(&STATE)?.as_ref()?.settings.quiet {
         return None;
     }
     let (passed, held, sum_ns) = cq::counts();
@@ -585,7 +603,7 @@ fn exit_summary() -> Option<String> {
     if snap.post_send + snap.wr_complete + snap.ucp == 0 {
         return None;
     }
-    let guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = locked(&STATE)?;
     let s = &guard.as_ref()?.settings;
     let table = s.delays.as_ref()?;
     if s.quiet {

@@ -107,6 +107,13 @@ const QP_EMPTY: QpLine = QpLine {
 };
 static QPS: [QpLine; QP_SLOTS] = [QP_EMPTY; QP_SLOTS];
 
+/// A freed QP entry (probes go past it; a new QP may take it), and one being set up.
+const TOMBSTONE: usize = 1;
+const CLAIMING: usize = 2;
+/// Generations are unique over the process: a new QP at a destroyed one's address never
+/// takes over that QP's requests.
+static GEN: AtomicU32 = AtomicU32::new(1);
+
 fn probe(key: usize) -> impl Iterator<Item = usize> {
     let h = ((key >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) & (QP_SLOTS - 1);
     (0..QP_SLOTS).map(move |i| (h + i) & (QP_SLOTS - 1))
@@ -117,13 +124,34 @@ fn entry(qp: *mut ibv_qp, insert: bool) -> Option<&'static QpLine> {
     let key = qp as usize;
     for i in probe(key).take(256) {
         let e = &QPS[i];
-        match e.key.load(Acquire) {
+        let mut k = e.key.load(Acquire);
+        // Another thread is setting this entry up: wait for its key.
+        while k == CLAIMING {
+            std::hint::spin_loop();
+            k = e.key.load(Acquire);
+        }
+        match k {
             k if k == key => return Some(e),
-            0 if insert => match e.key.compare_exchange(0, key, AcqRel, Acquire) {
-                Ok(_) => return Some(e),
-                Err(k) if k == key => return Some(e),
-                Err(_) => {}
-            },
+            0 | TOMBSTONE if insert => {
+                // Claim, set up, then publish the key: whoever finds the key finds it ready.
+                if e.key.compare_exchange(k, CLAIMING, AcqRel, Acquire).is_ok() {
+                    e.pending.store(0, Release);
+                    e.last_due.store(0, Release);
+                    e.gen.store(GEN.fetch_add(1, SeqCst), SeqCst);
+                    e.key.store(key, Release);
+                    return Some(e);
+                }
+                // Lost the slot: look at it again.
+                let k2 = e.key.load(Acquire);
+                if k2 == key || k2 == CLAIMING {
+                    while e.key.load(Acquire) == CLAIMING {
+                        std::hint::spin_loop();
+                    }
+                    if e.key.load(Acquire) == key {
+                        return Some(e);
+                    }
+                }
+            }
             0 => return None,
             _ => {}
         }
@@ -151,10 +179,22 @@ fn units_to_ns(u: u64) -> u64 {
 /// Allocates the pool and starts the timer thread (once; when the process first opens a
 /// device). Returns false if the line could not start (the caller then spins).
 pub fn start() -> bool {
-    static STARTED: AtomicBool = AtomicBool::new(false);
-    if STARTED.swap(true, AcqRel) {
-        return ON.load(Acquire);
+    // 0 not started, 1 starting, 2 on, 3 failed: a second opener waits for the first.
+    static STARTED: AtomicU32 = AtomicU32::new(0);
+    if STARTED.compare_exchange(0, 1, AcqRel, Acquire).is_err() {
+        loop {
+            match STARTED.load(Acquire) {
+                1 => std::thread::yield_now(),
+                s => return s == 2,
+            }
+        }
     }
+    let ok = start_once();
+    STARTED.store(if ok { 2 } else { 3 }, Release);
+    ok
+}
+
+fn start_once() -> bool {
     let pool: Box<[UnsafeCell<Slot>]> = (0..SLOTS)
         .map(|_| {
             UnsafeCell::new(Slot {
@@ -269,6 +309,10 @@ pub unsafe fn post(
     let (Some(line), Some(q)) = (LINE.get(), entry(qp, true)) else {
         return direct(qp, wr, bad, units, None);
     };
+    if units == 0 && q.pending.load(Acquire) == 0 {
+        // Nothing of this QP in the line, nothing to wait: straight to the provider.
+        return crate::patch::post_send_orig(qp, wr, bad);
+    }
     let mut due = now_units().saturating_add(units);
     due = due.max(q.last_due.fetch_max(due, AcqRel));
     let gen = q.gen.load(Acquire);
@@ -309,11 +353,12 @@ unsafe fn direct(
     units: u64,
     after: Option<(&QpLine, u64)>,
 ) -> c_int {
-    say::warn_once(&format!(
-        "IBJITTER_MODE=line: a work request the line cannot copy (more than {MAX_SGE} scatter \
-         entries, more than {INLINE_BYTES} inline bytes, a memory-window or TSO opcode) or a \
-         full QP table: such requests wait in the posting thread, in order"
-    ));
+    // A constant: no allocation on the post path.
+    say::warn_once(
+        "IBJITTER_MODE=line: a work request the line cannot copy (more than 16 scatter \
+         entries, more than 512 inline bytes, a memory-window or TSO opcode) or a full QP \
+         table: such requests wait in the posting thread, in order",
+    );
     DIRECT.fetch_add(1, Relaxed);
     let mut until = now_units().saturating_add(units);
     if let Some((q, due)) = after {
@@ -373,6 +418,10 @@ unsafe fn post_due(line: &Line, i: u32) {
         let late = units_to_ns(now_units().saturating_sub(s.due));
         let mut bad = null_mut();
         let rc = crate::patch::post_send_orig(s.qp, &mut s.wr, &mut bad);
+        // Before POSTING clears: a destroy waiting on it then finds the count settled.
+        if let Some(q) = q {
+            q.pending.fetch_sub(1, AcqRel);
+        }
         POSTING.store(null_mut(), SeqCst);
         if rc != 0 && POST_ERRORS.fetch_add(1, Relaxed) == 0 {
             say::warn(&format!(
@@ -383,9 +432,6 @@ unsafe fn post_due(line: &Line, i: u32) {
         }
         if let Some(h) = LATE.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             let _ = h.record(late.max(1));
-        }
-        if let Some(q) = q {
-            q.pending.fetch_sub(1, AcqRel);
         }
     } else {
         POSTING.store(null_mut(), SeqCst);
@@ -405,12 +451,15 @@ pub unsafe fn qp_destroyed(qp: *mut ibv_qp) {
         return;
     }
     if let Some(q) = entry(qp, false) {
-        q.gen.fetch_add(1, SeqCst);
+        q.gen.store(GEN.fetch_add(1, SeqCst), SeqCst);
         while POSTING.load(SeqCst) == qp {
             std::hint::spin_loop();
         }
         q.pending.store(0, Release);
         q.last_due.store(0, Release);
+        // The entry is free for another QP; requests of this one still in the line find no
+        // entry (or a new QP's, at this address, with another generation) and are dropped.
+        q.key.store(TOMBSTONE, Release);
     }
 }
 
@@ -422,9 +471,11 @@ pub fn drain(limit_ns: u64) {
     }
 }
 
-/// fork() child: no timer thread here; the child's posts wait in place.
+/// fork() child: no timer thread here; the child's posts wait in place, and the parent's
+/// requests in the line are not the child's to post.
 pub fn after_fork_child() {
     ON.store(false, Release);
+    IN_LINE.store(0, Release);
 }
 
 /// The stats' `line` object.

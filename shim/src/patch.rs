@@ -213,7 +213,7 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     let ops = addr_of_mut!((*ctx).ops);
     let vctx = verbs_ctx_for_create_qp_ex(ctx);
     // Never record our own wrapper as an original: that would recurse forever.
-    let ours_ps: PostSendFn = if inject::per_wr() {
+    let ours_ps: PostSendFn = if inject::per_wr_asked() {
         post_send_per_wr_hook
     } else {
         post_send_hook
@@ -372,7 +372,7 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
         }
     }
     SINGLE_WR_START.note(address(orig));
-    if inject::per_wr() || select::by_opcode() {
+    if inject::per_wr_asked() || select::by_opcode() {
         wr_ops::patch(qpx);
     }
     let f: WrStartFn = wr_start_hook;

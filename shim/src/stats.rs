@@ -5,7 +5,10 @@
 use crate::config::{Layer, Per, Unit};
 use hdrhistogram::Histogram;
 use ibjitter_table::ENTRIES;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicPtr, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 /// Table indices counted: two tables' worth (`IBJITTER_EPISODES`: calm, then congested).
 pub const INDICES: usize = 2 * ENTRIES;
@@ -39,21 +42,23 @@ static SLOTS: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Allocates the slots (once; later calls zero them).
 pub fn enable() {
-    if SLOTS.load(Relaxed).is_null() {
-        let v: Vec<Slot> = (0..=EXCLUSIVE_SLOTS)
-            .map(|_| Slot {
-                posts: Default::default(),
-                hits: std::array::from_fn(|_| AtomicU64::new(0)),
-            })
-            .collect();
-        SLOTS.store(Box::leak(v.into_boxed_slice()).as_mut_ptr(), Relaxed);
+    if SLOTS.load(Acquire).is_null() {
+        // Zeroed memory straight from the allocator (fresh pages for this size): a thread's
+        // slot costs resident memory only once it counts.
+        // Never freed. SAFETY: all-zero is a valid Slot (atomics only); a non-zero layout.
+        let layout = std::alloc::Layout::array::<Slot>(EXCLUSIVE_SLOTS + 1).expect("layout");
+        let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        SLOTS.store(p, Release);
     } else {
         reset();
     }
 }
 
 fn slots() -> Option<&'static [Slot]> {
-    let p = SLOTS.load(Relaxed);
+    let p = SLOTS.load(Acquire);
     // SAFETY: leaked allocation of EXCLUSIVE_SLOTS + 1 slots, never freed.
     (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, EXCLUSIVE_SLOTS + 1) })
 }
@@ -64,6 +69,8 @@ pub fn reset() {
         s.posts
             .iter()
             .chain(s.hits.iter())
+            // Only what was counted: untouched pages stay untouched.
+            .filter(|c| c.load(Relaxed) != 0)
             .for_each(|c| c.store(0, Relaxed));
     }
 }
@@ -91,7 +98,7 @@ pub fn count_hit(thread: u32, index: usize) {
 
 #[inline(always)]
 fn count_in(thread: u32, hook: Option<Hook>, index: Option<usize>) {
-    let p = SLOTS.load(Relaxed);
+    let p = SLOTS.load(Acquire);
     if p.is_null() {
         return;
     }

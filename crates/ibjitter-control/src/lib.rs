@@ -168,27 +168,42 @@ fn map(file: File) -> std::io::Result<Mapping> {
     })
 }
 
-/// Creates (or replaces) this process's segment, marked with its pid and start time.
+/// Creates (or replaces) this process's segment, marked with its pid and start time. The
+/// directory must be this user's own and private (not a symlink); the file is made under a
+/// temporary name without following links and renamed into place once complete, so a
+/// reader never sees a half-made segment and nobody else's file is ever written.
 pub fn create(pid: u32) -> std::io::Result<(Mapping, PathBuf)> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
     let d = dir();
     std::fs::DirBuilder::new()
         .mode(0o700)
         .recursive(true)
         .create(&d)?;
-    let p = path(pid);
+    let meta = std::fs::symlink_metadata(&d)?;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of uid {uid}",
+            d.display()
+        )));
+    }
+    let tmp = d.join(format!("{pid}.new"));
+    let _ = std::fs::remove_file(&tmp);
     let file = OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
-        .open(&p)?;
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
     file.set_len(SIZE as u64)?;
     let m = map(file)?;
     m.pid.store(u64::from(pid), Relaxed);
     m.start_time.store(start_time(pid).unwrap_or(0), Relaxed);
     m.magic.store(MAGIC, Release);
+    let p = path(pid);
+    std::fs::rename(&tmp, &p)?;
     Ok((m, p))
 }
 
@@ -197,8 +212,10 @@ pub fn create(pid: u32) -> std::io::Result<(Mapping, PathBuf)> {
 pub enum OpenError {
     /// No such file: the process is not injected, or has not opened a device yet.
     Missing,
-    /// The process is gone (or the pid was reused): the file is stale.
+    /// The process that made it is gone (or the pid was reused): the file is stale.
     Stale,
+    /// Not a segment of this layout (another ibjitter version): left alone.
+    Foreign,
     Io(std::io::Error),
 }
 
@@ -209,17 +226,26 @@ pub fn open(pid: u32) -> Result<Mapping, OpenError> {
 
 /// [`open`] of the file at `p`.
 pub fn open_path(p: &Path, pid: u32) -> Result<Mapping, OpenError> {
-    let file = match OpenOptions::new().read(true).write(true).open(p) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Missing),
         Err(e) => return Err(OpenError::Io(e)),
     };
-    if file.metadata().map_err(OpenError::Io)?.len() < SIZE as u64 {
-        return Err(OpenError::Stale);
+    if file.metadata().map_err(OpenError::Io)?.len() != SIZE as u64 {
+        return Err(OpenError::Foreign);
     }
     let m = map(file).map_err(OpenError::Io)?;
-    let alive = start_time(pid).is_some_and(|t| t == m.start_time.load(Acquire));
-    if m.magic.load(Acquire) != MAGIC || m.pid.load(Acquire) != u64::from(pid) || !alive {
+    if m.magic.load(Acquire) != MAGIC || m.pid.load(Acquire) != u64::from(pid) {
+        return Err(OpenError::Foreign);
+    }
+    // Stale only when the process is provably not the one that made it.
+    if start_time(pid) != Some(m.start_time.load(Acquire)) {
         return Err(OpenError::Stale);
     }
     Ok(m)
@@ -271,6 +297,10 @@ pub fn send(
             path(pid).display()
         ),
         OpenError::Stale => format!("process {pid} is gone (its control file is stale)"),
+        OpenError::Foreign => format!(
+            "{} is not a control segment of this ibjitter version",
+            path(pid).display()
+        ),
         OpenError::Io(e) => format!("{}: {e}", path(pid).display()),
     })?;
     // One request at a time per process: concurrent `ibjitter inject` runs take turns.
@@ -331,10 +361,13 @@ mod tests {
         let other = open(me).unwrap();
         assert_eq!(other.pid.load(Relaxed), u64::from(me));
         assert!(listed().contains(&me));
-        // The same file claimed by a pid that is not running is stale.
+        // A segment of a pid that is not running is stale; one that names another pid, or
+        // has another size, is foreign (left alone).
         let fake = 4_000_000u32;
-        std::fs::copy(&p, path(fake)).unwrap();
+        let (_stale, fp) = create(fake).unwrap();
         assert!(matches!(open(fake), Err(OpenError::Stale)));
+        std::fs::copy(&p, fp).unwrap();
+        assert!(matches!(open(fake), Err(OpenError::Foreign)));
         assert!(matches!(open(4_000_001), Err(OpenError::Missing)));
         let _ = std::fs::remove_file(path(fake));
         let _ = std::fs::remove_file(p);
