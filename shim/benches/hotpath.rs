@@ -305,9 +305,11 @@ fn main() {
             vec![("IBJITTER_DELAY", "0ns")],
         ),
         (
-            "1-SGE WRITE, line (zero delay)",
+            // 1 us: every post is copied into the line (a zero delay with nothing of its QP
+            // in the line goes straight to the provider, as the row above).
+            "1-SGE WRITE, line (1 us delay)",
             "cost-wr",
-            vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_MODE", "line")],
+            vec![("IBJITTER_DELAY", "1us"), ("IBJITTER_MODE", "line")],
         ),
         (
             "zero-delay table, QP selected",
