@@ -236,6 +236,25 @@ pub fn calibrate(span_ns: u64) -> Option<f64> {
     Some(f)
 }
 
+/// Now in wait units of the current kind (TSC ticks, else ns): the clock the delay line and
+/// the completion rings keep due times in.
+#[inline]
+pub fn now_units() -> u64 {
+    if kind() == WaitKind::Tsc {
+        rdtsc()
+    } else {
+        monotonic_ns()
+    }
+}
+
+/// Wait units of the current kind back to ns.
+pub fn units_to_ns(u: u64) -> u64 {
+    match (kind(), tsc_per_ns()) {
+        (WaitKind::Tsc, Some(f)) => (u as f64 / f) as u64,
+        _ => u,
+    }
+}
+
 /// Converts ns to wait units of `kind` (ns → TSC ticks, rounded; otherwise unchanged).
 pub fn ns_to_units(ns: u64, kind: WaitKind) -> u64 {
     match (kind, tsc_per_ns()) {

@@ -70,8 +70,7 @@ static CQS: [CqEntry; CQ_SLOTS] = [CQ_EMPTY; CQ_SLOTS];
 const GONE: usize = 1;
 
 fn probe(key: usize) -> impl Iterator<Item = usize> {
-    let h = ((key >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) & (CQ_SLOTS - 1);
-    (0..CQ_SLOTS).map(move |i| (h + i) & (CQ_SLOTS - 1))
+    crate::patch::probe(key, CQ_SLOTS)
 }
 
 fn find(cq: *mut ibv_cq) -> Option<&'static CqEntry> {
@@ -144,14 +143,7 @@ pub unsafe fn cq_destroyed(cq: *mut ibv_cq) {
     }
 }
 
-#[inline]
-pub(crate) fn now_units() -> u64 {
-    if clock::kind() == WaitKind::Tsc {
-        clock::rdtsc()
-    } else {
-        clock::monotonic_ns()
-    }
-}
+pub(crate) use clock::now_units;
 
 /// One draw from the completion table: (wait units, ns).
 pub(crate) fn draw() -> (u64, u64) {

@@ -142,8 +142,7 @@ const EMPTY: Entry = Entry {
 static TABLE: [Entry; SLOTS] = [EMPTY; SLOTS];
 
 fn probe(key: usize) -> impl Iterator<Item = usize> {
-    let h = ((key >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) & (SLOTS - 1);
-    (0..SLOTS).map(move |i| (h + i) & (SLOTS - 1))
+    crate::patch::probe(key, SLOTS)
 }
 
 fn find(key: usize) -> Option<&'static Entry> {

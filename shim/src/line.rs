@@ -25,7 +25,7 @@
 //!   requests in the line drops them (counted as `line.dropped`).
 //! - The `ibv_wr_*` API builds its requests inside the provider; its batches keep waiting in
 //!   the posting thread (said once). A forked child has no timer thread: it spins.
-use crate::clock::{self, WaitKind};
+use crate::clock;
 use crate::say;
 use crate::verbs_abi::*;
 use crossbeam_queue::ArrayQueue;
@@ -115,8 +115,7 @@ const CLAIMING: usize = 2;
 static GEN: AtomicU32 = AtomicU32::new(1);
 
 fn probe(key: usize) -> impl Iterator<Item = usize> {
-    let h = ((key >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) & (QP_SLOTS - 1);
-    (0..QP_SLOTS).map(move |i| (h + i) & (QP_SLOTS - 1))
+    crate::patch::probe(key, QP_SLOTS)
 }
 
 /// The QP's entry, made on its first post (lock-free: a compare-and-swap on a free key).
@@ -159,22 +158,7 @@ fn entry(qp: *mut ibv_qp, insert: bool) -> Option<&'static QpLine> {
     None
 }
 
-/// The clock the line runs on: TSC ticks or ns, as the waits.
-#[inline]
-fn now_units() -> u64 {
-    if clock::kind() == WaitKind::Tsc {
-        clock::rdtsc()
-    } else {
-        clock::monotonic_ns()
-    }
-}
-
-fn units_to_ns(u: u64) -> u64 {
-    match (clock::kind(), clock::tsc_per_ns()) {
-        (WaitKind::Tsc, Some(f)) => (u as f64 / f) as u64,
-        _ => u,
-    }
-}
+use clock::{now_units, units_to_ns};
 
 /// Allocates the pool and starts the timer thread (once; when the process first opens a
 /// device). Returns false if the line could not start (the caller then spins).

@@ -99,7 +99,9 @@ static QPS: [QpEntry; MAX_QPS] = [QP_EMPTY; MAX_QPS];
 const REMOVED: usize = 1;
 
 /// Slots of a `len`-slot table (a power of two) in probe order for `key`: its hash, then on.
-fn probe(key: usize, len: usize) -> impl Iterator<Item = usize> {
+/// Every open-addressing table of the shim (contexts, QPs, selected QPs, the line's QPs, CQ
+/// rings) probes with this.
+pub(crate) fn probe(key: usize, len: usize) -> impl Iterator<Item = usize> {
     // Fibonacci hashing of the address without its always-zero low bits.
     let h = ((key >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) & (len - 1);
     (0..len).map(move |i| (h + i) & (len - 1))

@@ -232,9 +232,7 @@ const GONE: usize = 1;
 static SET: [AtomicUsize; SET_SLOTS] = [const { AtomicUsize::new(0) }; SET_SLOTS];
 
 fn slots_of(key: usize) -> impl Iterator<Item = usize> {
-    // Fibonacci hashing of the address without its always-zero low bits.
-    let h = ((key >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) & (SET_SLOTS - 1);
-    (0..SET_SLOTS).map(move |i| (h + i) & (SET_SLOTS - 1))
+    crate::patch::probe(key, SET_SLOTS)
 }
 
 fn set_contains(key: usize) -> bool {
