@@ -8,6 +8,7 @@
 //! - [`report`]: what a run measured, and `report::export` for its output formats.
 //! - [`pcap`]: wire-level analysis of RoCE / InfiniBand captures (`ibjitter pcap`).
 //! - [`control`]: live control of processes under the injector (`ibjitter inject`).
+//! - [`study`]: a program's sensitivity to latency variation and congestion (`ibjitter study`).
 //!
 //! The LD_PRELOAD injector lives in the `shim/` crate and depends on `ibjitter-table` alone.
 
@@ -16,6 +17,7 @@ pub mod gen;
 pub mod incast;
 pub mod pcap;
 pub mod report;
+pub mod study;
 pub mod verbs;
 
 /// Delay tables: the `ibjitter-table` crate (crates/ibjitter-table), which the shim uses alone.

@@ -8,6 +8,7 @@ mod inject;
 mod pcap;
 mod run;
 mod serve;
+mod study;
 mod table;
 mod units;
 
@@ -32,6 +33,9 @@ enum Command {
     Inject(inject::InjectArgs),
     /// Per-flow and inter-packet-delay analysis of RoCEv2 / InfiniBand captures (pcap, pcapng)
     Pcap(pcap::PcapArgs),
+    /// How sensitive is a program to latency variation and congestion: runs it clean and
+    /// perturbed, interleaved, and reports slowdowns, correlations and a verdict
+    Study(study::StudyArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -44,6 +48,7 @@ pub fn main() -> i32 {
         Command::Incast(args) => incast::run(args),
         Command::Pcap(args) => pcap::run(args),
         Command::Inject(args) => inject::run(args),
+        Command::Study(args) => study::run(args),
     }
 }
 

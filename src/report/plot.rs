@@ -203,6 +203,144 @@ pub fn band_chart(
     root.present().map_err(|e| failed(path, e))
 }
 
+/// Lines through some points and loose points around them, written as an SVG to `path`:
+/// each of `lines` is drawn as a line with a dot at every point (e.g. a configuration's mean),
+/// each of `dots` as small hollow circles in the colour of the line of the same index (e.g.
+/// the runs behind that mean). A line or dot series may be empty.
+pub fn scatter_chart(
+    path: &Path,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    lines: &[Series],
+    dots: &[Series],
+) -> Result<(), String> {
+    let all = || lines.iter().chain(dots).flat_map(|s| s.points.iter());
+    let xs = span(all().map(|p| p.0), true);
+    let ys = span(all().map(|p| p.1), true);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(path, e))?;
+    let mut chart = axes(&root, Some(title), (xs, ys), (x_label, y_label), path)?;
+    let mut labelled = false;
+    for (k, s) in lines.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let drawn = chart
+            .draw_series(LineSeries::new(
+                s.points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| failed(path, e))?;
+        if k < MAX_LEGEND && !s.name.is_empty() {
+            labelled = true;
+            drawn.label(s.name.clone()).legend(move |(x, y)| {
+                PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+        }
+        chart
+            .draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(|e| failed(path, e))?;
+    }
+    for (k, s) in dots.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        chart
+            .draw_series(
+                s.points
+                    .iter()
+                    .map(|&p| Circle::new(p, 3, color.stroke_width(1))),
+            )
+            .map_err(|e| failed(path, e))?;
+    }
+    if labelled {
+        legend(&mut chart, path)?;
+    }
+    root.present().map_err(|e| failed(path, e))
+}
+
+/// One column per category, written as an SVG to `path`: every value as a dot (spread a little
+/// sideways so equal values stay visible), the mean as a bar across the column and its
+/// interval `(low, high)` as a vertical whisker. Categories are `(label, values, (low, high))`.
+pub fn strip_chart(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    categories: &[(String, Vec<f64>, (f64, f64))],
+) -> Result<(), String> {
+    let ys = span(
+        categories.iter().flat_map(|c| {
+            c.1.iter()
+                .copied()
+                .chain([c.2 .0, c.2 .1].into_iter().filter(|v| v.is_finite()))
+        }),
+        true,
+    );
+    let n = categories.len().max(1);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(64)
+        .y_label_area_size(64)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), ys.0..ys.1)
+        .map_err(|e| failed(path, e))?;
+    let label = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 {
+            categories
+                .get(i as usize)
+                .map(|c| c.0.clone())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .y_desc(y_label)
+        .x_labels(n * 2 + 1)
+        .x_label_formatter(&label)
+        .x_label_style(if n <= 8 {
+            ("sans-serif", 13).into_font()
+        } else {
+            // Many columns: names stand upright so they do not run into each other.
+            ("sans-serif", 12)
+                .into_font()
+                .transform(FontTransform::Rotate90)
+        })
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    for (i, (_, values, (lo, hi))) in categories.iter().enumerate() {
+        let x = i as f64;
+        let color = Palette99::pick(i).to_rgba();
+        let k = values.len().max(1) as f64;
+        chart
+            .draw_series(values.iter().enumerate().map(|(j, &v)| {
+                let dx = 0.25 * ((j as f64 + 0.5) / k - 0.5);
+                Circle::new((x + dx, v), 3, color.stroke_width(1))
+            }))
+            .map_err(|e| failed(path, e))?;
+        let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        if !finite.is_empty() {
+            let m = finite.iter().sum::<f64>() / finite.len() as f64;
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    [(x - 0.3, m), (x + 0.3, m)],
+                    BLACK.stroke_width(2),
+                )))
+                .map_err(|e| failed(path, e))?;
+        }
+        if lo.is_finite() && hi.is_finite() {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    [(x, *lo), (x, *hi)],
+                    BLACK.stroke_width(2),
+                )))
+                .map_err(|e| failed(path, e))?;
+        }
+    }
+    root.present().map_err(|e| failed(path, e))
+}
+
 /// Draws one bar per `(label, value)`, in order, and writes the SVG to `path`.
 pub fn bar_chart(
     path: &Path,
@@ -301,6 +439,29 @@ mod tests {
             assert!(text.contains(label), "{label}");
         }
         assert!(text.contains("<polygon"), "bands are drawn");
+        let scatter = dir.join("scatter.svg");
+        scatter_chart(
+            &scatter,
+            "runtime vs sd",
+            ("sd [us]", "s"),
+            &series,
+            &series,
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(&scatter).unwrap();
+        assert!(text.contains("flow 1") && text.contains("<circle"));
+        let strip = dir.join("strip.svg");
+        let cats = vec![
+            ("clean".to_string(), vec![1.0, 1.1, 0.9], (0.8, 1.2)),
+            (
+                "heavy-scale25".to_string(),
+                vec![2.0, 2.5],
+                (f64::NAN, f64::NAN),
+            ),
+        ];
+        strip_chart(&strip, "runs", "runtime [s]", &cats).unwrap();
+        let text = std::fs::read_to_string(&strip).unwrap();
+        assert!(text.contains("heavy-scale25") && text.matches("<circle").count() == 5);
         let err = line_chart(&dir.join("no/such/dir.svg"), "t", "x", "y", &series).unwrap_err();
         assert!(err.contains("no/such/dir.svg"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -5,6 +5,7 @@ pub mod hdrlog;
 pub mod incast;
 pub mod json;
 pub mod pcap;
+pub mod study;
 pub mod table;
 pub mod text;
 pub mod timeseries;

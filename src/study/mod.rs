@@ -1,0 +1,284 @@
+//! `ibjitter study`: how sensitive is a program to latency variation and to congestion?
+//! It runs an unmodified program (any launcher) again and again, clean and under
+//! perturbations — delay tables injected through libibjitter.so, a congestor's traffic
+//! alongside — in a seeded, interleaved order, and reports per configuration the runs'
+//! spread and slowdown, and the correlation of the metric with the injected mean and sd.
+//!
+//! - [`plan`]: configurations and the order of runs (a pure function of the seed).
+//! - [`tables`]: the tables as configurations (files, or a generated mean-preserving family).
+//! - [`runner`]: one run: environment, congestor, wall time, metric, what was injected.
+//! - [`record`]: `study.csv`, appended as runs finish; read back to resume.
+//! - [`stats`], [`summary`]: the figures and the verdict, from the rows alone.
+//!
+//! Results directory: `plan.json`, `study.csv`, `runs/` (each run's output and the injector's
+//! stats), `tables/` (generated tables), and `summary.md`, `summary.json`, `*.svg`
+//! (`report::export::study`).
+pub mod plan;
+pub mod record;
+pub mod runner;
+pub mod stats;
+pub mod summary;
+pub mod tables;
+
+use plan::{Plan, Stopping};
+use record::{Row, Writer};
+use runner::{Interrupted, Runner};
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::Instant;
+use summary::Summary;
+
+/// How a study ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The stopping rule was met.
+    Complete,
+    /// `--until-ci` reached its cap before every CI was narrow enough.
+    CapReached,
+    /// Ctrl-C: the run in flight was dropped; the rows before it are kept.
+    Interrupted,
+}
+
+/// Reads `DIR/plan.json` if there is one: a study may continue only with the same plan.
+/// Writes it otherwise. Returns the rows already measured.
+pub fn open(plan: &Plan, dir: &Path) -> Result<Vec<Row>, String> {
+    std::fs::create_dir_all(dir.join("runs")).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join("plan.json");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let stored: Plan = serde_json::from_str(&text)
+                .map_err(|e| format!("{}: not a study's plan: {e}", path.display()))?;
+            let d = plan.differences(&stored);
+            if !d.is_empty() {
+                return Err(format!(
+                    "{} holds another study (it differs in {}): continue it with the same \
+                     arguments, or give a new --out",
+                    dir.display(),
+                    d.join("; ")
+                ));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    let text = serde_json::to_string_pretty(plan).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    let rows = record::load(&dir.join("study.csv"))?;
+    for r in &rows {
+        let want = &plan.configurations[plan.slot(r.run).config].name;
+        if &r.config != want {
+            return Err(format!(
+                "{}: run {} is {:?}, but this plan's run {} is {want:?}: the CSV is from another study",
+                dir.join("study.csv").display(),
+                r.run,
+                r.config,
+                r.run
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+/// Whether the stopping rule is met by `rows` (checked at round boundaries).
+fn enough(plan: &Plan, rows: &[Row]) -> Option<Ending> {
+    let n = plan.configurations.len();
+    let done = rows.len();
+    if done < plan.warmup || (done - plan.warmup) % n != 0 {
+        return None;
+    }
+    let rounds = (done - plan.warmup) / n;
+    match plan.stopping {
+        Stopping::Reps(r) => (rounds >= r).then_some(Ending::Complete),
+        Stopping::UntilCi { fraction, min, max } => {
+            if rounds < min.max(2) {
+                return None;
+            }
+            let narrow = plan.configurations.iter().all(|c| {
+                let xs: Vec<f64> = rows
+                    .iter()
+                    .filter(|r| r.ok && !r.warmup && r.config == c.name)
+                    .map(|r| r.metric)
+                    .collect();
+                let half = stats::ci95_half(&xs);
+                half.is_finite() && half <= fraction * stats::mean(&xs).abs()
+            });
+            if narrow {
+                Some(Ending::Complete)
+            } else if rounds >= max {
+                Some(Ending::CapReached)
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// Runs the study's remaining runs, appending each to `DIR/study.csv`.
+pub fn run(
+    plan: &Plan,
+    dir: &Path,
+    runner: &Runner,
+    mut rows: Vec<Row>,
+    progress: bool,
+) -> Result<(Vec<Row>, Ending), String> {
+    let mut csv = Writer::open(&dir.join("study.csv"))?;
+    let tty = progress && std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let resumed_at = rows.len();
+    if resumed_at > 0 {
+        eprintln!(
+            "ibjitter study: continuing {} after {resumed_at} runs",
+            dir.display()
+        );
+    }
+    let ending = loop {
+        if let Some(e) = enough(plan, &rows) {
+            break e;
+        }
+        if rows.len() >= plan.max_runs() {
+            break Ending::CapReached;
+        }
+        let slot = plan.slot(rows.len());
+        let name = &plan.configurations[slot.config].name;
+        if progress {
+            let done = rows.len() - resumed_at;
+            let left = plan.max_runs() - rows.len();
+            let eta = if done > 0 {
+                let per = started.elapsed().as_secs_f64() / done as f64;
+                format!(", ETA {}", clock(per * left as f64))
+            } else {
+                String::new()
+            };
+            let of = if plan.rounds_fixed().is_some() {
+                format!("{}", plan.max_runs())
+            } else {
+                format!("at most {}", plan.max_runs())
+            };
+            let what = match slot.round {
+                None => "warm-up".to_string(),
+                Some(r) => format!("round {}", r + 1),
+            };
+            let line = format!(
+                "study: run {} of {of} ({what}): {name}{eta}",
+                rows.len() + 1
+            );
+            if tty {
+                eprint!("\r\x1b[K{line}");
+                let _ = std::io::stderr().flush();
+            } else {
+                eprintln!("{line}");
+            }
+        }
+        match runner.run(plan, slot) {
+            Err(Interrupted) => break Ending::Interrupted,
+            Ok(row) => {
+                csv.append(&row)
+                    .map_err(|e| format!("{}: {e}", dir.join("study.csv").display()))?;
+                if !row.ok {
+                    if tty {
+                        eprintln!();
+                    }
+                    eprintln!(
+                        "ibjitter study: run {} ({}) does not count: exit {}; {}",
+                        row.run, row.config, row.exit, row.note
+                    );
+                }
+                rows.push(row);
+            }
+        }
+    };
+    if tty {
+        eprintln!();
+    }
+    Ok((rows, ending))
+}
+
+/// Summarizes and writes `summary.md`, `summary.json` and the plots.
+pub fn finish(plan: &Plan, dir: &Path, rows: &[Row], ending: Ending) -> Result<Summary, String> {
+    let summary = summary::summarize(plan, rows, ending == Ending::Complete);
+    crate::report::export::study::write_all(&summary, plan, rows, dir)?;
+    Ok(summary)
+}
+
+/// `1h02m`, `3m05s`, `12s`.
+fn clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plan::{Configuration, Perturbation};
+
+    #[test]
+    fn until_ci_stops_when_every_interval_is_narrow_or_at_the_cap() {
+        let plan = Plan {
+            command: vec!["x".into()],
+            configurations: vec![
+                Configuration {
+                    name: "clean".into(),
+                    perturbation: Perturbation::Clean,
+                },
+                Configuration {
+                    name: "c".into(),
+                    perturbation: Perturbation::Congestor { args: "run".into() },
+                },
+            ],
+            seed: 3,
+            warmup: 1,
+            stopping: Stopping::UntilCi {
+                fraction: 0.05,
+                min: 3,
+                max: 6,
+            },
+            metric: None,
+            tail_metric: None,
+            higher_is_better: false,
+        };
+        let mut rows = Vec::new();
+        let push = |rows: &mut Vec<Row>, metric: f64| {
+            let slot = plan.slot(rows.len());
+            rows.push(Row {
+                run: rows.len(),
+                round: slot.round,
+                config: plan.configurations[slot.config].name.clone(),
+                kind: "clean".into(),
+                warmup: slot.round.is_none(),
+                seed: 0,
+                ok: true,
+                exit: "0".into(),
+                wall_s: metric,
+                metric,
+                tail_metric: f64::NAN,
+                table_mean_us: 0.0,
+                table_sd_us: 0.0,
+                delayed: 0,
+                injected_mean_us: f64::NAN,
+                note: String::new(),
+            });
+        };
+        push(&mut rows, 1.0);
+        for _ in 0..4 {
+            push(&mut rows, 10.0);
+            push(&mut rows, 10.1);
+            assert_ne!(enough(&plan, &rows), Some(Ending::CapReached));
+        }
+        // Tight runs: done at the first round boundary from the third round on.
+        assert_eq!(enough(&plan, &rows[..5]), None);
+        assert_eq!(enough(&plan, &rows[..7]), Some(Ending::Complete));
+        // Wild runs: never narrow, the cap ends it.
+        let mut wild = rows[..1].to_vec();
+        for k in 0..12 {
+            push(&mut wild, if k % 4 < 2 { 1.0 } else { 30.0 });
+        }
+        assert_eq!(enough(&plan, &wild[..12]), None);
+        assert_eq!(enough(&plan, &wild[..13]), Some(Ending::CapReached));
+        assert_eq!(clock(3725.0), "1h02m");
+        assert_eq!(clock(185.0), "3m05s");
+    }
+}

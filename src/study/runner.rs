@@ -1,0 +1,377 @@
+//! One run of the program under one configuration: the environment that loads the injector
+//! (or nothing, for a clean run), the congestor started before it and stopped after it, the
+//! wall time, the metric read from its output, and what the injector reports it delayed.
+//! The program runs in a process group of its own, so Ctrl-C and time-outs reach everything
+//! it started (an `mpirun`'s ranks too), and only through us.
+use super::plan::{Configuration, Perturbation, Plan, Slot};
+use super::record::Row;
+use crate::gen::stop::StopToken;
+use crate::incast::launcher::{shell_quote, signal_group, spawn};
+use regex::Regex;
+use std::fs::File;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// What every run of a study shares.
+pub struct Runner {
+    pub command: Vec<String>,
+    /// libibjitter.so.
+    pub shim: PathBuf,
+    /// Extra `IBJITTER_*` settings for the injector (`--shim-env`).
+    pub shim_env: Vec<(String, String)>,
+    /// Where each run's output and the injector's stats go (`DIR/runs`).
+    pub runs_dir: PathBuf,
+    /// This program, to start the congestor (`ibjitter ARGS`).
+    pub self_exe: PathBuf,
+    pub congestor_settle: Duration,
+    pub timeout: Option<Duration>,
+    pub metric: Option<Regex>,
+    pub tail_metric: Option<Regex>,
+    pub stop: StopToken,
+}
+
+/// How long a process group gets to exit after SIGINT before SIGKILL.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// The run was interrupted (Ctrl-C): nothing of it is recorded.
+pub struct Interrupted;
+
+impl Runner {
+    fn log_path(&self, slot: &Slot, config: &Configuration, what: &str) -> PathBuf {
+        self.runs_dir
+            .join(format!("{:04}-{}.{what}", slot.index, config.name))
+    }
+
+    /// The injector's stats files of run `index` (`%p`: one per process that loaded it).
+    fn stats_pattern(&self, index: usize) -> PathBuf {
+        self.runs_dir.join(format!("{index:04}.stats.%p.json"))
+    }
+
+    /// Runs the program once; `Err(Interrupted)` when Ctrl-C came during it.
+    pub fn run(&self, plan: &Plan, slot: Slot) -> Result<Row, Interrupted> {
+        let config = &plan.configurations[slot.config];
+        let seed = plan.run_seed(slot.index);
+        let (table_mean_us, table_sd_us) = config.perturbation.injected_us();
+        let mut row = Row {
+            run: slot.index,
+            round: slot.round,
+            config: config.name.clone(),
+            kind: config.perturbation.kind().to_string(),
+            warmup: slot.round.is_none(),
+            seed,
+            ok: false,
+            exit: String::new(),
+            wall_s: f64::NAN,
+            metric: f64::NAN,
+            tail_metric: f64::NAN,
+            table_mean_us,
+            table_sd_us,
+            delayed: 0,
+            injected_mean_us: f64::NAN,
+            note: String::new(),
+        };
+        let log = self.log_path(&slot, config, "log");
+
+        // The congestor first, given time to reach its steady state.
+        let mut congestor = None;
+        if let Perturbation::Congestor { args } = &config.perturbation {
+            let mut c = match self.start_congestor(&slot, config, args) {
+                Ok(c) => c,
+                Err(e) => {
+                    row.exit = "not started".into();
+                    row.note = e;
+                    return Ok(row);
+                }
+            };
+            if self.settle().is_err() {
+                stop_group(&mut c);
+                return Err(Interrupted);
+            }
+            if let Ok(Some(status)) = c.try_wait() {
+                row.exit = "not started".into();
+                row.note = format!(
+                    "the congestor ended before the program started ({}; see {})",
+                    describe(status),
+                    self.log_path(&slot, config, "congestor.log").display()
+                );
+                return Ok(row);
+            }
+            congestor = Some(c);
+        }
+
+        let mut cmd = Command::new(&self.command[0]);
+        cmd.args(&self.command[1..]).stdin(Stdio::null());
+        match File::create(&log).and_then(|f| Ok((f.try_clone()?, f))) {
+            Ok((out, err)) => {
+                cmd.stdout(out).stderr(err);
+            }
+            Err(e) => {
+                row.exit = "not started".into();
+                row.note = format!("cannot write {}: {e}", log.display());
+                return Ok(row);
+            }
+        }
+        cmd.process_group(0);
+        if let Perturbation::Table { path, .. } = &config.perturbation {
+            let preload = match std::env::var("LD_PRELOAD") {
+                Ok(p) if !p.is_empty() => format!("{} {p}", self.shim.display()),
+                _ => self.shim.display().to_string(),
+            };
+            cmd.env("LD_PRELOAD", preload)
+                .env("IBJITTER_TABLE", path)
+                .env("IBJITTER_SEED", seed.to_string())
+                .env("IBJITTER_STATS", self.stats_pattern(slot.index));
+            for (k, v) in &self.shim_env {
+                cmd.env(k, v);
+            }
+        }
+        let started = Instant::now();
+        let status = match cmd.spawn() {
+            Ok(mut child) => self.wait(&mut child, started),
+            Err(e) => {
+                row.exit = "not started".into();
+                row.note = format!("cannot start {}: {e}", self.command[0]);
+                if let Some(c) = congestor.as_mut() {
+                    stop_group(c);
+                }
+                return Ok(row);
+            }
+        };
+        let wall = started.elapsed().as_secs_f64();
+
+        // The congestor must have run the whole time; then it is stopped like Ctrl-C would.
+        let mut congestor_note = None;
+        if let Some(c) = congestor.as_mut() {
+            if let Ok(Some(st)) = c.try_wait() {
+                congestor_note = Some(format!(
+                    "the congestor ended during the run ({}): not congested throughout",
+                    describe(st)
+                ));
+            }
+            stop_group(c);
+        }
+        let status = match status {
+            Waited::Interrupted => return Err(Interrupted),
+            Waited::TimedOut => {
+                row.exit = "timeout".into();
+                row.note = format!(
+                    "killed after {:?} (--timeout); output in {}",
+                    self.timeout.unwrap_or_default(),
+                    log.display()
+                );
+                return Ok(row);
+            }
+            Waited::Exited(s) => s,
+        };
+        row.wall_s = wall;
+        row.exit = describe(status);
+        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        row.metric = match &self.metric {
+            None => wall,
+            Some(re) => last_match(re, &output),
+        };
+        if let Some(re) = &self.tail_metric {
+            row.tail_metric = last_match(re, &output);
+        }
+        if matches!(config.perturbation, Perturbation::Table { .. }) {
+            let (delayed, mean_us) = injected(&self.runs_dir, slot.index);
+            row.delayed = delayed;
+            row.injected_mean_us = mean_us;
+        }
+        let mut notes = Vec::new();
+        if !status.success() {
+            notes.push(format!("the program failed; output in {}", log.display()));
+        } else if !row.metric.is_finite() {
+            notes.push(format!(
+                "--metric {:?} found no number in the output ({})",
+                self.metric.as_ref().map(|r| r.as_str()).unwrap_or(""),
+                log.display()
+            ));
+        }
+        if row.kind == "table" && row.delayed == 0 {
+            notes.push(
+                "the injector delayed nothing (does the program send over RDMA, and does its \
+                 launcher pass LD_PRELOAD on?)"
+                    .to_string(),
+            );
+        }
+        notes.extend(congestor_note);
+        row.ok = notes.is_empty();
+        row.note = notes.join("; ");
+        Ok(row)
+    }
+
+    fn start_congestor(
+        &self,
+        slot: &Slot,
+        config: &Configuration,
+        args: &str,
+    ) -> Result<Child, String> {
+        let path = self.log_path(slot, config, "congestor.log");
+        let out = File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let line = format!(
+            "exec {} {args}",
+            shell_quote(&self.self_exe.display().to_string())
+        );
+        spawn(&line, Stdio::from(out), Stdio::from(err))
+            .map_err(|e| format!("cannot start the congestor ({line}): {e}"))
+    }
+
+    /// Waits the congestor's settling time, watching for Ctrl-C.
+    fn settle(&self) -> Result<(), Interrupted> {
+        let until = Instant::now() + self.congestor_settle;
+        while Instant::now() < until {
+            if self.stop.is_set() {
+                return Err(Interrupted);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn wait(&self, child: &mut Child, started: Instant) -> Waited {
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Waited::Exited(status),
+                Ok(None) => {}
+                Err(_) => return Waited::Exited(ExitStatus::from_raw(1 << 8)),
+            }
+            if self.stop.is_set() {
+                stop_group(child);
+                return Waited::Interrupted;
+            }
+            if self.timeout.is_some_and(|t| started.elapsed() > t) {
+                stop_group(child);
+                return Waited::TimedOut;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+enum Waited {
+    Exited(ExitStatus),
+    Interrupted,
+    TimedOut,
+}
+
+/// SIGINT to the whole group (what Ctrl-C would do: programs write their partial results),
+/// SIGKILL after a grace period, and the child reaped.
+fn stop_group(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        // The leader is gone; its group may not be.
+        signal_group(child, libc::SIGKILL);
+        return;
+    }
+    signal_group(child, libc::SIGINT);
+    let until = Instant::now() + GRACE;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            signal_group(child, libc::SIGKILL);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal_group(child, libc::SIGKILL);
+    let _ = child.wait();
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c.to_string(),
+        (None, Some(s)) => format!("signal {s}"),
+        _ => "unknown".into(),
+    }
+}
+
+/// The last match's first capture group (or the whole match) as a number; NaN if none.
+pub fn last_match(re: &Regex, text: &str) -> f64 {
+    re.captures_iter(text)
+        .filter_map(|c| {
+            let m = c.get(1).or_else(|| c.get(0))?;
+            m.as_str().trim().parse::<f64>().ok()
+        })
+        .last()
+        .unwrap_or(f64::NAN)
+}
+
+/// Sends delayed and the mean delay drawn (µs) over the stats files of run `index`.
+pub fn injected(runs_dir: &Path, index: usize) -> (u64, f64) {
+    let prefix = format!("{index:04}.stats.");
+    let (mut delayed, mut sum_us) = (0u64, 0.0f64);
+    let Ok(entries) = std::fs::read_dir(runs_dir) else {
+        return (0, f64::NAN);
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !(name.starts_with(&prefix) && name.ends_with(".json")) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        delayed += doc["delays_injected"].as_u64().unwrap_or(0);
+        let unit = doc["unit"].as_str().unwrap_or("ns");
+        let sum = doc[format!("sum_{unit}")].as_f64().unwrap_or(0.0);
+        sum_us += match unit {
+            "us" => sum,
+            "ms" => sum * 1e3,
+            _ => sum / 1e3,
+        };
+    }
+    let mean = if delayed > 0 {
+        sum_us / delayed as f64
+    } else {
+        f64::NAN
+    };
+    (delayed, mean)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metric_is_the_last_number_matched() {
+        let re = Regex::new(r"Loop time of ([0-9.eE+-]+)").unwrap();
+        let text = "Loop time of 1.5 on 2 procs\n...\nLoop time of 2.25 on 2 procs\n";
+        assert_eq!(last_match(&re, text), 2.25);
+        assert!(last_match(&re, "nothing").is_nan());
+        let whole = Regex::new(r"[0-9]+\.[0-9]+").unwrap();
+        assert_eq!(last_match(&whole, "a 1.5 b 3.5"), 3.5);
+    }
+
+    #[test]
+    fn injected_sums_every_process_file_of_the_run() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-study-inj-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("0003.stats.11.json"),
+            r#"{"unit":"ns","delays_injected":10,"sum_ns":50000}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("0003.stats.12.json"),
+            r#"{"unit":"us","delays_injected":30,"sum_us":150}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("0004.stats.13.json"),
+            r#"{"unit":"ns","delays_injected":99,"sum_ns":1}"#,
+        )
+        .unwrap();
+        let (n, m) = injected(&dir, 3);
+        assert_eq!(n, 40);
+        assert!((m - 5.0).abs() < 1e-9, "{m}");
+        assert_eq!(injected(&dir, 5).0, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
