@@ -242,6 +242,30 @@ impl Settings {
                 Err(e) => problems.push(e),
             },
         }
+        // A launcher gives every rank the same environment, so the same seed: with
+        // IBJITTER_SEED_PER_RANK=1 each rank draws its own sequence (seed + rank), repeatably.
+        match nonempty("IBJITTER_SEED_PER_RANK").as_deref().map(str::trim) {
+            None | Some("0") => {}
+            Some("1") => {
+                let rank = LAUNCHER_RANK_VARS
+                    .iter()
+                    .find_map(|k| var(k).map(|r| (*k, r)));
+                if let Some((k, r)) = rank {
+                    match r.trim().parse::<u64>() {
+                        Ok(n) => {
+                            s.seed = s.seed.wrapping_add(n);
+                            s.seed_source = format!("{} + rank {n} ({k})", s.seed_source);
+                        }
+                        Err(_) => problems.push(format!(
+                            "IBJITTER_SEED_PER_RANK=1 but {k}={r:?} is not a rank number"
+                        )),
+                    }
+                }
+            }
+            Some(other) => problems.push(format!(
+                "IBJITTER_SEED_PER_RANK={other}: expected 0 or 1"
+            )),
+        }
         let limit = match nonempty("IBJITTER_MAX_DELAY") {
             Some(v) => parse_duration(&v, s.unit)
                 .map_err(|e| problems.push(format!("IBJITTER_MAX_DELAY={e}")))
@@ -952,6 +976,24 @@ mod tests {
         let d = s.delays.unwrap();
         assert!(d.values.iter().all(|&v| v == 10_000));
         assert_eq!(s.seed, 16);
+    }
+
+    #[test]
+    fn a_seed_per_rank_adds_the_launchers_rank() {
+        let base = [("IBJITTER_DELAY", "10us"), ("IBJITTER_SEED", "100")];
+        let with = |extra: &[(&str, &str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            settings(&v)
+        };
+        assert_eq!(with(&[("PMI_RANK", "3")]).seed, 100, "off by default");
+        let s = with(&[("IBJITTER_SEED_PER_RANK", "1"), ("PMI_RANK", "3")]);
+        assert_eq!((s.seed, s.warning), (103, None));
+        assert_eq!(s.seed_source, "IBJITTER_SEED + rank 3 (PMI_RANK)");
+        // One process, no launcher: the seed as given.
+        assert_eq!(with(&[("IBJITTER_SEED_PER_RANK", "1")]).seed, 100);
+        let bad = with(&[("IBJITTER_SEED_PER_RANK", "yes")]);
+        assert!(bad.warning.unwrap().contains("expected 0 or 1"));
     }
 
     #[test]

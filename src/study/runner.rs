@@ -122,6 +122,8 @@ impl Runner {
             cmd.env("LD_PRELOAD", preload)
                 .env("IBJITTER_TABLE", path)
                 .env("IBJITTER_SEED", seed.to_string())
+                // Every rank of an MPI job its own sequence (--shim-env may turn it off).
+                .env("IBJITTER_SEED_PER_RANK", "1")
                 .env("IBJITTER_STATS", self.stats_pattern(slot.index));
             for (k, v) in &self.shim_env {
                 cmd.env(k, v);
