@@ -262,9 +262,9 @@ impl Settings {
                     }
                 }
             }
-            Some(other) => problems.push(format!(
-                "IBJITTER_SEED_PER_RANK={other}: expected 0 or 1"
-            )),
+            Some(other) => {
+                problems.push(format!("IBJITTER_SEED_PER_RANK={other}: expected 0 or 1"))
+            }
         }
         let limit = match nonempty("IBJITTER_MAX_DELAY") {
             Some(v) => parse_duration(&v, s.unit)

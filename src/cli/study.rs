@@ -17,7 +17,7 @@ use std::time::Duration;
       mpirun -np 2 ./solver
   ibjitter study --tables a.dist,b.dist --until-ci 5% --metric 'Loop time of ([0-9.]+)' \\
       --out st2 -- sh -c 'mpirun -np 4 lmp -in in.lj'
-  ibjitter study --congestor 'incast --receiver n0:10.0.0.1 --senders n2,n3 -- --duration 1h' \\
+  ibjitter study --congestor 'incast --receiver n0:10.0.0.1 --senders n2,n3 -- --duration 3600s' \\
       --reps 10 --out st3 -- srun -N2 ./canary
 
 Every run's environment loads libibjitter.so (LD_PRELOAD, IBJITTER_TABLE, IBJITTER_SEED,

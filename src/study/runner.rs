@@ -32,8 +32,10 @@ pub struct Runner {
     pub stop: StopToken,
 }
 
-/// How long a process group gets to exit after SIGINT before SIGKILL.
+/// How long the program's process group gets to exit after SIGINT before SIGKILL.
 const GRACE: Duration = Duration::from_secs(3);
+/// The congestor's: an incast stops its senders and merges their partial results first.
+const CONGESTOR_GRACE: Duration = Duration::from_secs(15);
 
 /// The run was interrupted (Ctrl-C): nothing of it is recorded.
 pub struct Interrupted;
@@ -86,7 +88,7 @@ impl Runner {
                 }
             };
             if self.settle().is_err() {
-                stop_group(&mut c);
+                stop_group(&mut c, CONGESTOR_GRACE);
                 return Err(Interrupted);
             }
             if let Ok(Some(status)) = c.try_wait() {
@@ -114,6 +116,14 @@ impl Runner {
             }
         }
         cmd.process_group(0);
+        // If the study itself is killed (SIGKILL, a job's end), its run must not outlive it.
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
         if let Perturbation::Table { path, .. } = &config.perturbation {
             let preload = match std::env::var("LD_PRELOAD") {
                 Ok(p) if !p.is_empty() => format!("{} {p}", self.shim.display()),
@@ -136,7 +146,7 @@ impl Runner {
                 row.exit = "not started".into();
                 row.note = format!("cannot start {}: {e}", self.command[0]);
                 if let Some(c) = congestor.as_mut() {
-                    stop_group(c);
+                    stop_group(c, CONGESTOR_GRACE);
                 }
                 return Ok(row);
             }
@@ -152,7 +162,7 @@ impl Runner {
                     describe(st)
                 ));
             }
-            stop_group(c);
+            stop_group(c, CONGESTOR_GRACE);
         }
         let status = match status {
             Waited::Interrupted => return Err(Interrupted),
@@ -244,11 +254,11 @@ impl Runner {
                 Err(_) => return Waited::Exited(ExitStatus::from_raw(1 << 8)),
             }
             if self.stop.is_set() {
-                stop_group(child);
+                stop_group(child, GRACE);
                 return Waited::Interrupted;
             }
             if self.timeout.is_some_and(|t| started.elapsed() > t) {
-                stop_group(child);
+                stop_group(child, GRACE);
                 return Waited::TimedOut;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -264,14 +274,14 @@ enum Waited {
 
 /// SIGINT to the whole group (what Ctrl-C would do: programs write their partial results),
 /// SIGKILL after a grace period, and the child reaped.
-fn stop_group(child: &mut Child) {
+fn stop_group(child: &mut Child, grace: Duration) {
     if let Ok(Some(_)) = child.try_wait() {
         // The leader is gone; its group may not be.
         signal_group(child, libc::SIGKILL);
         return;
     }
     signal_group(child, libc::SIGINT);
-    let until = Instant::now() + GRACE;
+    let until = Instant::now() + grace;
     while Instant::now() < until {
         if let Ok(Some(_)) = child.try_wait() {
             signal_group(child, libc::SIGKILL);

@@ -55,20 +55,34 @@ def main():
             close(c["ci95"], t975(len(xs) - 1) * sd / math.sqrt(len(xs)), 2e-3, f"{c['name']} ci95")
         slow = statistics.mean(clean) / m if hib else m / statistics.mean(clean)
         close(c["slowdown"], slow, 1e-9, f"{c['name']} slowdown")
+        tail = [float(r["tail_metric"]) for r in counted if r["config"] == c["name"] and r["tail_metric"]]
+        clean_tail = [float(r["tail_metric"]) for r in counted if r["kind"] == "clean" and r["tail_metric"]]
+        if tail and clean_tail:
+            t = statistics.mean(clean_tail) / statistics.mean(tail) if hib else statistics.mean(tail) / statistics.mean(clean_tail)
+            close(c["tail_slowdown"], t, 1e-9, f"{c['name']} tail slowdown")
         print(f"study_check: {c['name']}: n={len(xs)} mean={m:.6g} slowdown={slow:.4f}")
     pairs = [r for r in counted if r["kind"] in ("clean", "table")]
     y = [(-1 if hib else 1) * float(r["metric"]) for r in pairs]
-    r_mean = statistics.correlation([float(r["table_mean_us"]) for r in pairs], y)
-    r_sd = statistics.correlation([float(r["table_sd_us"]) for r in pairs], y)
+    xm = [float(r["table_mean_us"]) for r in pairs]
+    xs = [float(r["table_sd_us"]) for r in pairs]
     n = len(pairs)
+    if s["correlation_runs"] != n:
+        sys.exit(f"study_check: correlation_runs {s['correlation_runs']}, recomputed {n}")
+    if len(set(xm)) < 2 or len(set(xs)) < 2 or n < 4:
+        # No tables (or all alike): no correlation, and the summary must not invent one.
+        for k in ("r_mean", "r_sd", "fisher_z", "p_value"):
+            if s[k] is not None:
+                sys.exit(f"study_check: {k} = {s[k]} from runs whose injected delays do not vary")
+        print(f"study_check: no varied injected delays over {n} runs: no correlation, as summarized")
+        return
+    r_mean = statistics.correlation(xm, y)
+    r_sd = statistics.correlation(xs, y)
     z = (math.atanh(r_sd) - math.atanh(r_mean)) / math.sqrt(2 / (n - 3))
     p = 2 * (1 - statistics.NormalDist().cdf(abs(z)))
     close(s["r_mean"], r_mean, 1e-6, "r_mean")
     close(s["r_sd"], r_sd, 1e-6, "r_sd")
     close(s["fisher_z"], z, 1e-6, "fisher_z")
     close(s["p_value"], p, 1e-4 if p > 1e-6 else 1.0, "p_value")
-    if s["correlation_runs"] != n:
-        sys.exit(f"study_check: correlation_runs {s['correlation_runs']}, recomputed {n}")
     v = s["verdict"]
     if p < 0.05 and r_sd > r_mean and "more sensitive to latency variation" not in v:
         sys.exit(f"study_check: r_sd > r_mean significantly, but the verdict says: {v}")

@@ -70,19 +70,10 @@ pub fn markdown(s: &Summary) -> String {
         md.push(row(c));
     }
     md.push(String::new());
-    md.push(format!(
-        "Over the {} clean and table runs: Pearson r of the metric vs the injected mean \
-         **r_mean = {}** (p = {}), vs the injected sd **r_sd = {}** (p = {}); Fisher's z of r_sd \
-         vs r_mean **z = {}**, two-sided p = {} (α = {ALPHA}).",
-        s.correlation_runs,
-        f(s.r_mean, 3),
-        f(s.p_r_mean, 3),
-        f(s.r_sd, 3),
-        f(s.p_r_sd, 3),
-        f(s.fisher_z, 2),
-        f(s.p_value, 4),
-    ));
-    md.push(String::new());
+    if s.r_mean.is_finite() || s.r_sd.is_finite() {
+        md.push(correlations(s));
+        md.push(String::new());
+    }
     md.push(
         "Slowdown: a configuration's mean metric over the clean runs' mean (the inverse for \
          metrics where higher is better); for a congestor this is GPCNeT's congestion impact \
@@ -102,11 +93,29 @@ pub fn markdown(s: &Summary) -> String {
         }
     }
     md.push(String::new());
-    md.push("![metric vs injected sd](sd.svg)".to_string());
-    md.push("![metric vs injected mean](mean.svg)".to_string());
+    if has_tables(s) {
+        md.push("![metric vs injected sd](sd.svg)".to_string());
+        md.push("![metric vs injected mean](mean.svg)".to_string());
+    }
     md.push("![every run](runs.svg)".to_string());
     md.push(String::new());
     md.join("\n")
+}
+
+/// The correlation paragraph (only when the injected delays varied).
+fn correlations(s: &Summary) -> String {
+    format!(
+        "Over the {} clean and table runs: Pearson r of the metric vs the injected mean \
+         **r_mean = {}** (p = {}), vs the injected sd **r_sd = {}** (p = {}); Fisher's z of r_sd \
+         vs r_mean **z = {}**, two-sided p = {} (α = {ALPHA}).",
+        s.correlation_runs,
+        f(s.r_mean, 3),
+        f(s.p_r_mean, 3),
+        f(s.r_sd, 3),
+        f(s.p_r_sd, 3),
+        f(s.fisher_z, 2),
+        f(s.p_value, 4),
+    )
 }
 
 fn row(c: &ConfigSummary) -> String {
@@ -145,12 +154,47 @@ fn by_mean(s: &Summary) -> Vec<(f64, Vec<&ConfigSummary>)> {
     groups
 }
 
+fn has_tables(s: &Summary) -> bool {
+    s.configurations.iter().any(|c| c.kind == "table")
+}
+
 fn plots(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), String> {
-    let counted = |name: &str| -> Vec<&Row> {
-        rows.iter()
-            .filter(|r| r.ok && !r.warmup && r.config == name)
-            .collect()
-    };
+    runs_plot(s, plan, rows, dir)?;
+    if has_tables(s) {
+        delay_plots(s, rows, dir)?;
+    }
+    Ok(())
+}
+
+/// Rows of a configuration that count.
+fn counted<'a>(rows: &'a [Row], name: &str) -> Vec<&'a Row> {
+    rows.iter()
+        .filter(|r| r.ok && !r.warmup && r.config == name)
+        .collect()
+}
+
+/// Every configuration's runs with the mean and its CI.
+fn runs_plot(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), String> {
+    let cats: Vec<(String, Vec<f64>, (f64, f64))> = plan
+        .configurations
+        .iter()
+        .zip(&s.configurations)
+        .map(|(c, cs)| {
+            let v: Vec<f64> = counted(rows, &c.name).iter().map(|r| r.metric).collect();
+            (c.name.clone(), v, (cs.mean - cs.ci95, cs.mean + cs.ci95))
+        })
+        .collect();
+    strip_chart(
+        &dir.join("runs.svg"),
+        "every run, with each configuration's mean and 95 % CI",
+        &s.metric,
+        &cats,
+    )
+}
+
+/// The metric against the injected sd (one line per mean) and against the injected mean.
+fn delay_plots(s: &Summary, rows: &[Row], dir: &Path) -> Result<(), String> {
+    let counted = |name: &str| counted(rows, name);
     let clean = s.configurations.iter().find(|c| c.kind == "clean");
     let y_label = s.metric.clone();
 
@@ -227,21 +271,5 @@ fn plots(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), Strin
             points: runs,
         }],
     )?;
-
-    // Every configuration's runs with the mean and its CI.
-    let cats: Vec<(String, Vec<f64>, (f64, f64))> = plan
-        .configurations
-        .iter()
-        .zip(&s.configurations)
-        .map(|(c, cs)| {
-            let v: Vec<f64> = counted(&c.name).iter().map(|r| r.metric).collect();
-            (c.name.clone(), v, (cs.mean - cs.ci95, cs.mean + cs.ci95))
-        })
-        .collect();
-    strip_chart(
-        &dir.join("runs.svg"),
-        "every run, with each configuration's mean and 95 % CI",
-        &y_label,
-        &cats,
-    )
+    Ok(())
 }

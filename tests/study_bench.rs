@@ -1,0 +1,242 @@
+//! `ibjitter study` on the Soft-RoCE bench: real MPI programs over UCX rc_verbs under the real
+//! injector, a congestor through a real bottleneck, and an application from Debian's archive.
+//! Every figure of a summary is recomputed from its CSV by tests/common/study_check.py
+//! (Python's statistics module), independently of the Rust code that wrote it.
+mod common;
+use common::bench::{mpi_pingpong, release_artifact, repo_root, scratch_dir, Vm};
+use common::perftest::field;
+use common::read_json;
+use std::path::Path;
+use std::process::Command;
+
+/// Open MPI over UCX rc_verbs between rxe0 and rxe1, 2 ranks (as tools/reproduce runs it).
+const MPIRUN: &str = "mpirun --allow-run-as-root -np 2 --bind-to none --mca pml ucx \
+    --mca btl self --mca osc ^ucx -x UCX_TLS=rc_verbs,ud_verbs:aux,self \
+    -x UCX_UD_VERBS_ETH_DGID_CHECK=n tools/mpi/rank-device";
+
+fn check(dir: &Path) -> String {
+    let out = Command::new("python3")
+        .arg(repo_root().join("tests/common/study_check.py"))
+        .arg(dir)
+        .output()
+        .expect("python3");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {text}", dir.display());
+    text
+}
+
+/// The order-deciding columns of study.csv: run, round, config, kind, warmup, seed.
+fn schedule(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("study.csv"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split(',').take(6).collect::<Vec<_>>().join(","))
+        .collect()
+}
+
+/// The ring/allreduce workload (tools/mpi/pingpong.c -w), 2 ranks, under a generated family
+/// at two means: the summary agrees with its recomputation, and a study killed with SIGKILL
+/// and run again has the rows of the uninterrupted one (its first two rounds: the order is a
+/// function of the seed and the run's index alone).
+#[test]
+fn a_family_study_of_an_mpi_ring_agrees_with_its_recomputation_and_resumes() {
+    let bin = release_artifact("ibjitter", "ibjitter");
+    release_artifact("ibjitter-shim", "libibjitter.so");
+    let pp = mpi_pingpong();
+    let dir = scratch_dir("study-mpi");
+    let study = format!(
+        "{bin} study --no-progress --family shape=1,scale=20us,loc=5us --family-means 40us,80us \
+         --family-fractions 0.25 --metric 'runtime_s=([0-9.]+)' --seed 5 --timeout 120s",
+        bin = bin.display()
+    );
+    let program = format!("{MPIRUN} {} -w 300 8", pp.display());
+    let d = dir.display();
+    let out = Vm::new().timeout(1500).writable(&dir).run(&format!(
+        r#"{study} --reps 3 --out {d}/whole -- {program}
+        echo "whole_rc=$?"
+        {study} --reps 2 --out {d}/cut -- {program} 2> {d}/cut.log & st=$!
+        until [ "$(wc -l < {d}/cut/study.csv 2>/dev/null || echo 0)" -ge 6 ]; do sleep 0.2; done
+        kill -9 $st; wait $st 2>/dev/null
+        echo "killed_after=$(( $(wc -l < {d}/cut/study.csv) - 1 ))"
+        # The run in flight dies with the study (PR_SET_PDEATHSIG): nothing of it is left.
+        for i in $(seq 50); do pgrep -f bench-bin/pingpong > /dev/null || break; sleep 0.2; done
+        echo "orphans=$(pgrep -fc bench-bin/pingpong)"
+        {study} --reps 2 --out {d}/cut -- {program}
+        echo "resumed_rc=$?""#
+    ));
+    out.assert_success();
+    let o = &out.output;
+    assert_eq!(field(o, "whole_rc"), Some(0.0), "{o}");
+    assert_eq!(field(o, "resumed_rc"), Some(0.0), "{o}");
+    assert_eq!(field(o, "orphans"), Some(0.0), "{o}");
+    let killed = field(o, "killed_after").unwrap();
+    assert!(
+        (5.0..15.0).contains(&killed),
+        "killed after {killed} runs: {o}"
+    );
+
+    let s = read_json(&dir.join("whole/summary.json"));
+    println!(
+        "{}",
+        std::fs::read_to_string(dir.join("whole/summary.md")).unwrap()
+    );
+    // clean + 2 means x (lognormal, scale25, uniform), 3 runs each, every run counted.
+    let cfgs = s["configurations"].as_array().unwrap();
+    assert_eq!(cfgs.len(), 7, "{s}");
+    assert_eq!(s["runs_failed"], 0, "{s}");
+    for c in cfgs {
+        assert_eq!(c["runs"], 3, "{c}");
+        if c["kind"] == "table" {
+            // Both ranks delayed every message: the drawn mean is the table's (±25 %: a
+            // few hundred draws of a heavy-tailed table).
+            let (drawn, table) = (
+                c["injected_mean_us"].as_f64().unwrap(),
+                c["table_mean_us"].as_f64().unwrap(),
+            );
+            assert!((drawn / table - 1.0).abs() < 0.25, "{c}");
+            assert!(c["slowdown"].as_f64().unwrap() > 1.0, "{c}");
+        }
+    }
+    println!("{}", check(&dir.join("whole")));
+    println!("{}", check(&dir.join("cut")));
+    let (whole, cut) = (schedule(&dir.join("whole")), schedule(&dir.join("cut")));
+    assert_eq!(cut.len(), 1 + 1 + 2 * 7);
+    assert_eq!(cut[..], whole[..cut.len()]);
+}
+
+/// GPCNeT's question on the bench's emulated hosts: a latency canary (`ibjitter run
+/// --pingpong` from h1 to h0) alone and with an incast from h2 and h3 into h0 alongside, its
+/// packets sharing the rate-limited switch port toward h0. Through the bottleneck the
+/// congestion impact factor (mean latency congested / alone) is above 1.5 with its interval;
+/// with the bottleneck removed it shrinks.
+#[test]
+fn a_congestor_through_a_bottleneck_slows_a_canary_and_less_without_it() {
+    let bin = release_artifact("ibjitter", "ibjitter");
+    let dir = scratch_dir("study-congestor");
+    let d = dir.display();
+    let bin = bin.display();
+    // perftest's latency row: bytes, iterations, t_min, t_max, t_typical, t_avg, t_stdev, p99.
+    let avg = r"(?m)^\s*[0-9]+\s+[0-9]+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+)";
+    let p99 = r"(?m)^\s*[0-9]+\s+[0-9]+(?:\s+[0-9.]+){5}\s+([0-9.]+)";
+    let study = format!(
+        "{bin} study --no-progress --reps 4 --seed 3 --timeout 60s --metric '{avg}' --tail-metric '{p99}' \
+         --congestor \"incast --receiver h0:10.0.0.1 --senders h2,h3 --flows-per-sender 8 \
+         --launcher 'tools/vm/on-host {{host}}' --start-timeout 30s --out {d}/incast -- \
+         --op write --size 4K --duration 3600s\""
+    );
+    let canary =
+        format!("tools/vm/on-host h1 {bin} run 10.0.0.1 --port 18600 --pingpong --duration 2s");
+    let out = Vm::new()
+        .hosts(4)
+        .bottleneck("50mbit")
+        .timeout(1200)
+        .writable(&dir)
+        .run(&format!(
+            r#". tools/vm/lib.sh
+        tools/vm/on-host h0 {bin} serve --port 18600 > {d}/canary-serve.log 2>&1 &
+        wait_until 20 tcp_listening 18600
+        {study} --out {d}/bottleneck -- {canary}
+        echo "bottleneck_rc=$?"
+        tc qdisc del dev vb0 root
+        {study} --out {d}/open -- {canary}
+        echo "open_rc=$?""#
+        ));
+    out.assert_success();
+    let o = &out.output;
+    assert_eq!(field(o, "bottleneck_rc"), Some(0.0), "{o}");
+    assert_eq!(field(o, "open_rc"), Some(0.0), "{o}");
+    let impact = |name: &str| {
+        let s = read_json(&dir.join(name).join("summary.json"));
+        println!(
+            "{}",
+            std::fs::read_to_string(dir.join(name).join("summary.md")).unwrap()
+        );
+        println!("{}", check(&dir.join(name)));
+        let c = s["configurations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["kind"] == "congestor")
+            .unwrap()
+            .clone();
+        assert_eq!(c["runs"], 4, "{c}");
+        (
+            c["slowdown"].as_f64().unwrap(),
+            c["slowdown_ci95"][0].as_f64().unwrap(),
+            c["slowdown_ci95"][1].as_f64().unwrap(),
+            c["tail_slowdown"].as_f64().unwrap(),
+        )
+    };
+    let (b, b_lo, b_hi, b_tail) = impact("bottleneck");
+    let (open, _, _, open_tail) = impact("open");
+    eprintln!(
+        "impact factor: bottleneck {b:.2} [{b_lo:.2}, {b_hi:.2}] (p99 {b_tail:.2}); open {open:.2} (p99 {open_tail:.2})"
+    );
+    assert!(
+        b > 1.5 && b_lo > 1.0 && b_hi >= b,
+        "bottleneck: {b} [{b_lo}, {b_hi}]"
+    );
+    assert!(open < b, "without the bottleneck {open}, with it {b}");
+}
+
+/// A real, unmodified application from Debian's archive: LAMMPS (`lmp`, package lammps) on 2
+/// ranks over UCX rc_verbs (tools/mpi/lj.in), its "Loop time" as the metric, clean and under
+/// a heavy table (lognormal, mean 1 ms, sd 1.5 ms) and its uniform counterpart (1 ms, no
+/// spread). The bench flips between two speeds (the clean loop time then differs 4x), so the
+/// delay must dominate for the effect to show whatever the mix: about nine sends per step of
+/// 1 ms each against 1-5 ms of computing per step. Both tables slow it down (> 1.5x) and
+/// the slowdown comes with its interval; every rank delayed its sends.
+#[test]
+fn lammps_under_a_heavy_table_is_slower_with_its_interval() {
+    let bin = release_artifact("ibjitter", "ibjitter");
+    release_artifact("ibjitter-shim", "libibjitter.so");
+    let dir = scratch_dir("study-lammps");
+    let d = dir.display();
+    for (args, name) in [
+        (
+            &["lognormal", "--mean", "1ms", "--sd", "1.5ms"][..],
+            "heavy.dist",
+        ),
+        (&["uniform", "--mean", "1ms"][..], "heavy-uniform.dist"),
+    ] {
+        let ok = Command::new(&bin)
+            .arg("table")
+            .args(args)
+            .arg("-o")
+            .arg(dir.join(name))
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+    let out = Vm::new().timeout(1200).writable(&dir).run(&format!(
+        r#"{bin} study --no-progress --reps 4 --seed 11 --timeout 300s \
+            --tables {d}/heavy.dist,{d}/heavy-uniform.dist \
+            --metric 'Loop time of ([0-9.]+)' --out {d}/lmp -- \
+            {MPIRUN} lmp -in tools/mpi/lj.in -log none
+        echo "lammps_rc=$?""#,
+        bin = bin.display(),
+    ));
+    out.assert_success();
+    let o = &out.output;
+    println!(
+        "{}",
+        std::fs::read_to_string(dir.join("lmp/summary.md")).unwrap_or_default()
+    );
+    assert_eq!(field(o, "lammps_rc"), Some(0.0), "{o}");
+    println!("{}", check(&dir.join("lmp")));
+    let s = read_json(&dir.join("lmp/summary.json"));
+    for c in s["configurations"].as_array().unwrap() {
+        assert_eq!(c["runs"], 4, "{c}");
+        if c["kind"] == "table" {
+            let x = c["slowdown"].as_f64().unwrap();
+            let (lo, hi) = (
+                c["slowdown_ci95"][0].as_f64().unwrap(),
+                c["slowdown_ci95"][1].as_f64().unwrap(),
+            );
+            eprintln!("{}: slowdown {x:.3} [{lo:.3}, {hi:.3}]", c["name"]);
+            assert!(x > 1.5 && lo < x && x < hi, "{c}");
+            assert!(c["delayed_per_run"].as_f64().unwrap() > 1000.0, "{c}");
+        }
+    }
+}
