@@ -332,3 +332,36 @@ fn runs_that_do_not_count_say_why_and_bad_arguments_are_refused() {
         }
     }
 }
+
+/// `--until-ci`: a 30 % target is met within the cap, every interval then within it (the
+/// program's time is the sum of 300 draws); an impossible 0.001 % target runs to the cap,
+/// says so, and exits 1.
+#[test]
+fn until_ci_stops_when_intervals_are_narrow_or_at_its_cap() {
+    let _serial = one_at_a_time();
+    let dir = scratch_dir("study-until-ci");
+    let out = run(&mut study(
+        &dir.join("easy"),
+        100,
+        &["--until-ci", "30%", "--max-reps", "15"],
+    ));
+    assert_eq!(out.status.code(), Some(0));
+    let s = read_json(&dir.join("easy/summary.json"));
+    assert_eq!(s["complete"], true, "{s}");
+    for c in s["configurations"].as_array().unwrap() {
+        let (mean, ci) = (c["mean"].as_f64().unwrap(), c["ci95"].as_f64().unwrap());
+        assert!(ci <= 0.3 * mean, "{c}");
+        assert!(c["runs"].as_u64().unwrap() >= 3, "{c}");
+    }
+    let out = run(&mut study(
+        &dir.join("hard"),
+        20,
+        &["--until-ci", "0.001%", "--min-reps", "2", "--max-reps", "3"],
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("not every 95 % CI is within the target after 3 rounds"));
+    let s = read_json(&dir.join("hard/summary.json"));
+    assert_eq!(s["complete"], false, "{s}");
+    assert_eq!(s["runs_total"], 1 + 3 * 7, "{s}");
+}
