@@ -3,37 +3,16 @@
 //! Every figure of a summary is recomputed from its CSV by tests/common/study_check.py
 //! (Python's statistics module), independently of the Rust code that wrote it.
 mod common;
-use common::bench::{mpi_pingpong, release_artifact, repo_root, scratch_dir, Vm};
+use common::bench::{mpi_pingpong, release_artifact, scratch_dir, Vm};
 use common::perftest::field;
 use common::read_json;
-use std::path::Path;
+use common::study::{check, schedule};
 use std::process::Command;
 
 /// Open MPI over UCX rc_verbs between rxe0 and rxe1, 2 ranks (as tools/reproduce runs it).
 const MPIRUN: &str = "mpirun --allow-run-as-root -np 2 --bind-to none --mca pml ucx \
     --mca btl self --mca osc ^ucx -x UCX_TLS=rc_verbs,ud_verbs:aux,self \
     -x UCX_UD_VERBS_ETH_DGID_CHECK=n tools/mpi/rank-device";
-
-fn check(dir: &Path) -> String {
-    let out = Command::new("python3")
-        .arg(repo_root().join("tests/common/study_check.py"))
-        .arg(dir)
-        .output()
-        .expect("python3");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}: {text}", dir.display());
-    text
-}
-
-/// The order-deciding columns of study.csv: run, round, config, kind, warmup, seed.
-fn schedule(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("study.csv"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| l.split(',').take(6).collect::<Vec<_>>().join(","))
-        .collect()
-}
 
 /// The ring/allreduce workload (tools/mpi/pingpong.c -w), 2 ranks, under a generated family
 /// at two means: the summary agrees with its recomputation, and a study killed with SIGKILL

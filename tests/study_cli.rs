@@ -6,6 +6,7 @@
 mod common;
 use common::bench::{release_artifact, repo_root, scratch_dir, target_dir};
 use common::read_json;
+use common::study::{check, schedule};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -92,27 +93,6 @@ fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("run ibjitter study");
     eprintln!("{}", String::from_utf8_lossy(&out.stderr));
     out
-}
-
-fn check(dir: &Path) -> String {
-    let out = Command::new("python3")
-        .arg(repo_root().join("tests/common/study_check.py"))
-        .arg(dir)
-        .output()
-        .expect("python3");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    text
-}
-
-/// The order-deciding columns of study.csv: run, round, config, kind, warmup, seed.
-fn schedule(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("study.csv"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| l.split(',').take(6).collect::<Vec<_>>().join(","))
-        .collect()
 }
 
 #[test]

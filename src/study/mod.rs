@@ -244,22 +244,14 @@ mod tests {
         let push = |rows: &mut Vec<Row>, metric: f64| {
             let slot = plan.slot(rows.len());
             rows.push(Row {
-                run: rows.len(),
                 round: slot.round,
-                config: plan.configurations[slot.config].name.clone(),
-                kind: "clean".into(),
                 warmup: slot.round.is_none(),
-                seed: 0,
-                ok: true,
-                exit: "0".into(),
-                wall_s: metric,
-                metric,
-                tail_metric: f64::NAN,
-                table_mean_us: 0.0,
-                table_sd_us: 0.0,
-                delayed: 0,
-                injected_mean_us: f64::NAN,
-                note: String::new(),
+                ..Row::counted(
+                    rows.len(),
+                    &plan.configurations[slot.config].name,
+                    "clean",
+                    metric,
+                )
             });
         };
         push(&mut rows, 1.0);

@@ -59,6 +59,29 @@ fn clean_note(s: &str) -> String {
 }
 
 impl Row {
+    /// A counted run of `config` that measured `metric` (tests fill in the rest).
+    #[cfg(test)]
+    pub fn counted(run: usize, config: &str, kind: &str, metric: f64) -> Row {
+        Row {
+            run,
+            round: Some(run),
+            config: config.into(),
+            kind: kind.into(),
+            warmup: false,
+            seed: 0,
+            ok: true,
+            exit: "0".into(),
+            wall_s: metric,
+            metric,
+            tail_metric: f64::NAN,
+            table_mean_us: 0.0,
+            table_sd_us: 0.0,
+            delayed: 0,
+            injected_mean_us: f64::NAN,
+            note: String::new(),
+        }
+    }
+
     pub fn to_csv(&self) -> String {
         format!(
             "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",

@@ -252,22 +252,10 @@ mod tests {
 
     fn row(run: usize, config: &str, kind: &str, mean: f64, sd: f64, metric: f64) -> Row {
         Row {
-            run,
-            round: Some(run),
-            config: config.into(),
-            kind: kind.into(),
-            warmup: false,
-            seed: 0,
-            ok: true,
-            exit: "0".into(),
-            wall_s: metric,
-            metric,
-            tail_metric: f64::NAN,
             table_mean_us: mean,
             table_sd_us: sd,
             delayed: if kind == "table" { 10 } else { 0 },
-            injected_mean_us: f64::NAN,
-            note: String::new(),
+            ..Row::counted(run, config, kind, metric)
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod perftest;
+pub mod study;
 
 /// Reads a JSON file a test run wrote, failing the test with the path on any error.
 pub fn read_json(path: &std::path::Path) -> serde_json::Value {
