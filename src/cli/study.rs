@@ -35,8 +35,9 @@ pub struct StudyArgs {
     #[arg(long, value_delimiter = ',', value_name = "A.dist,B.dist")]
     tables: Vec<PathBuf>,
     /// Generate the mean-preserving lognormal family and its uniform table from measured
-    /// latencies (FILE, fitted) or from shape=S,scale=D[,loc=D]
-    #[arg(long, value_name = "FILE|shape=S,scale=D[,loc=D]")]
+    /// latencies (FILE, fitted), a fit (FIT.json from `ibjitter table fit --json`) or
+    /// shape=S,scale=D[,loc=D]
+    #[arg(long, value_name = "FILE|FIT.json|shape=S,scale=D[,loc=D]")]
     family: Option<String>,
     /// The family's means (default: the base lognormal's own); two or more make the runtime's
     /// correlation with the mean meaningful

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 pub enum FamilyBase {
     /// Measured latencies (any layout `ibjitter table fit` reads): the fitted lognormal.
     Samples(PathBuf),
+    /// A fit already made: `ibjitter table fit --json`'s output (`*.json`).
+    Fit(PathBuf),
     /// `shape=S,scale=D[,loc=D]`.
     Given(LogNormal),
 }
@@ -23,6 +25,9 @@ impl FamilyBase {
     /// `FILE` or `shape=S,scale=D[,loc=D]`.
     pub fn parse(spec: &str) -> Result<FamilyBase, String> {
         if !spec.contains('=') {
+            if spec.ends_with(".json") {
+                return Ok(FamilyBase::Fit(spec.into()));
+            }
             return Ok(FamilyBase::Samples(spec.into()));
         }
         let (mut shape, mut scale, mut loc) = (None, None, 0.0);
@@ -58,6 +63,27 @@ impl FamilyBase {
     fn lognormal(&self) -> Result<(LogNormal, String), String> {
         match self {
             FamilyBase::Given(l) => Ok((*l, format!("the lognormal {}", l.describe()))),
+            FamilyBase::Fit(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                    format!(
+                        "{}: not JSON (expected `ibjitter table fit --json` output): {e}",
+                        path.display()
+                    )
+                })?;
+                let get = |k: &str| {
+                    doc[k].as_f64().ok_or_else(|| {
+                        format!(
+                            "{}: no number {k:?} (expected `ibjitter table fit --json` output)",
+                            path.display()
+                        )
+                    })
+                };
+                let l = LogNormal::new(get("shape")?, get("scale_ns")?, get("loc_ns")?)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                Ok((l, format!("the lognormal fit in {}", path.display())))
+            }
             FamilyBase::Samples(path) => {
                 let s = read_samples(path, None).map_err(|e| e.to_string())?;
                 let f = fit_lognormal(&s.values_ns).map_err(|e| e.to_string())?;
