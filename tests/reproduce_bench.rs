@@ -307,8 +307,10 @@ fn quick_reproduction_means_match_and_grow_by_the_table_mean() {
     bad.extend(check(&dir, "packet.csv", 4, 1.0, 2.0, means_asserted));
     // MPI ping-pong: both ranks delay their send, two delays per round trip.
     bad.extend(check(&dir, "pingpong.csv", 3, 2.0, 1.0, means_asserted));
-    // Barrier (one repetition): no mean equality is expected, that is the study's point; its
-    // median must still grow by at least the table's mean at every level.
+    // Barrier (two repetitions): no mean equality is expected, that is the study's point; its
+    // median must still grow by at least the table's mean at every level, over the faster
+    // clean run (4 ranks on 2 vCPUs: one clean run took 11 ms a barrier, the other 0.3 ms,
+    // when the host was busy).
     let barrier = read_csv(&dir.join("barrier.csv"));
     let median_of = |r: &HashMap<String, String>| {
         assert_eq!(r["ok"], "True", "barrier run failed: {r:?}");
@@ -319,11 +321,12 @@ fn quick_reproduction_means_match_and_grow_by_the_table_mean() {
         .filter(|r| r["table"] == "none")
         .map(median_of)
         .collect();
-    assert_eq!(clean.len(), 1, "one clean barrier run");
+    assert_eq!(clean.len(), 2, "two clean barrier runs");
+    let clean = [clean.iter().copied().fold(f64::INFINITY, f64::min)];
     let injected: Vec<_> = barrier.iter().filter(|r| r["table"] != "none").collect();
     assert_eq!(
         injected.len(),
-        2 * LEVELS.len(),
+        2 * 2 * LEVELS.len(),
         "barrier runs: {barrier:?}"
     );
     for r in injected {
