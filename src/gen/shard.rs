@@ -86,6 +86,7 @@ impl Shard {
                 psn: f.psn,
                 lid,
                 gid,
+                rd_atomic: 1,
             },
             buf: RemoteBuffer {
                 addr: self.mr.addr() + f.recv_off as u64,

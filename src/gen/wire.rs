@@ -408,6 +408,7 @@ mod tests {
                 psn: 0x123456,
                 lid: 0,
                 gid: [7; 16],
+                rd_atomic: 16,
             },
             buf: RemoteBuffer {
                 addr: 0xdead_beef_0000,

@@ -200,6 +200,8 @@ impl Local {
                     retry_count: self.qp_cfg.retry_cnt,
                     rnr_retry: self.qp_cfg.rnr_retry,
                     srq: false,
+                    initiator_depth: self.qp_cfg.max_rd_atomic,
+                    responder_resources: self.qp_cfg.max_dest_rd_atomic,
                 };
                 let ids = flows.map(|f| {
                     let id = f.qp.cm_id().expect("--cm QPs are made on rdma_cm ids");

@@ -216,6 +216,8 @@ impl Resources {
             retry_count: self.qp_cfg.retry_cnt,
             rnr_retry: self.qp_cfg.rnr_retry,
             srq: self.srq.is_some(),
+            initiator_depth: self.qp_cfg.max_rd_atomic,
+            responder_resources: self.qp_cfg.max_dest_rd_atomic,
         };
         let mut slots: Vec<Option<QueuePair>> = (0..flows).map(|_| None).collect();
         let deadline = Instant::now() + sh.cfg.setup_timeout;
@@ -274,6 +276,7 @@ impl Resources {
                     psn: self.psns.get(i).copied().unwrap_or(0),
                     lid: sh.lid,
                     gid: sh.gid,
+                    rd_atomic: self.qp_cfg.max_dest_rd_atomic,
                 },
                 buf: RemoteBuffer {
                     addr: self.mr.addr() + (i * self.slot) as u64,
