@@ -19,9 +19,13 @@ use std::time::{Duration, Instant};
 /// How often a set-up wait looks at the client's control connection.
 const CLIENT_CHECK: Duration = Duration::from_millis(200);
 
-/// A UD pool holds at least this many receives: a datagram that finds none posted is dropped
-/// (nothing tells its sender), and a sender's completion does not wait for the receiver.
-const MIN_UD_POOL: usize = 4096;
+/// A deep pool holds at least this many receives. The senders' completions do not wait for
+/// this server to re-post what they consumed (a SEND's ACK leaves before the receive is
+/// reaped; a UD datagram has none), so a sink descheduled for milliseconds lets them run the
+/// pool dry: UD datagrams are then dropped unannounced, RC ones NAKed (RNR) and retried
+/// after a pause. Deep where it costs little: UD, and WRITE_IMM without SEND (its receives
+/// hold no data).
+const DEEP_POOL: usize = 4096;
 
 /// One session's verbs objects: a CQ, optionally an SRQ with its receive pool, one buffer
 /// (a slot per flow, the flows' atomic words, then the pool), and a QP per flow.
@@ -44,12 +48,12 @@ pub struct Resources {
     cm_channel: Option<Arc<EventChannel>>,
 }
 
-/// The receive pool (SEND, WRITE_IMM): enough for every flow's depth (UD: at least
-/// [`MIN_UD_POOL`]), within the device limit and 256 MiB.
+/// The receive pool (SEND, WRITE_IMM): enough for every flow's depth (UD, and WRITE_IMM
+/// without SEND: at least [`DEEP_POOL`]), within the device limit and 256 MiB.
 fn pool_size(run: &RunRequest, slot: usize, max_srq_wr: u32) -> usize {
     let mut want = run.flows.len() * run.depth as usize + 16;
-    if run.qp_type == QpType::Ud {
-        want = want.max(MIN_UD_POOL);
+    if run.qp_type == QpType::Ud || !run.mix.contains(Op::Send) {
+        want = want.max(DEEP_POOL);
     }
     want.min(max_srq_wr as usize).min((256 << 20) / slot).max(1)
 }
@@ -61,11 +65,15 @@ impl Resources {
         let ud = run.qp_type == QpType::Ud;
         let receives = run.mix.needs_receives();
         let atomics = run.mix.has_atomics();
-        // Buffer: the flows' slots, their atomic words (16 bytes each), the receive pool.
+        // Buffer: the flows' slots, their atomic words (16 bytes each), the receive pool: a
+        // SEND's size (UD: and its GRH), or a line when only WRITE_IMMs take receives (their
+        // data lands in the flow's slot).
         let pool_slot = if ud {
             slot_size(run.size + GRH_BYTES)
-        } else {
+        } else if run.mix.contains(Op::Send) {
             slot
+        } else {
+            64
         };
         let pool = if receives {
             pool_size(run, pool_slot, sh.max_srq_wr)
