@@ -325,6 +325,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_op_has_its_place_and_its_name_back() {
+        for (i, op) in Op::ALL.into_iter().enumerate() {
+            assert_eq!(op.index(), i);
+            assert_eq!(Op::parse(op.key()), Ok(op));
+            let json = serde_json::to_string(&op).unwrap();
+            assert_eq!(
+                json,
+                format!("\"{}\"", op.key()),
+                "JSON and CLI spell it alike"
+            );
+        }
+    }
+
+    #[test]
     fn mixes_parse_and_describe_themselves() {
         let m = OpMix::parse("write:70, read:20 ,send:10").unwrap();
         assert_eq!(m.describe(), "send:10,write:70,read:20");
