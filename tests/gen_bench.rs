@@ -602,3 +602,203 @@ fn ctrl_c_stops_set_up_and_traffic_within_a_second() {
     );
     assert!(r["total"]["ops"].as_u64().unwrap() > 0);
 }
+
+/// Every verb beyond RC SEND and WRITE, in one VM, each counted at both ends: READ and
+/// WRITE_IMM move data and the server's counts match the client's (READ from the client's
+/// count, WRITE_IMM from the server's own receive completions); fetch_add's words sum to
+/// fetch_adds x addend exactly; every cmp_swap swaps and the words add up to them; UD
+/// datagrams (of the full 4 KiB MTU) all arrive, counted exactly and without their GRH; a mix
+/// reports each op type with a count above 0, the counts adding up to the total; all six
+/// ops in one mix, atomics included, keep every one of these checks.
+#[test]
+fn every_verb_is_counted_at_both_ends() {
+    let bin = ibjitter();
+    let out_dir = scratch_dir("gen-verbs");
+    let o = out_dir.display();
+    let out = Vm::new().timeout(600).writable(&out_dir).run(&format!(
+        r#". tools/vm/lib.sh
+        {bin} serve --dev rxe1 > {o}/serve.log 2>&1 & server=$!
+        wait_until 20 tcp_listening 18515
+        one() {{  # one NAME ARGS...: a run against the server, its JSON in NAME.json
+            local name=$1; shift
+            {bin} run 10.0.0.2 --dev rxe0 --no-progress --json {o}/$name.json "$@" > {o}/$name.txt
+            echo "${{name}}_rc=$?"
+        }}
+        one read  --op read --size 4K --flows 8 --depth 4 --duration 2s
+        one imm   --op write_imm --size 4K --flows 8 --depth 4 --duration 2s
+        one fa    --op fetch_add --flows 8 --depth 8 --iters 2000
+        one cs    --op cmp_swap --flows 8 --depth 8 --signal-every 4 --iters 1001
+        one ud    --qp-type ud --op send --size 4K --flows 4 --rate 1000 --duration 2s
+        one mix   --mix write:70,read:20,send:10 --size 4K --flows 8 --depth 2 --duration 2s
+        one all   --mix write:5,read:1,write_imm:1,fetch_add:1,cmp_swap:1,send:1 --size 8 \
+                  --flows 4 --depth 4 --iters 3000
+        kill $server; wait $server
+        cat {o}/serve.log"#
+    ));
+    out.assert_success();
+    let log = &out.output;
+    let runs = ["read", "imm", "fa", "cs", "ud", "mix", "all"];
+    for name in runs {
+        assert_eq!(
+            field(log, &format!("{name}_rc")),
+            Some(0.0),
+            "{name}: {log}"
+        );
+    }
+    let report = |name: &str| read_json(&out_dir.join(format!("{name}.json")));
+    let u = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"));
+    // What the server says reached it of `op`, and whose count that is.
+    let at_server = |r: &Value, op: &str| {
+        let s = &r["server_counts"]["ops"][op];
+        (
+            u(&s["ops"]),
+            u(&s["bytes"]),
+            s["counted_at"].as_str().unwrap().to_string(),
+        )
+    };
+
+    let read = report("read");
+    assert_every_flow_moved(&read, 8);
+    let (ops, bytes) = (u(&read["total"]["ops"]), u(&read["total"]["bytes"]));
+    assert_eq!(read["op"], "RDMA_READ");
+    assert_eq!(at_server(&read, "read"), (ops, bytes, "client".into()));
+    assert_eq!(read["server_received_bytes"], read["total"]["bytes"]);
+    assert!(
+        log.contains(&format!(
+            "read: {ops} operations, {bytes} bytes (the client's count"
+        )),
+        "{log}"
+    );
+
+    // WRITE_IMM: the server's own count of its receive completions equals the client's.
+    let imm = report("imm");
+    assert_every_flow_moved(&imm, 8);
+    let (ops, bytes) = (u(&imm["total"]["ops"]), u(&imm["total"]["bytes"]));
+    assert_eq!(at_server(&imm, "write_imm"), (ops, bytes, "server".into()));
+    assert!(
+        log.contains(&format!("write_imm: received {ops}, {bytes} bytes")),
+        "{log}"
+    );
+
+    // fetch_add: 8 flows x 2000, each adding the addend to its flow's word.
+    let fa = report("fa");
+    assert_every_flow_moved(&fa, 8);
+    assert_eq!(u(&fa["total"]["ops"]), 16_000);
+    let check = &fa["server_counts"]["fetch_add"];
+    let addend = u(&check["addend"]);
+    assert!(addend > 1, "an addend of 1 hides width and order mistakes");
+    assert_eq!(u(&check["ops"]), 16_000);
+    assert_eq!(u(&check["sum"]), 16_000 * addend, "{check}");
+    assert_eq!(check["exact"], true);
+    assert!(
+        log.contains(&format!(
+            "fetch_add words sum to {} = 16000 x {addend}: exact",
+            16_000 * addend
+        )),
+        "{log}"
+    );
+
+    // cmp_swap, one in 4 signaled: every one swapped, and the words count them.
+    let cs = report("cs");
+    assert_every_flow_moved(&cs, 8);
+    assert_eq!(u(&cs["total"]["ops"]), 8_008);
+    assert_eq!(u(&cs["ops"]["cmp_swap"]["swapped"]), 8_008);
+    let check = &cs["server_counts"]["cmp_swap"];
+    assert_eq!(
+        (u(&check["swapped"]), u(&check["sum"])),
+        (8_008, 8_008),
+        "{check}"
+    );
+    assert_eq!(check["exact"], true);
+
+    // UD at the MTU, paced within what the server reaps: every datagram arrives, counted
+    // exactly, its bytes the payload alone (no GRH).
+    let ud = report("ud");
+    assert_every_flow_moved(&ud, 4);
+    assert_eq!((&ud["qp_type"], &ud["op"]), (&"ud".into(), &"SEND".into()));
+    let sent = u(&ud["total"]["ops"]);
+    assert!(sent > 1_000, "{sent} datagrams");
+    assert_eq!(at_server(&ud, "send"), (sent, sent * 4096, "server".into()));
+    assert_eq!(ud["server_counts"]["datagrams_lost"], 0);
+    assert!(
+        log.contains(&format!(
+            "received {sent} of the {sent} datagrams the client sent"
+        )),
+        "{log}"
+    );
+
+    // Mixes: every op of the mix completed some, the op counts and bytes add up to the
+    // totals, and the ops counted at the server match the client's.
+    for (name, flows, mix) in [
+        ("mix", 8, &["write", "read", "send"][..]),
+        (
+            "all",
+            4,
+            &[
+                "write",
+                "read",
+                "send",
+                "write_imm",
+                "fetch_add",
+                "cmp_swap",
+            ],
+        ),
+    ] {
+        let r = report(name);
+        assert_every_flow_moved(&r, flows);
+        let ops = r["ops"].as_object().expect("ops map");
+        let mut keys: Vec<&str> = ops.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut want = mix.to_vec();
+        want.sort_unstable();
+        assert_eq!(keys, want, "{name}");
+        let (mut count, mut bytes) = (0, 0);
+        for (op, o) in ops {
+            assert!(u(&o["count"]) > 0, "{name}: {op} never completed: {o}");
+            assert_eq!(o["latency"]["count"], o["count"], "{name}: {op}");
+            count += u(&o["count"]);
+            bytes += u(&o["bytes"]);
+        }
+        assert_eq!(count, u(&r["total"]["ops"]), "{name}");
+        assert_eq!(bytes, u(&r["total"]["bytes"]), "{name}");
+        for op in ["send", "write_imm"].iter().filter(|op| mix.contains(op)) {
+            let o = &r["ops"][op];
+            let at = at_server(&r, op);
+            assert_eq!(
+                at,
+                (u(&o["count"]), u(&o["bytes"]), "server".into()),
+                "{name}: {op}"
+            );
+        }
+        eprintln!("{name}: {}", r["ops"]);
+    }
+    let all = report("all");
+    assert_eq!(u(&all["total"]["ops"]), 12_000);
+    let s = &all["server_counts"];
+    let fa = u(&all["ops"]["fetch_add"]["count"]);
+    assert_eq!(
+        u(&s["fetch_add"]["sum"]),
+        fa * u(&s["fetch_add"]["addend"]),
+        "{s}"
+    );
+    let cs = u(&all["ops"]["cmp_swap"]["count"]);
+    assert_eq!(
+        (u(&s["cmp_swap"]["swapped"]), u(&s["cmp_swap"]["sum"])),
+        (cs, cs),
+        "{s}"
+    );
+    let table = std::fs::read_to_string(out_dir.join("all.txt")).unwrap();
+    for op in [
+        "write",
+        "read",
+        "send",
+        "write_imm",
+        "fetch_add",
+        "cmp_swap",
+    ] {
+        assert!(
+            table.lines().any(|l| l.starts_with(&format!(" {op} "))),
+            "no line for {op}:\n{table}"
+        );
+    }
+}

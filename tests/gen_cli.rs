@@ -62,7 +62,7 @@ fn run_refuses_bad_arguments() {
         &["run", "h", "--iters", "10", "--duration", "1s"],
         "cannot be used with",
     );
-    refused(&["run", "h", "--op", "read"], "invalid value 'read'");
+    refused(&["run", "h", "--op", "bogus"], "invalid value 'bogus'");
     refused(&["run", "h", "--qp-timeout", "40"], "40 is not in 0..=31");
     refused(
         &["run", "h", "--signal-every", "4", "--rate", "10k"],
@@ -78,6 +78,112 @@ fn run_refuses_bad_arguments() {
         &["run", "h", "--size", "2G"],
         "--size must be 1 byte to 1024 MiB",
     );
+}
+
+/// The ops and mixes: each rule's error names it, before any device is opened (this host has
+/// none: reaching the device would fail differently).
+#[test]
+fn run_refuses_bad_ops_and_mixes() {
+    refused(
+        &["run", "h", "--mix", "write:70,bogus:30"],
+        "unknown op 'bogus' (ops: send, write, read, write_imm, fetch_add, cmp_swap)",
+    );
+    refused(
+        &["run", "h", "--mix", "write:0,read:0"],
+        "the mix's weights add up to 0",
+    );
+    refused(&["run", "h", "--mix", ""], "an empty mix");
+    refused(
+        &["run", "h", "--mix", "write:1,write:2"],
+        "write appears twice",
+    );
+    refused(
+        &["run", "h", "--mix", "write=70"],
+        "'write=70' is not op:weight",
+    );
+    refused(
+        &["run", "h", "--mix", "write:1", "--op", "read"],
+        "cannot be used with",
+    );
+    // Atomics move 8 bytes: any other --size is refused (without --size, 8 is taken).
+    refused(
+        &["run", "h", "--op", "fetch_add", "--size", "64"],
+        "fetch_add is an 8-byte atomic: --size must be 8 with it, got 64",
+    );
+    refused(
+        &["run", "h", "--mix", "write:9,cmp_swap:1", "--size", "4K"],
+        "cmp_swap is an 8-byte atomic: --size must be 8 with it, got 4096",
+    );
+    // UD: SEND only, one packet each, no rdma_cm, no ping-pong.
+    refused(
+        &["run", "h", "--qp-type", "ud", "--op", "write"],
+        "--qp-type ud carries SEND only",
+    );
+    refused(
+        &[
+            "run",
+            "h",
+            "--qp-type",
+            "ud",
+            "--mix",
+            "send:1,read:1",
+            "--size",
+            "1K",
+        ],
+        "not read",
+    );
+    refused(
+        &[
+            "run",
+            "h",
+            "--qp-type",
+            "ud",
+            "--op",
+            "send",
+            "--size",
+            "8K",
+        ],
+        "--size 8192 exceeds the path MTU (at most 4096 bytes on any device)",
+    );
+    refused(
+        &[
+            "run",
+            "h",
+            "--qp-type",
+            "ud",
+            "--op",
+            "send",
+            "--size",
+            "1K",
+            "--cm",
+        ],
+        "--qp-type ud does not connect",
+    );
+    refused(
+        &["run", "h", "--pingpong", "--op", "read"],
+        "--pingpong times WRITE or SEND round trips, not read",
+    );
+    refused(
+        &["run", "h", "--pingpong", "--mix", "write:1,send:1"],
+        "--pingpong times one op, not a --mix",
+    );
+    // What passes these checks goes on to the device (none here): the ops themselves parse.
+    for ok in [
+        &["--op", "read"][..],
+        &["--op", "write_imm"],
+        &["--op", "write-imm"],
+        &["--op", "fetch_add"],
+        &["--op", "cmp_swap", "--size", "8"],
+        &["--mix", "write:70,read:20,send:10"],
+        &["--qp-type", "ud", "--op", "send", "--size", "4K"],
+    ] {
+        let args: Vec<&str> = ["run", "h"].into_iter().chain(ok.iter().copied()).collect();
+        let (code, err) = ibjitter(&args);
+        assert!(
+            code == 2 && (err.contains("ibv_get_device_list") || err.contains("no RDMA devices")),
+            "{ok:?} should reach the device: {err}"
+        );
+    }
 }
 
 #[test]

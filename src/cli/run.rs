@@ -6,7 +6,7 @@ use ibjitter::gen::intervals::{Outputs, MIN_HDR_INTERVAL_NS, MIN_INTERVAL_NS};
 use ibjitter::gen::pacing::Arrival;
 use ibjitter::gen::stop::{self, StopToken};
 use ibjitter::gen::wire::{MAX_DEPTH, MAX_SIZE};
-use ibjitter::gen::{Load, Op, RunConfig, StopAt};
+use ibjitter::gen::{Load, Op, OpMix, QpType, RunConfig, StopAt};
 use ibjitter::report::export::{json, text};
 use ibjitter::report::Outcome;
 use std::path::{Path, PathBuf};
@@ -33,13 +33,21 @@ pub struct RunArgs {
     /// run `ibjitter serve --cm`
     #[arg(long)]
     cm: bool,
-    /// Number of flows (RC queue pairs)
+    /// Number of flows (queue pairs)
     #[arg(long, default_value_t = 1)]
     flows: u32,
-    /// Operation
+    /// Operation: fetch_add and cmp_swap are 8-byte atomics on the flow's own word at the
+    /// server (--size 8)
     #[arg(long, value_enum, default_value_t = OpArg::Write)]
     op: OpArg,
-    /// Message size: 65536, 64K, 1M (default 65536; 2 with --pingpong)
+    /// Several operations, weighted: each flow draws its next one from a seeded PRNG
+    /// (write:70,read:20,send:10); the report has figures per op
+    #[arg(long, value_parser = OpMix::parse, conflicts_with = "op")]
+    mix: Option<OpMix>,
+    /// Queue pair type: rc, or ud (SEND only, datagrams of at most the path MTU)
+    #[arg(long, value_enum, default_value_t = QpTypeArg::Rc)]
+    qp_type: QpTypeArg,
+    /// Message size: 65536, 64K, 1M (default 65536; 2 with --pingpong; 8 with atomics)
     #[arg(long, short = 's', value_parser = units::size)]
     size: Option<u32>,
     /// Operations outstanding per flow
@@ -106,7 +114,7 @@ pub struct RunArgs {
     /// queueing delay
     #[arg(long, default_value_t = 18, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
-    /// Seed for PSNs and Poisson gaps
+    /// Seed for PSNs, Poisson gaps and --mix draws
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// No live progress line
@@ -118,6 +126,32 @@ pub struct RunArgs {
 enum OpArg {
     Send,
     Write,
+    Read,
+    #[value(name = "write_imm", alias = "write-imm")]
+    WriteImm,
+    #[value(name = "fetch_add", alias = "fetch-add")]
+    FetchAdd,
+    #[value(name = "cmp_swap", alias = "cmp-swap")]
+    CmpSwap,
+}
+
+impl OpArg {
+    fn op(self) -> Op {
+        match self {
+            OpArg::Send => Op::Send,
+            OpArg::Write => Op::Write,
+            OpArg::Read => Op::Read,
+            OpArg::WriteImm => Op::WriteImm,
+            OpArg::FetchAdd => Op::FetchAdd,
+            OpArg::CmpSwap => Op::CmpSwap,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum QpTypeArg {
+    Rc,
+    Ud,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -134,12 +168,27 @@ impl RunArgs {
         if self.depth == 0 || self.depth > MAX_DEPTH {
             return Err(format!("--depth must be 1..={MAX_DEPTH}"));
         }
-        let size = self.size.unwrap_or(if self.pingpong { 2 } else { 65536 });
+        let mix = self.mix.unwrap_or(OpMix::single(self.op.op()));
+        let qp_type = match self.qp_type {
+            QpTypeArg::Rc => QpType::Rc,
+            QpTypeArg::Ud => QpType::Ud,
+        };
+        let size = self.size.unwrap_or(if self.pingpong {
+            2
+        } else if mix.has_atomics() {
+            8
+        } else {
+            65536
+        });
         if size == 0 || size > MAX_SIZE {
             return Err(format!(
                 "--size must be 1 byte to {} MiB (the protocol's limit), got {size}",
                 MAX_SIZE >> 20
             ));
+        }
+        mix.validate(size, qp_type, self.pingpong)?;
+        if qp_type == QpType::Ud && self.cm {
+            return Err("--qp-type ud does not connect: use it without --cm".into());
         }
         let arrival = match self.arrival {
             ArrivalArg::Fixed => Arrival::Fixed,
@@ -191,10 +240,8 @@ impl RunArgs {
             gid_index: self.rdma.gid_index,
             cm: self.cm,
             flows: self.flows,
-            op: match self.op {
-                OpArg::Send => Op::Send,
-                OpArg::Write => Op::Write,
-            },
+            mix,
+            qp_type,
             size,
             depth: self.depth,
             threads: self.threads.max(1),

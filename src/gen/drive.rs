@@ -7,15 +7,46 @@
 use super::shard::Shard;
 use super::stats::FlowStats;
 use super::stop::{Reason, StopToken};
-use super::Op;
-use crate::verbs::WorkCompletion;
+use super::{ops, Op};
+use crate::verbs::{AtomicOp, AtomicTarget, WorkCompletion};
+
+/// One work request of a flow, as a pattern asks for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Post {
+    pub op: Op,
+    /// Bytes moved (8 for an atomic).
+    pub size: u32,
+    pub wr_id: u64,
+    /// The flow's slot it occupies (an atomic's result lands in the slot's word).
+    pub slot: u16,
+    /// Unless set, it completes without a completion of its own (a later signaled one of the
+    /// same flow says it is done: a send queue completes in order), except on an error.
+    pub signaled: bool,
+    /// cmp_swap: the value the flow's word should hold; it swaps in `compare + 1`.
+    pub compare: u64,
+}
+
+impl Post {
+    /// A WRITE or SEND (ping-pong's), signaled, in slot 0.
+    pub fn message(op: Op, size: u32, wr_id: u64) -> Post {
+        Post {
+            op,
+            size,
+            wr_id,
+            slot: 0,
+            signaled: true,
+            compare: 0,
+        }
+    }
+}
 
 /// One thread's flows, as the loop uses them.
 pub trait Transport {
-    /// Posts flow `i`'s message (`size` bytes, SEND or RDMA WRITE) as `wr_id`; unless
-    /// `signaled`, it completes without a completion of its own (a later signaled one of the
-    /// same flow says it is done: an RC send queue completes in order), except on an error.
-    fn post(&self, i: usize, op: Op, size: u32, wr_id: u64, signaled: bool) -> Result<(), String>;
+    /// Posts flow `i`'s work request.
+    fn post(&self, i: usize, req: &Post) -> Result<(), String>;
+    /// The 8-byte word an atomic of flow `i` in `slot` brought back (the target's value
+    /// before it), once its completion (or a later one covering it) was seen.
+    fn atomic_result(&self, i: usize, slot: u16) -> u64;
     /// Posts a receive for flow `i`'s incoming message, as `wr_id`.
     fn post_recv(&self, i: usize, wr_id: u64) -> Result<(), String>;
     /// Takes completions, at most `out.len()`.
@@ -28,17 +59,49 @@ pub trait Transport {
 
 impl Transport for Shard {
     #[inline]
-    fn post(&self, i: usize, op: Op, size: u32, wr_id: u64, signaled: bool) -> Result<(), String> {
+    fn post(&self, i: usize, req: &Post) -> Result<(), String> {
         let f = &self.flows[i];
         let remote = f.remote.expect("flow connected before the start");
-        let local = self.mr.sge(f.send_off, size);
-        match op {
-            Op::Write => {
-                f.qp.post_write(wr_id, local, remote.buf.addr, remote.buf.rkey, signaled)
+        let (addr, rkey) = (remote.buf.addr, remote.buf.rkey);
+        let out = self.mr.sge(f.send_off, req.size);
+        let (wr_id, sig) = (req.wr_id, req.signaled);
+        let atomic = |offset: u64, op| {
+            let target = AtomicTarget {
+                addr: remote.atomic_addr + offset,
+                rkey,
+                op,
+            };
+            let result = self.mr.sge(f.atomic_off + 8 * req.slot as usize, 8);
+            f.qp.post_atomic(wr_id, result, target, sig)
+        };
+        match req.op {
+            Op::Write => f.qp.post_write(wr_id, out, addr, rkey, sig),
+            // The immediate says which flow wrote (the server counts by completion, not by it).
+            Op::WriteImm => f.qp.post_write_imm(wr_id, out, addr, rkey, f.id, sig),
+            Op::Read => {
+                let into = self.mr.sge(f.recv_off, req.size);
+                f.qp.post_read(wr_id, into, addr, rkey, sig)
             }
-            Op::Send => f.qp.post_send(wr_id, local, signaled),
+            Op::Send => match &f.ah {
+                Some(ah) => f.qp.post_send_ud(wr_id, out, ah, remote.qp.qpn, sig),
+                None => f.qp.post_send(wr_id, out, sig),
+            },
+            Op::FetchAdd => atomic(0, AtomicOp::FetchAdd(ops::FETCH_ADD_ADDEND)),
+            Op::CmpSwap => atomic(
+                8,
+                AtomicOp::CmpSwap {
+                    compare: req.compare,
+                    swap: req.compare + 1,
+                },
+            ),
         }
         .map_err(|e| format!("post failed: {e}"))
+    }
+
+    #[inline]
+    fn atomic_result(&self, i: usize, slot: u16) -> u64 {
+        self.mr
+            .read_u64(self.flows[i].atomic_off + 8 * slot as usize)
     }
 
     fn post_recv(&self, i: usize, wr_id: u64) -> Result<(), String> {
@@ -166,7 +229,7 @@ pub mod fake {
     /// series kept, no warm-up, the whole run steady, a token of their own.
     pub fn params(op: Op, size: u32, depth: u32, ops: u64) -> WorkerParams {
         WorkerParams {
-            op,
+            mix: crate::gen::OpMix::single(op),
             size,
             depth,
             stop: StopAt::Iters(ops),
@@ -200,6 +263,12 @@ pub mod fake {
         stamped: RefCell<Vec<u8>>,
         landed: RefCell<Vec<u8>>,
         recvs: RefCell<Vec<VecDeque<u64>>>,
+        /// The server's atomic words per flow (fetch_add's, cmp_swap's), executed in posting
+        /// order, and what each (flow, slot) brought back.
+        pub words: RefCell<Vec<[u64; 2]>>,
+        results: RefCell<std::collections::HashMap<(usize, u16), u64>>,
+        /// Posts per op type.
+        pub by_op: RefCell<[u64; 6]>,
     }
 
     impl Fake {
@@ -218,6 +287,9 @@ pub mod fake {
                 recvs: RefCell::new(vec![VecDeque::new(); flows]),
                 unreported: RefCell::new(vec![0; flows]),
                 covers: RefCell::new(std::collections::HashMap::new()),
+                words: RefCell::new(vec![[0; 2]; flows]),
+                results: RefCell::new(std::collections::HashMap::new()),
+                by_op: RefCell::new([0; 6]),
             }
         }
     }
@@ -232,15 +304,10 @@ pub mod fake {
     }
 
     impl Transport for Fake {
-        fn post(
-            &self,
-            i: usize,
-            op: Op,
-            _size: u32,
-            wr_id: u64,
-            signaled: bool,
-        ) -> Result<(), String> {
+        fn post(&self, i: usize, req: &Post) -> Result<(), String> {
+            let (op, wr_id, signaled) = (req.op, req.wr_id, req.signaled);
             self.posts.set(self.posts.get() + 1);
+            self.by_op.borrow_mut()[op.index()] += 1;
             let n = {
                 let mut p = self.per_flow_posts.borrow_mut();
                 p[i] += 1;
@@ -258,6 +325,16 @@ pub mod fake {
             }
             let failed = self.fail == Some((i, n));
             let status = if failed { 12 } else { 0 }; // IBV_WC_RETRY_EXC_ERR
+            if !failed && op.is_atomic() {
+                let mut words = self.words.borrow_mut();
+                let w = &mut words[i][usize::from(op == Op::CmpSwap)];
+                self.results.borrow_mut().insert((i, req.slot), *w);
+                match op {
+                    Op::FetchAdd => *w += ops::FETCH_ADD_ADDEND,
+                    _ if *w == req.compare => *w = req.compare + 1,
+                    _ => {}
+                }
+            }
             if !signaled && !failed {
                 // Completes silently: the flow's next signaled post covers it.
                 self.unreported.borrow_mut()[i] += 1;
@@ -275,6 +352,7 @@ pub mod fake {
                             self.pending.borrow_mut().push_back(wc(r, 0, 128));
                         }
                     }
+                    _ => panic!("ping-pong never echoes {op:?}"),
                 }
             }
             Ok(())
@@ -283,6 +361,10 @@ pub mod fake {
         fn post_recv(&self, i: usize, wr_id: u64) -> Result<(), String> {
             self.recvs.borrow_mut()[i].push_back(wr_id);
             Ok(())
+        }
+
+        fn atomic_result(&self, i: usize, slot: u16) -> u64 {
+            self.results.borrow()[&(i, slot)]
         }
 
         fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, String> {

@@ -1,5 +1,5 @@
-//! The traffic generator: many RC flows (QPs) from one process, started together, every
-//! operation timed. `serve` is the receiving side, `run` the sending side; they meet over
+//! The traffic generator: many flows (QPs, RC or UD) from one process, started together,
+//! every operation timed; which operations, [`ops`]. `serve` is the receiving side, `run` the sending side; they meet over
 //! the out-of-band TCP exchange in [`wire`], and with `--cm` connect their QPs through
 //! rdma_cm ([`cm`]).
 //!
@@ -12,6 +12,7 @@ pub mod client;
 pub mod cm;
 pub mod drive;
 pub mod intervals;
+pub mod ops;
 pub mod pacing;
 pub mod pingpong;
 pub mod progress;
@@ -23,7 +24,7 @@ pub mod wire;
 pub mod worker;
 
 pub use client::RunError;
-pub use wire::Op;
+pub use ops::{Op, OpMix, QpType};
 
 use std::time::Duration;
 
@@ -67,7 +68,9 @@ pub struct RunConfig {
     /// Connect the flows through rdma_cm instead of exchanging QP numbers over TCP.
     pub cm: bool,
     pub flows: u32,
-    pub op: Op,
+    /// The operations and their weights (`--op` is one op alone).
+    pub mix: OpMix,
+    pub qp_type: QpType,
     pub size: u32,
     pub depth: u32,
     pub threads: u32,
@@ -107,7 +110,8 @@ impl Default for RunConfig {
             gid_index: None,
             cm: false,
             flows: 1,
-            op: Op::Write,
+            mix: OpMix::single(Op::Write),
+            qp_type: QpType::Rc,
             size: 65536,
             depth: 1,
             threads: 1,

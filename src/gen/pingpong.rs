@@ -5,7 +5,7 @@
 //! WRITE: we write `size` bytes whose last byte is a sequence number into the server's buffer;
 //! the server watches that byte and writes back; we watch our own buffer's last byte.
 //! SEND: we keep a receive posted; the server answers each SEND with a SEND.
-use super::drive::{drive, Limits, Pattern, Transport};
+use super::drive::{drive, Limits, Pattern, Post, Transport};
 use super::intervals::Sink;
 use super::progress::Counters;
 use super::shard::Shard;
@@ -43,6 +43,8 @@ struct PingPong<'a, C: Fn() -> u64> {
     max_trips: u64,
     /// Flows whose echo arrived this round (reused: no allocation per round).
     echoes: Vec<usize>,
+    /// WRITE or SEND (the run's only op: checked when the run was made).
+    op: Op,
 }
 
 impl<C: Fn() -> u64> PingPong<'_, C> {
@@ -52,13 +54,8 @@ impl<C: Fn() -> u64> PingPong<'_, C> {
         fl.seq = next_seq(fl.seq);
         io.stamp(i, self.p.size, fl.seq);
         let now = (self.now_ns)();
-        match io.post(
-            i,
-            self.p.op,
-            self.p.size,
-            (i as u64) << 16 | KIND_SEND,
-            true,
-        ) {
+        let req = Post::message(self.op, self.p.size, (i as u64) << 16 | KIND_SEND);
+        match io.post(i, &req) {
             Ok(()) => {
                 fl.posted_ns = now;
                 fl.waiting = true;
@@ -80,7 +77,7 @@ impl<C: Fn() -> u64> PingPong<'_, C> {
 
 impl<T: Transport, C: Fn() -> u64> Pattern<T> for PingPong<'_, C> {
     fn start(&mut self, io: &T) {
-        if self.p.op == Op::Send {
+        if self.op == Op::Send {
             for i in 0..self.flows.len() {
                 self.post_recv(io, i);
             }
@@ -110,7 +107,7 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for PingPong<'_, C> {
                 self.echoes.push(i);
             }
         }
-        if self.p.op == Op::Write {
+        if self.op == Op::Write {
             for (i, fl) in self.flows.iter().enumerate() {
                 if fl.waiting && io.echoed(i, self.p.size) == fl.seq {
                     self.echoes.push(i);
@@ -132,9 +129,9 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for PingPong<'_, C> {
             fl.waiting = false;
             fl.round_trips += 1;
             self.recorder
-                .complete(i, fs, u64::from(self.p.size), fl.posted_ns, now);
+                .complete(i, fs, self.op, u64::from(self.p.size), fl.posted_ns, now);
             self.counters.add(1, u64::from(self.p.size));
-            if self.p.op == Op::Send {
+            if self.op == Op::Send {
                 self.post_recv(io, i);
             }
         }
@@ -198,13 +195,15 @@ fn pingpong<T: Transport>(
         counters,
         max_trips: p.max_ops(),
         echoes: Vec::with_capacity(flow_ids.len()),
+        op: p.mix.only().unwrap_or(Op::Write),
         now_ns: &now_ns,
     };
     drive(io, &mut pattern, limits, &now_ns);
-    let latency = pattern.recorder.finish();
+    let (latency, by_op) = pattern.recorder.finish();
     WorkerOutput {
         flows: pattern.stats,
         latency,
+        by_op,
     }
 }
 

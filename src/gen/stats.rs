@@ -1,7 +1,8 @@
 //! What one flow measured: operation and byte counts (all, and in the steady-state window), a
 //! latency histogram, bytes per time-series interval when kept, and why it ended if it ended
-//! early.
+//! early; and per thread, by op type ([`OpTally`]).
 use super::intervals::Sink;
+use super::ops::Op;
 use hdrhistogram::{Counter, Histogram};
 
 /// Latency histograms: 1 ns resolution at 3 significant digits, starting at the smallest
@@ -107,6 +108,42 @@ impl FlowStats {
     }
 }
 
+/// One op type's completions on one thread: counts, latency (3 digits, like the totals), and
+/// for cmp_swap how many found the value they expected (swapped).
+#[derive(Clone)]
+pub struct OpTally {
+    pub ops: u64,
+    pub bytes: u64,
+    pub latency: Histogram<u64>,
+    pub swapped: u64,
+}
+
+impl Default for OpTally {
+    fn default() -> Self {
+        OpTally {
+            ops: 0,
+            bytes: 0,
+            latency: new_histogram(),
+            swapped: 0,
+        }
+    }
+}
+
+impl OpTally {
+    /// Adds another thread's tally of the same op.
+    pub fn add(&mut self, other: &OpTally) {
+        self.ops += other.ops;
+        self.bytes += other.bytes;
+        self.swapped += other.swapped;
+        self.latency
+            .add(&other.latency)
+            .expect("histograms grow to fit");
+    }
+}
+
+/// One tally per op type, indexed by [`Op::index`].
+pub type ByOp = [OpTally; 6];
+
 /// Where one thread's completions go: its flows' stats, the streamed intervals (time series
 /// and HdrHistogram log, [`Sink`]) and the steady-state window. Operations posted during the
 /// warm-up count in bytes and time series but not in latency: the first operation of each of
@@ -116,6 +153,8 @@ pub struct Recorder {
     /// Every measured latency of the thread's flows, at full precision: the run's totals
     /// (the flows' own histograms keep 2 digits).
     pub total: Histogram<u64>,
+    /// The same completions by op type.
+    pub by_op: ByOp,
     sink: Option<Sink>,
     /// `--json-series`: the interval of the series each flow keeps.
     kept_series_ns: Option<u64>,
@@ -132,6 +171,7 @@ impl Recorder {
     ) -> Recorder {
         Recorder {
             total: new_histogram(),
+            by_op: Default::default(),
             sink,
             kept_series_ns,
             warmup_ns,
@@ -139,12 +179,13 @@ impl Recorder {
         }
     }
 
-    /// One operation of flow `index` (of this thread) of `bytes` posted (or due, open loop) at
+    /// One `op` of flow `index` (of this thread) of `bytes` posted (or due, open loop) at
     /// `posted_ns`, completed at `now_ns`.
     pub fn complete(
         &mut self,
         index: usize,
         flow: &mut FlowStats,
+        op: Op,
         bytes: u64,
         posted_ns: u64,
         now_ns: u64,
@@ -161,8 +202,12 @@ impl Recorder {
             flow.steady_ops += 1;
             flow.steady_bytes += bytes;
         }
+        let tally = &mut self.by_op[op.index()];
+        tally.ops += 1;
+        tally.bytes += bytes;
         if measured {
             record(&mut self.total, latency);
+            record(&mut tally.latency, latency);
         }
         if let Some(sink) = &mut self.sink {
             sink.complete(index, bytes, measured.then_some(latency), now_ns);
@@ -176,12 +221,18 @@ impl Recorder {
         }
     }
 
-    /// The thread is done: its last intervals go to the writer. Returns its total histogram.
-    pub fn finish(self) -> Histogram<u64> {
+    /// A completed cmp_swap found the value it expected: it swapped.
+    pub fn swapped(&mut self) {
+        self.by_op[Op::CmpSwap.index()].swapped += 1;
+    }
+
+    /// The thread is done: its last intervals go to the writer. Returns its total histogram
+    /// and its tallies by op.
+    pub fn finish(self) -> (Histogram<u64>, ByOp) {
         if let Some(sink) = self.sink {
             sink.finish();
         }
-        self.total
+        (self.total, self.by_op)
     }
 }
 
@@ -230,8 +281,8 @@ mod tests {
         assert_eq!(flow.max(), flow.highest_equivalent(FLOW_HISTOGRAM_MAX_NS));
         let mut r = Recorder::new(None, None, 0, (0, u64::MAX));
         let mut f = FlowStats::new(0);
-        r.complete(0, &mut f, 8, 0, 123_456);
-        let total = r.finish();
+        r.complete(0, &mut f, Op::Write, 8, 0, 123_456);
+        let (total, _) = r.finish();
         assert_eq!(
             total.value_at_quantile(0.5),
             total.highest_equivalent(123_456)
@@ -248,11 +299,16 @@ mod tests {
         let sink = Sink::new(tx, 0, &[0], None, Some(100));
         let mut r = Recorder::new(Some(sink), None, 1_000, (1_000, 3_000));
         let mut f = FlowStats::new(0);
-        r.complete(0, &mut f, 8, 500, 900); // posted during the warm-up
-        r.complete(0, &mut f, 8, 1_500, 2_500);
-        r.complete(0, &mut f, 8, 2_500, 3_500); // in the cool-down
-        let total = r.finish();
+        r.complete(0, &mut f, Op::Write, 8, 500, 900); // posted during the warm-up
+        r.complete(0, &mut f, Op::Read, 8, 1_500, 2_500);
+        r.complete(0, &mut f, Op::Write, 8, 2_500, 3_500); // in the cool-down
+        let (total, by_op) = r.finish();
         assert_eq!(total.len(), 2);
+        // By op: every completion counted, latency only after the warm-up.
+        let (w, rd) = (&by_op[Op::Write.index()], &by_op[Op::Read.index()]);
+        assert_eq!((w.ops, w.bytes, w.latency.len()), (2, 16, 1));
+        assert_eq!((rd.ops, rd.bytes, rd.latency.len()), (1, 8, 1));
+        assert_eq!(by_op[Op::Send.index()].ops, 0);
         assert_eq!((f.ops, f.bytes, f.latency.len()), (3, 24, 2));
         assert_eq!((f.steady_ops, f.steady_bytes), (1, 8));
         assert!(f.series.is_empty(), "no series kept unless asked");

@@ -10,8 +10,8 @@
 //!   Ready ---------------------->   waits for every expected client (the start barrier)
 //!        <----------------------- Go          (sent to all clients at once)
 //!   ... traffic ...
-//!   Done {what we moved} ------->
-//!        <----------------------- Bye {what the server received}
+//!   Done {what we moved, by op} ->
+//!        <----------------------- Bye {what the server received, by op; its atomic words}
 use super::stop::StopToken;
 use crate::verbs::{Endpoint, RemoteBuffer};
 use serde::{Deserialize, Serialize};
@@ -20,7 +20,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// Bumped whenever a message changes shape; both sides must agree.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// No message is larger (1,000 flows of endpoints take about 200 KiB).
 pub const MAX_MESSAGE: usize = 64 << 20;
 pub const MAX_FLOWS: u32 = 65_536;
@@ -28,34 +28,57 @@ pub const MAX_SIZE: u32 = 1 << 30;
 /// Most operations outstanding per flow (`--depth`).
 pub const MAX_DEPTH: u32 = 4096;
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Op {
-    Send,
-    Write,
-}
+pub use super::ops::{Op, OpMix, QpType};
 
-impl Op {
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Send => "SEND",
-            Op::Write => "RDMA_WRITE",
-        }
-    }
-}
-
-/// One flow's side of the connection: its QP and the buffer the peer may write into.
+/// One flow's side of the connection: its QP and the buffer the peer may write into (or
+/// read from).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FlowEndpoint {
     pub qp: Endpoint,
     pub buf: RemoteBuffer,
+    /// The server's: this flow's two 8-byte atomic words (fetch_add's at this address,
+    /// cmp_swap's 8 bytes on), under `buf.rkey`; 0 when the run has no atomics.
+    #[serde(default)]
+    pub atomic_addr: u64,
+}
+
+/// One op type's completed operations and bytes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OpCount {
+    pub op: Op,
+    pub ops: u64,
+    pub bytes: u64,
+}
+
+/// Whose count the server reports for an op type.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CountedAt {
+    /// The server's own receive completions (SEND, WRITE_IMM; a ping-pong's echoes).
+    Server,
+    /// The client's, told in Done: a WRITE, READ or atomic raises nothing at the server.
+    Client,
+}
+
+/// What the server reports in Bye beside its totals.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ServerCounts {
+    /// Per op type of the run, in the mix's order.
+    pub ops: Vec<(OpCount, CountedAt)>,
+    /// The sum of the flows' fetch_add words, read after the client was done.
+    pub fetch_add_sum: Option<u64>,
+    /// The sum of the flows' cmp_swap words (each counts its flow's successful swaps).
+    pub cmp_swap_sum: Option<u64>,
+    /// Completions in error at the server.
+    pub errors: u64,
 }
 
 /// What the client asks for.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunRequest {
     pub client: String,
-    pub op: Op,
+    pub mix: OpMix,
+    pub qp_type: QpType,
     pub size: u32,
     pub depth: u32,
     pub pingpong: bool,
@@ -84,10 +107,14 @@ pub enum Message {
     Done {
         ops: u64,
         bytes: u64,
+        #[serde(default)]
+        by_op: Vec<OpCount>,
     },
     Bye {
         received_messages: u64,
         received_bytes: u64,
+        #[serde(default)]
+        counts: Option<ServerCounts>,
     },
 }
 
@@ -122,7 +149,10 @@ pub fn validate(run: &RunRequest) -> Result<(), String> {
     if run.depth == 0 || run.depth > MAX_DEPTH {
         return Err(format!("depth must be 1..={MAX_DEPTH}, got {}", run.depth));
     }
-    Ok(())
+    if run.cm && run.qp_type == QpType::Ud {
+        return Err("--qp-type ud does not connect: use it without --cm".into());
+    }
+    run.mix.validate(run.size, run.qp_type, run.pingpong)
 }
 
 fn send(stream: &mut TcpStream, msg: &Message) -> io::Result<()> {
@@ -298,11 +328,21 @@ impl Control {
         }
     }
 
-    /// Client: tells the server what we moved; returns the bytes it received, if it answers.
-    pub fn done(&mut self, ops: u64, bytes: u64) -> Option<u64> {
-        send(&mut self.stream, &Message::Done { ops, bytes }).ok()?;
+    /// Client: tells the server what we moved; returns the bytes it received and its counts
+    /// by op, if it answers.
+    pub fn done(
+        &mut self,
+        ops: u64,
+        bytes: u64,
+        by_op: Vec<OpCount>,
+    ) -> Option<(u64, Option<ServerCounts>)> {
+        send(&mut self.stream, &Message::Done { ops, bytes, by_op }).ok()?;
         match self.recv(Some(Duration::from_secs(10)), "Bye") {
-            Ok(Message::Bye { received_bytes, .. }) => Some(received_bytes),
+            Ok(Message::Bye {
+                received_bytes,
+                counts,
+                ..
+            }) => Some((received_bytes, counts)),
             _ => None,
         }
     }
@@ -352,23 +392,24 @@ impl Control {
         send(&mut self.stream, &Message::Go).map_err(|e| e.to_string())
     }
 
-    /// Server: waits, without a limit, until the client says it is done.
-    /// Server: waits for the client's Done; returns the operations and bytes it completed.
-    pub fn await_done(&mut self) -> Result<(u64, u64), String> {
+    /// Server: waits, without a limit, for the client's Done; returns the operations and
+    /// bytes it completed, in all and by op.
+    pub fn await_done(&mut self) -> Result<(u64, u64, Vec<OpCount>), String> {
         match self.recv(None, "Done") {
-            Ok(Message::Done { ops, bytes }) => Ok((ops, bytes)),
+            Ok(Message::Done { ops, bytes, by_op }) => Ok((ops, bytes, by_op)),
             Ok(other) => Err(format!("expected Done, got {other:?}")),
             Err(e) => Err(format!("client lost: {e}")),
         }
     }
 
     /// Server: what this session received.
-    pub fn bye(&mut self, received_messages: u64, received_bytes: u64) {
+    pub fn bye(&mut self, received_messages: u64, received_bytes: u64, counts: ServerCounts) {
         let _ = send(
             &mut self.stream,
             &Message::Bye {
                 received_messages,
                 received_bytes,
+                counts: Some(counts),
             },
         );
     }
@@ -408,17 +449,20 @@ mod tests {
                 psn: 0x123456,
                 lid: 0,
                 gid: [7; 16],
+                rd_atomic: 16,
             },
             buf: RemoteBuffer {
                 addr: 0xdead_beef_0000,
                 rkey: 42,
                 len: 65536,
             },
+            atomic_addr: 0xdead_beef_8000,
         };
         RunRequest {
             client: "c".into(),
-            op: Op::Write,
-            size: 65536,
+            mix: OpMix::parse("write:3,fetch_add:1").unwrap(),
+            qp_type: QpType::Rc,
+            size: 8,
             depth: 4,
             pingpong: false,
             cm: false,
@@ -436,7 +480,32 @@ mod tests {
                 run: request(1000),
             },
             Message::Ready,
-            Message::Done { ops: 5, bytes: 10 },
+            Message::Done {
+                ops: 5,
+                bytes: 10,
+                by_op: vec![OpCount {
+                    op: Op::CmpSwap,
+                    ops: 5,
+                    bytes: 10,
+                }],
+            },
+            Message::Bye {
+                received_messages: 1,
+                received_bytes: 2,
+                counts: Some(ServerCounts {
+                    ops: vec![(
+                        OpCount {
+                            op: Op::WriteImm,
+                            ops: 1,
+                            bytes: 2,
+                        },
+                        CountedAt::Server,
+                    )],
+                    fetch_add_sum: Some(3),
+                    cmp_swap_sum: None,
+                    errors: 0,
+                }),
+            },
         ];
         let sent = msgs.clone();
         let t = std::thread::spawn(move || {
@@ -492,5 +561,15 @@ mod tests {
         r.size = 8;
         r.depth = 0;
         assert!(validate(&r).unwrap_err().contains("depth"));
+        // The op rules hold at the server too, whatever a client sends.
+        r.depth = 4;
+        r.size = 64;
+        assert!(validate(&r).unwrap_err().contains("8-byte atomic"));
+        r.size = 8;
+        r.qp_type = QpType::Ud;
+        assert!(validate(&r).unwrap_err().contains("SEND only"));
+        r.mix = OpMix::single(Op::Send);
+        r.cm = true;
+        assert!(validate(&r).unwrap_err().contains("without --cm"));
     }
 }

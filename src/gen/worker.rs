@@ -1,14 +1,17 @@
 //! Throughput traffic, closed loop (keep `depth` outstanding per flow) or open loop (post on a
 //! schedule, latency from the intended send time), as a [`Pattern`] of the thread loop
-//! ([`drive`]). Every operation is signaled and timed from post to completion.
-use super::drive::{drive, Limits, Pattern, Transport};
+//! ([`drive`]). Every operation is timed from post to completion. With a mix, each post draws
+//! its op from the flow's [`Picker`]; a cmp_swap compares with the value its flow's previous
+//! swap put in (so each swaps, unless something else changed the word: it is counted).
+use super::drive::{drive, Limits, Pattern, Post, Transport};
 use super::intervals::Sink;
+use super::ops::Picker;
 use super::pacing::{Arrival, Pacer};
 use super::progress::Counters;
 use super::shard::Shard;
-use super::stats::{FlowStats, Recorder};
+use super::stats::{ByOp, FlowStats, Recorder};
 use super::stop::StopToken;
-use super::{Op, StopAt};
+use super::{Op, OpMix, StopAt};
 use crate::verbs::{wc_status_str, WorkCompletion};
 use hdrhistogram::Histogram;
 use std::collections::VecDeque;
@@ -19,7 +22,7 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy)]
 pub struct WorkerParams {
-    pub op: Op,
+    pub mix: OpMix,
     pub size: u32,
     pub depth: u32,
     pub stop: StopAt,
@@ -66,6 +69,8 @@ pub struct WorkerOutput {
     pub flows: Vec<FlowStats>,
     /// Every measured latency of the thread, at full precision.
     pub latency: Histogram<u64>,
+    /// The thread's completions by op type.
+    pub by_op: ByOp,
 }
 
 struct FlowState {
@@ -73,6 +78,13 @@ struct FlowState {
     outstanding: u32,
     /// When each slot's operation was posted (or was due, open loop), ns since start.
     slot_ns: Vec<u64>,
+    /// Each slot's op, and a cmp_swap's expected value.
+    slot_op: Vec<Op>,
+    slot_cmp: Vec<u64>,
+    /// cmp_swaps posted: the next one expects the word to hold this (each adds 1).
+    swaps: u64,
+    /// With a mix: the flow's draw of its next op.
+    picker: Option<Picker>,
     free: Vec<u16>,
     /// The busy slots in posting order: a completion covers its slot and every one before it.
     order: VecDeque<u16>,
@@ -96,6 +108,8 @@ struct Throughput<'a, C: Fn() -> u64> {
     recorder: Recorder,
     counters: &'a Counters,
     max_posts: u64,
+    /// The op of a run of one op (no draw).
+    only: Op,
 }
 
 impl<C: Fn() -> u64> Throughput<'_, C> {
@@ -114,9 +128,24 @@ impl<C: Fn() -> u64> Throughput<'_, C> {
             || (st.posted + 1) % every == 0
             || st.free.is_empty()
             || st.posted + 1 == self.max_posts;
-        match io.post(i, self.p.op, self.p.size, wr_id(i, slot), signaled) {
+        let op = match &mut st.picker {
+            Some(picker) => picker.draw(),
+            None => self.only,
+        };
+        let req = Post {
+            op,
+            size: self.p.size,
+            wr_id: wr_id(i, slot),
+            slot,
+            signaled,
+            compare: st.swaps,
+        };
+        match io.post(i, &req) {
             Ok(()) => {
                 st.slot_ns[slot as usize] = when_ns.min(posted_ns);
+                st.slot_op[slot as usize] = op;
+                st.slot_cmp[slot as usize] = st.swaps;
+                st.swaps += u64::from(op == Op::CmpSwap);
                 st.order.push_back(slot);
                 st.posted += 1;
                 st.outstanding += 1;
@@ -178,8 +207,12 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for Throughput<'_, C> {
                     fs.error.get_or_insert_with(|| wc_status_str(wc.status));
                     break;
                 }
+                let op = st.slot_op[q as usize];
+                if op == Op::CmpSwap && io.atomic_result(i, q) == st.slot_cmp[q as usize] {
+                    self.recorder.swapped();
+                }
                 self.recorder
-                    .complete(i, fs, size, st.slot_ns[q as usize], now);
+                    .complete(i, fs, op, size, st.slot_ns[q as usize], now);
                 done_ops += 1;
                 done_bytes += size;
                 if q == slot {
@@ -250,6 +283,14 @@ fn throughput<T: Transport>(
                 posted: 0,
                 outstanding: 0,
                 slot_ns: vec![0; p.depth as usize],
+                slot_op: vec![Op::Write; p.depth as usize],
+                slot_cmp: vec![0; p.depth as usize],
+                swaps: 0,
+                picker: p
+                    .mix
+                    .only()
+                    .is_none()
+                    .then(|| Picker::new(&p.mix, p.seed, id)),
                 free: (0..p.depth as u16).rev().collect(),
                 order: VecDeque::with_capacity(p.depth as usize),
                 pacer: p
@@ -261,6 +302,7 @@ fn throughput<T: Transport>(
         recorder: Recorder::new(sink, p.kept_series_ns, p.warmup_ns, p.steady_ns),
         counters,
         max_posts: p.max_ops(),
+        only: p.mix.ops().next().expect("a mix has an op"),
         now_ns: &now_ns,
     };
     drive(io, &mut pattern, limits, &now_ns);
@@ -273,10 +315,11 @@ fn throughput<T: Transport>(
             fs.missed = pacer.due_until(end_ns).min(allowed);
         }
     }
-    let latency = pattern.recorder.finish();
+    let (latency, by_op) = pattern.recorder.finish();
     WorkerOutput {
         flows: pattern.stats,
         latency,
+        by_op,
     }
 }
 
@@ -484,5 +527,87 @@ mod tests {
         );
         assert_eq!(out.flows[0].ops, 20);
         assert!(fake.max_outstanding.borrow()[0] <= 2);
+    }
+
+    #[test]
+    fn a_mix_draws_every_op_and_tallies_each_apart() {
+        let fake = Fake::new(4);
+        let mut p = fake::params(Op::Write, 8, 4, 2_000);
+        p.mix = OpMix::parse("write:50,read:20,send:10,fetch_add:10,cmp_swap:10").unwrap();
+        let out = throughput(
+            &fake,
+            &[0, 1, 2, 3],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+            None,
+        );
+        let posted = *fake.by_op.borrow();
+        let mut total = 0;
+        for (op, share) in [
+            (Op::Write, 0.5),
+            (Op::Read, 0.2),
+            (Op::Send, 0.1),
+            (Op::FetchAdd, 0.1),
+            (Op::CmpSwap, 0.1),
+        ] {
+            let t = &out.by_op[op.index()];
+            // Every post of the op completed and was tallied under it, with its latency.
+            assert_eq!(t.ops, posted[op.index()], "{op:?}");
+            assert_eq!((t.bytes, t.latency.len()), (8 * t.ops, t.ops), "{op:?}");
+            let got = t.ops as f64 / 8_000.0;
+            assert!((got - share).abs() < 0.03, "{op:?}: {got}");
+            total += t.ops;
+        }
+        assert_eq!(total, 8_000);
+        assert_eq!(out.by_op[Op::WriteImm.index()].ops, 0);
+        // Each flow's words: fetch_adds x addend, and its count of cmp_swaps (each swapped).
+        let words = fake.words.borrow();
+        let adds: u64 = words.iter().map(|w| w[0]).sum();
+        let swapped: u64 = words.iter().map(|w| w[1]).sum();
+        let fa = out.by_op[Op::FetchAdd.index()].ops;
+        assert_eq!(adds, fa * crate::gen::ops::FETCH_ADD_ADDEND);
+        let cs = &out.by_op[Op::CmpSwap.index()];
+        assert_eq!((cs.swapped, swapped), (cs.ops, cs.ops));
+    }
+
+    #[test]
+    fn cmp_swaps_covered_by_a_later_completion_are_still_checked() {
+        let fake = Fake::new(2);
+        let mut p = fake::params(Op::CmpSwap, 8, 8, 301);
+        p.signal_every = 4;
+        let out = throughput(
+            &fake,
+            &[0, 1],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+            None,
+        );
+        let cs = &out.by_op[Op::CmpSwap.index()];
+        assert_eq!((cs.ops, cs.swapped), (602, 602));
+        assert_eq!(*fake.words.borrow(), [[0, 301], [0, 301]]);
+    }
+
+    #[test]
+    fn a_cmp_swap_that_finds_another_value_is_counted_unswapped() {
+        let fake = Fake::new(1);
+        // Something else moved the word: the flow's swaps expect 0..9 and find 1000.
+        fake.words.borrow_mut()[0][1] = 1_000;
+        let p = fake::params(Op::CmpSwap, 8, 1, 10);
+        let out = throughput(
+            &fake,
+            &[0],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+            None,
+        );
+        let cs = &out.by_op[Op::CmpSwap.index()];
+        assert_eq!((cs.ops, cs.swapped), (10, 0));
+        assert_eq!(fake.words.borrow()[0][1], 1_000, "nothing swapped in");
     }
 }

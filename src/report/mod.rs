@@ -2,6 +2,7 @@
 //! HdrHistograms, fairness. `export/` turns a [`RunReport`] into files, one format per file.
 pub mod export;
 pub mod incast;
+pub mod ops;
 pub mod pcap;
 pub mod table;
 
@@ -12,7 +13,9 @@ pub fn us(ns: u64) -> f64 {
 pub mod plot;
 
 use hdrhistogram::Histogram;
+use ops::{OpReport, ServerReport};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Latency percentiles in nanoseconds, from one histogram.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -238,7 +241,11 @@ pub struct RunReport {
     pub tool: String,
     pub device: String,
     pub server: String,
+    /// The verbs name of the run's one op (RDMA_WRITE, SEND, ...), or MIX(write:70,...).
     pub op: String,
+    /// "rc" (reliable connected) or "ud" (unreliable datagram).
+    #[serde(default)]
+    pub qp_type: String,
     /// closed (K outstanding per flow), open (paced), or pingpong (round trips).
     pub mode: String,
     pub size: u32,
@@ -285,6 +292,12 @@ pub struct RunReport {
     #[serde(default)]
     pub memory_per_flow: MemoryPerFlow,
     pub server_received_bytes: Option<u64>,
+    /// By op type of the run ("write", "read", ...): what completed and its latency.
+    #[serde(default)]
+    pub ops: BTreeMap<String, OpReport>,
+    /// What the server reported at the end, by op type, with its checks (unless it was lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_counts: Option<ServerReport>,
     /// The latency of every operation: an HdrHistogram (V2, compressed, base64), so reports of
     /// several senders merge exactly (`hist::decode`).
     pub histogram: String,

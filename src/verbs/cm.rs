@@ -195,6 +195,10 @@ pub struct ConnParams {
     pub rnr_retry: u8,
     /// The accepting QP receives through an SRQ.
     pub srq: bool,
+    /// RDMA READs/atomics outstanding as initiator, and accepted as target (the device's
+    /// limits: rdma_cm settles each side's on the lower of the two).
+    pub initiator_depth: u8,
+    pub responder_resources: u8,
 }
 
 impl CmId {
@@ -370,9 +374,8 @@ fn conn_param(private_data: &[u8], p: ConnParams) -> rdma_sys::rdma_conn_param {
             private_data.as_ptr() as *const _
         },
         private_data_len: private_data.len().min(255) as u8,
-        // One RDMA READ/atomic in flight each way: enough, the generator posts neither.
-        responder_resources: 1,
-        initiator_depth: 1,
+        responder_resources: p.responder_resources.max(1),
+        initiator_depth: p.initiator_depth.max(1),
         flow_control: 1,
         retry_count: p.retry_count.min(7),
         rnr_retry_count: p.rnr_retry.min(7),

@@ -25,7 +25,7 @@ unsafe impl Sync for Context {}
 pub struct PortInfo {
     pub active: bool,
     pub lid: u16,
-    /// The active MTU as libibverbs' enum (1 = 256 ... 5 = 4096).
+    /// The active MTU as libibverbs' enum (1 = 256 ... 5 = 4096; bytes: [`mtu_bytes`]).
     pub active_mtu: u32,
     pub gid_table_len: i32,
     /// Link rate from active width and speed, in Gb/s (0 when unknown).
@@ -42,6 +42,17 @@ pub struct DeviceLimits {
     pub max_cqe: i32,
     pub max_srq_wr: i32,
     pub max_mr_size: u64,
+    /// RDMA READs and atomics one QP accepts at once as their target (its max_dest_rd_atomic
+    /// at most), and may have outstanding as their initiator (its max_rd_atomic at most).
+    pub max_qp_rd_atom: i32,
+    pub max_qp_init_rd_atom: i32,
+    /// Whether the device executes atomics at all (atomic_cap is not IBV_ATOMIC_NONE).
+    pub atomics: bool,
+}
+
+/// A path MTU as libibverbs' enum (1 = 256 ... 5 = 4096), in bytes.
+pub fn mtu_bytes(mtu: u32) -> u32 {
+    128 << mtu.clamp(1, 5)
 }
 
 impl Context {
@@ -104,6 +115,9 @@ impl Context {
             max_cqe: a.max_cqe,
             max_srq_wr: a.max_srq_wr,
             max_mr_size: a.max_mr_size,
+            max_qp_rd_atom: a.max_qp_rd_atom,
+            max_qp_init_rd_atom: a.max_qp_init_rd_atom,
+            atomics: a.atomic_cap != rdma_sys::ibv_atomic_cap::IBV_ATOMIC_NONE,
         })
     }
 
@@ -143,6 +157,15 @@ impl Context {
             first_v2.get_or_insert(index);
         }
         Ok(first_v2.unwrap_or(0))
+    }
+}
+
+impl DeviceLimits {
+    /// What a QP may set as max_rd_atomic / max_dest_rd_atomic (a u8 in ibv_qp_attr), at
+    /// least 1.
+    pub fn rd_atomic(&self) -> (u8, u8) {
+        let fit = |n: i32| n.clamp(1, 255) as u8;
+        (fit(self.max_qp_init_rd_atom), fit(self.max_qp_rd_atom))
     }
 }
 

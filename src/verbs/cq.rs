@@ -43,6 +43,11 @@ impl WorkCompletion {
     pub fn is_recv(&self) -> bool {
         self.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV
     }
+
+    /// An RDMA WRITE with immediate landed here and took one of our receives.
+    pub fn is_recv_imm(&self) -> bool {
+        self.opcode == rdma_sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM
+    }
 }
 
 impl CompletionQueue {

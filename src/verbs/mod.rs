@@ -2,9 +2,11 @@
 //! owning its object and destroying it on drop. Objects hold an `Arc` of what they were made
 //! from, so drop order is always right (QP before CQ before PD before context).
 //!
-//! Only what the traffic generator needs: RC queue pairs, SEND/RDMA WRITE, CQ polling, SRQ,
-//! and rdma_cm connection setup ([`cm`]).
+//! Only what the traffic generator needs: RC and UD queue pairs, SEND, RDMA WRITE (with
+//! immediate), RDMA READ and 8-byte atomics, address handles, CQ polling, SRQ, and rdma_cm
+//! connection setup ([`cm`]).
 
+mod ah;
 pub mod cm;
 mod context;
 mod cq;
@@ -14,12 +16,13 @@ mod pd;
 mod qp;
 mod srq;
 
-pub use context::{Context, DeviceLimits, PortInfo};
+pub use ah::AddressHandle;
+pub use context::{mtu_bytes, Context, DeviceLimits, PortInfo};
 pub use cq::{CompletionQueue, WorkCompletion};
 pub use device::{device_names, open_device};
 pub use mr::{MemoryRegion, Sge};
 pub use pd::ProtectionDomain;
-pub use qp::{Endpoint, QpConfig, QueuePair, RemoteBuffer};
+pub use qp::{AtomicOp, AtomicTarget, Endpoint, QpConfig, QueuePair, RemoteBuffer, UD_QKEY};
 pub use srq::SharedReceiveQueue;
 
 use std::fmt;

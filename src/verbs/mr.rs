@@ -54,6 +54,16 @@ unsafe impl Sync for MemoryRegion {}
 impl MemoryRegion {
     /// Allocates `len` bytes and registers them for local write and remote read/write.
     pub fn new(pd: &Arc<ProtectionDomain>, len: usize) -> Result<MemoryRegion> {
+        Self::register(pd, len, false)
+    }
+
+    /// The same, and a target of remote atomics too (a device without atomics refuses the
+    /// registration, so only a run that uses them asks for it).
+    pub fn with_remote_atomics(pd: &Arc<ProtectionDomain>, len: usize) -> Result<MemoryRegion> {
+        Self::register(pd, len, true)
+    }
+
+    fn register(pd: &Arc<ProtectionDomain>, len: usize, atomics: bool) -> Result<MemoryRegion> {
         let layout = Layout::from_size_align(len.max(1), 4096)
             .map_err(|_| Error::other("ibv_reg_mr", format!("bad buffer size {len}")))?;
         // SAFETY: layout has a non-zero size.
@@ -64,9 +74,12 @@ impl MemoryRegion {
                 format!("cannot allocate {len} bytes"),
             ));
         }
-        let access = rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+        let mut access = rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
             | rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+        if atomics {
+            access |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC;
+        }
         // SAFETY: buf is valid for layout.size() bytes for as long as the registration lives.
         let raw = unsafe {
             rdma_sys::ibv_reg_mr(pd.as_raw(), buf.cast(), layout.size(), access.0 as i32)
@@ -115,6 +128,13 @@ impl MemoryRegion {
         assert!(offset < self.len());
         // SAFETY: in bounds; volatile because the NIC writes behind the compiler's back.
         unsafe { std::ptr::read_volatile(self.buf.add(offset)) }
+    }
+    /// Reads the 8-byte word at `offset` (8-aligned) as the NIC may have written it: an
+    /// atomic's target or result (host byte order, as the device keeps it).
+    pub fn read_u64(&self, offset: usize) -> u64 {
+        assert!(offset % 8 == 0 && offset + 8 <= self.len());
+        // SAFETY: in bounds and aligned (the buffer is page-aligned); volatile as read_byte.
+        unsafe { std::ptr::read_volatile(self.buf.add(offset).cast::<u64>()) }
     }
     pub fn write_byte(&self, offset: usize, value: u8) {
         assert!(offset < self.len());

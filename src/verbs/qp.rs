@@ -1,7 +1,13 @@
-//! Reliable-connected queue pairs: creation, the INIT → RTR → RTS walk, posting.
+//! Queue pairs: reliable-connected (creation, the INIT → RTR → RTS walk) and unreliable
+//! datagram (ready at once, addressed per post through an [`AddressHandle`]); posting every
+//! verb the generator uses.
 use super::cm::CmId;
-use super::{CompletionQueue, Error, ProtectionDomain, Result, Sge, SharedReceiveQueue};
-use rdma_sys::{ibv_qp_attr_mask as Mask, ibv_qp_state as State};
+use super::{
+    AddressHandle, CompletionQueue, Error, ProtectionDomain, Result, Sge, SharedReceiveQueue,
+};
+use rdma_sys::{
+    ibv_qp_attr_mask as Mask, ibv_qp_state as State, ibv_qp_type as Type, ibv_wr_opcode as Opcode,
+};
 use serde::{Deserialize, Serialize};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -13,9 +19,13 @@ pub struct Endpoint {
     pub psn: u32,
     pub lid: u16,
     pub gid: [u8; 16],
+    /// RDMA READs and atomics this QP accepts at once (its max_dest_rd_atomic): the peer's
+    /// max_rd_atomic must not exceed it. 0 from an older peer: 1.
+    #[serde(default)]
+    pub rd_atomic: u8,
 }
 
-/// A registered buffer on the peer, for RDMA WRITE.
+/// A registered buffer on the peer, for RDMA WRITE and READ.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RemoteBuffer {
     pub addr: u64,
@@ -38,7 +48,18 @@ pub struct QpConfig {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+    /// RDMA READs/atomics outstanding as initiator (max_rd_atomic, capped by the peer's
+    /// [`Endpoint::rd_atomic`]) and accepted as target (max_dest_rd_atomic): the device's
+    /// limits ([`super::DeviceLimits::rd_atomic`]).
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    /// Let the peer's atomics at this QP (IBV_ACCESS_REMOTE_ATOMIC).
+    pub remote_atomic: bool,
 }
+
+/// The Q_Key of the generator's UD QPs (any value both sides agree on; the high bit clear:
+/// a set high bit means a privileged Q_Key).
+pub const UD_QKEY: u32 = 0x1b1_7e12;
 
 impl Default for QpConfig {
     fn default() -> Self {
@@ -52,6 +73,9 @@ impl Default for QpConfig {
             timeout: 18,
             retry_cnt: 7,
             rnr_retry: 7,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            remote_atomic: false,
         }
     }
 }
@@ -80,21 +104,18 @@ impl QueuePair {
         srq: Option<&Arc<SharedReceiveQueue>>,
         cfg: QpConfig,
     ) -> Result<QueuePair> {
-        let mut init = init_attr(send_cq, recv_cq, srq, &cfg);
-        // SAFETY: init is fully initialized; CQs/SRQ outlive the QP through the Arcs kept.
-        let raw = unsafe { rdma_sys::ibv_create_qp(pd.as_raw(), &mut init) };
-        if raw.is_null() {
-            return Err(Error::last("ibv_create_qp"));
-        }
-        let qp = QueuePair::holding(raw, None, cfg, pd, send_cq, recv_cq, srq);
+        let qp = QueuePair::create(pd, send_cq, recv_cq, srq, cfg, Type::IBV_QPT_RC)?;
         let mut attr = zeroed_attr();
         attr.qp_state = State::IBV_QPS_INIT;
         attr.pkey_index = 0;
         attr.port_num = cfg.port;
-        attr.qp_access_flags = (rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+        let mut access = rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-            | rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ)
-            .0;
+            | rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+        if cfg.remote_atomic {
+            access |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC;
+        }
+        attr.qp_access_flags = access.0;
         qp.modify(
             &mut attr,
             Mask::IBV_QP_STATE
@@ -104,6 +125,61 @@ impl QueuePair {
             "ibv_modify_qp(INIT)",
         )?;
         Ok(qp)
+    }
+
+    /// Creates a UD QP and walks it to RTS at once (a datagram QP has no peer: each SEND
+    /// names its destination through an [`AddressHandle`]), with Q_Key [`UD_QKEY`].
+    pub fn new_ud(
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        srq: Option<&Arc<SharedReceiveQueue>>,
+        cfg: QpConfig,
+        psn: u32,
+    ) -> Result<QueuePair> {
+        let qp = QueuePair::create(pd, send_cq, recv_cq, srq, cfg, Type::IBV_QPT_UD)?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = State::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = cfg.port;
+        attr.qkey = UD_QKEY;
+        qp.modify(
+            &mut attr,
+            Mask::IBV_QP_STATE | Mask::IBV_QP_PKEY_INDEX | Mask::IBV_QP_PORT | Mask::IBV_QP_QKEY,
+            "ibv_modify_qp(INIT)",
+        )?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = State::IBV_QPS_RTR;
+        qp.modify(&mut attr, Mask::IBV_QP_STATE, "ibv_modify_qp(RTR)")?;
+        let mut attr = zeroed_attr();
+        attr.qp_state = State::IBV_QPS_RTS;
+        attr.sq_psn = psn;
+        qp.modify(
+            &mut attr,
+            Mask::IBV_QP_STATE | Mask::IBV_QP_SQ_PSN,
+            "ibv_modify_qp(RTS)",
+        )?;
+        Ok(qp)
+    }
+
+    /// `ibv_create_qp` of `kind`, in the RESET state.
+    fn create(
+        pd: &Arc<ProtectionDomain>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        srq: Option<&Arc<SharedReceiveQueue>>,
+        cfg: QpConfig,
+        kind: rdma_sys::ibv_qp_type::Type,
+    ) -> Result<QueuePair> {
+        let mut init = init_attr(send_cq, recv_cq, srq, &cfg, kind);
+        // SAFETY: init is fully initialized; CQs/SRQ outlive the QP through the Arcs kept.
+        let raw = unsafe { rdma_sys::ibv_create_qp(pd.as_raw(), &mut init) };
+        if raw.is_null() {
+            return Err(Error::last("ibv_create_qp"));
+        }
+        Ok(QueuePair::holding(
+            raw, None, cfg, pd, send_cq, recv_cq, srq,
+        ))
     }
 
     /// Creates an RC QP on an rdma_cm id (`rdma_create_qp`: it starts in INIT); the id's
@@ -116,8 +192,8 @@ impl QueuePair {
         srq: Option<&Arc<SharedReceiveQueue>>,
         cfg: QpConfig,
     ) -> Result<QueuePair> {
-        let mut init = init_attr(send_cq, recv_cq, srq, &cfg);
-        // SAFETY: as in new_rc; librdmacm stores the QP in the id.
+        let mut init = init_attr(send_cq, recv_cq, srq, &cfg, Type::IBV_QPT_RC);
+        // SAFETY: as in create; librdmacm stores the QP in the id.
         let rc = unsafe { rdma_sys::rdma_create_qp(id.as_raw(), pd.as_raw(), &mut init) };
         if rc != 0 {
             return Err(Error::last("rdma_create_qp"));
@@ -172,16 +248,9 @@ impl QueuePair {
         attr.path_mtu = self.cfg.mtu;
         attr.dest_qp_num = remote.qpn;
         attr.rq_psn = remote.psn;
-        attr.max_dest_rd_atomic = 1;
+        attr.max_dest_rd_atomic = self.cfg.max_dest_rd_atomic.max(1);
         attr.min_rnr_timer = 12;
-        attr.ah_attr.dlid = remote.lid;
-        attr.ah_attr.port_num = self.cfg.port;
-        if remote.gid != [0; 16] {
-            attr.ah_attr.is_global = 1;
-            attr.ah_attr.grh.dgid.raw = remote.gid;
-            attr.ah_attr.grh.sgid_index = self.cfg.gid_index as u8;
-            attr.ah_attr.grh.hop_limit = 64;
-        }
+        attr.ah_attr = ah_attr(self.cfg.port, self.cfg.gid_index, remote);
         self.modify(
             &mut attr,
             Mask::IBV_QP_STATE
@@ -199,7 +268,8 @@ impl QueuePair {
         attr.timeout = self.cfg.timeout;
         attr.retry_cnt = self.cfg.retry_cnt;
         attr.rnr_retry = self.cfg.rnr_retry;
-        attr.max_rd_atomic = 1;
+        // No more READs/atomics outstanding than the peer's QP accepts at once.
+        attr.max_rd_atomic = self.cfg.max_rd_atomic.min(remote.rd_atomic.max(1)).max(1);
         self.modify(
             &mut attr,
             Mask::IBV_QP_STATE
@@ -235,38 +305,107 @@ impl QueuePair {
         rkey: u32,
         signaled: bool,
     ) -> Result<()> {
-        let rdma = rdma_sys::rdma_t { remote_addr, rkey };
+        self.post(wr_id, Opcode::IBV_WR_RDMA_WRITE, local, signaled, |wr| {
+            wr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
+        })
+    }
+
+    /// Posts one RDMA WRITE with immediate: as a WRITE, and the peer's receive queue gives up
+    /// one receive for it, completing with `imm`.
+    pub fn post_write_imm(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+        signaled: bool,
+    ) -> Result<()> {
         self.post(
             wr_id,
-            rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            Opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
             local,
-            rdma,
             signaled,
+            |wr| {
+                wr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
+                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            },
         )
     }
 
-    /// Posts one SEND of `local`.
-    pub fn post_send(&self, wr_id: u64, local: Sge, signaled: bool) -> Result<()> {
-        let none = rdma_sys::rdma_t {
-            remote_addr: 0,
-            rkey: 0,
+    /// Posts one RDMA READ of the peer's `remote_addr` into `local`.
+    pub fn post_read(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+        signaled: bool,
+    ) -> Result<()> {
+        self.post(wr_id, Opcode::IBV_WR_RDMA_READ, local, signaled, |wr| {
+            wr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
+        })
+    }
+
+    /// Posts one 8-byte atomic at the peer's `remote_addr` (8-aligned): fetch-and-add of
+    /// `compare_add` (`swap` unused), or compare-and-swap (`swap` where `compare_add` was).
+    /// The word's value before it lands in `local` (8 bytes).
+    pub fn post_atomic(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        remote: AtomicTarget,
+        signaled: bool,
+    ) -> Result<()> {
+        let (opcode, compare_add, swap) = match remote.op {
+            AtomicOp::FetchAdd(add) => (Opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, add, 0),
+            AtomicOp::CmpSwap { compare, swap } => {
+                (Opcode::IBV_WR_ATOMIC_CMP_AND_SWP, compare, swap)
+            }
         };
-        self.post(
-            wr_id,
-            rdma_sys::ibv_wr_opcode::IBV_WR_SEND,
-            local,
-            none,
-            signaled,
-        )
+        self.post(wr_id, opcode, local, signaled, |wr| {
+            wr.wr.atomic = rdma_sys::atomic_t {
+                remote_addr: remote.addr,
+                compare_add,
+                swap,
+                rkey: remote.rkey,
+            };
+        })
     }
 
+    /// Posts one SEND of `local` (an RC QP: to its peer).
+    pub fn post_send(&self, wr_id: u64, local: Sge, signaled: bool) -> Result<()> {
+        self.post(wr_id, Opcode::IBV_WR_SEND, local, signaled, |_| {})
+    }
+
+    /// Posts one SEND of `local` from a UD QP to QP `remote_qpn` behind `ah` (Q_Key
+    /// [`UD_QKEY`]); `local` is at most the path MTU.
+    pub fn post_send_ud(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        ah: &AddressHandle,
+        remote_qpn: u32,
+        signaled: bool,
+    ) -> Result<()> {
+        self.post(wr_id, Opcode::IBV_WR_SEND, local, signaled, |wr| {
+            wr.wr.ud = rdma_sys::ud_t {
+                ah: ah.as_raw(),
+                remote_qpn,
+                remote_qkey: UD_QKEY,
+            };
+        })
+    }
+
+    /// One work request of `opcode` over `local`; `fill` sets its opcode-specific part.
+    #[inline]
     fn post(
         &self,
         wr_id: u64,
-        opcode: u32,
+        opcode: rdma_sys::ibv_wr_opcode::Type,
         local: Sge,
-        rdma: rdma_sys::rdma_t,
         signaled: bool,
+        fill: impl FnOnce(&mut rdma_sys::ibv_send_wr),
     ) -> Result<()> {
         let mut sge = rdma_sys::ibv_sge {
             addr: local.addr,
@@ -277,7 +416,12 @@ impl QueuePair {
         if signaled {
             flags |= rdma_sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
-        if local.len <= self.cfg.max_inline && local.len > 0 {
+        // Inline data is for what we send (a READ or an atomic brings data back).
+        let sends_data = matches!(
+            opcode,
+            Opcode::IBV_WR_SEND | Opcode::IBV_WR_RDMA_WRITE | Opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+        );
+        if sends_data && local.len <= self.cfg.max_inline && local.len > 0 {
             flags |= rdma_sys::ibv_send_flags::IBV_SEND_INLINE.0;
         }
         // SAFETY: an all-zero ibv_send_wr is valid; the fields used are set below.
@@ -287,7 +431,7 @@ impl QueuePair {
         wr.num_sge = if local.len == 0 { 0 } else { 1 };
         wr.opcode = opcode;
         wr.send_flags = flags;
-        wr.wr.rdma = rdma;
+        fill(&mut wr);
         let mut bad = std::ptr::null_mut();
         // SAFETY: wr and sge live across the call; the provider copies them.
         let rc = unsafe { rdma_sys::ibv_post_send(self.raw, &mut wr, &mut bad) };
@@ -319,11 +463,42 @@ impl Drop for QueuePair {
     }
 }
 
+/// Which atomic, at which 8-byte word of the peer.
+#[derive(Debug, Clone, Copy)]
+pub struct AtomicTarget {
+    pub addr: u64,
+    pub rkey: u32,
+    pub op: AtomicOp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    FetchAdd(u64),
+    CmpSwap { compare: u64, swap: u64 },
+}
+
+/// The address vector toward `remote` from `port`: its LID, and with a GID (RoCE, or IB
+/// across subnets) a global route from our GID at `gid_index`.
+pub(super) fn ah_attr(port: u8, gid_index: i32, remote: &Endpoint) -> rdma_sys::ibv_ah_attr {
+    // SAFETY: plain data; all-zero is a valid starting point.
+    let mut ah: rdma_sys::ibv_ah_attr = unsafe { MaybeUninit::zeroed().assume_init() };
+    ah.dlid = remote.lid;
+    ah.port_num = port;
+    if remote.gid != [0; 16] {
+        ah.is_global = 1;
+        ah.grh.dgid.raw = remote.gid;
+        ah.grh.sgid_index = gid_index as u8;
+        ah.grh.hop_limit = 64;
+    }
+    ah
+}
+
 fn init_attr(
     send_cq: &CompletionQueue,
     recv_cq: &CompletionQueue,
     srq: Option<&Arc<SharedReceiveQueue>>,
     cfg: &QpConfig,
+    kind: rdma_sys::ibv_qp_type::Type,
 ) -> rdma_sys::ibv_qp_init_attr {
     rdma_sys::ibv_qp_init_attr {
         qp_context: std::ptr::null_mut(),
@@ -337,7 +512,7 @@ fn init_attr(
             max_recv_sge: 1,
             max_inline_data: cfg.max_inline,
         },
-        qp_type: rdma_sys::ibv_qp_type::IBV_QPT_RC,
+        qp_type: kind,
         sq_sig_all: 0,
     }
 }

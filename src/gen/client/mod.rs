@@ -6,9 +6,9 @@ mod setup;
 mod threads;
 
 use super::intervals::Outputs;
-use super::stats::{new_histogram, FlowStats};
+use super::stats::{new_histogram, ByOp, FlowStats};
 use super::stop::{Reason, StopToken};
-use super::wire::Control;
+use super::wire::{Control, OpCount};
 use super::worker::WorkerParams;
 use super::{RunConfig, StopAt};
 use crate::report::{hist, RunReport};
@@ -87,7 +87,7 @@ fn exchange(
 
 fn worker_params(cfg: &RunConfig, local: &Local, stop: StopToken) -> WorkerParams {
     WorkerParams {
-        op: cfg.op,
+        mix: cfg.mix,
         size: cfg.size,
         depth: cfg.depth,
         stop: cfg.stop,
@@ -133,19 +133,36 @@ fn gather(
     } = finished;
     let mut flows: Vec<FlowStats> = Vec::with_capacity(cfg.flows as usize);
     let mut latency = new_histogram();
+    let mut by_op = ByOp::default();
     for out in outputs {
         flows.extend(out.flows);
         latency.add(&out.latency).expect("histograms grow to fit");
+        for (all, thread) in by_op.iter_mut().zip(&out.by_op) {
+            all.add(thread);
+        }
     }
     flows.sort_by_key(|f| f.flow);
 
     let (ops, bytes) = flows
         .iter()
         .fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
-    let server_received = if stop.requested() == Some(Reason::PeerLost) {
+    let counts = cfg
+        .mix
+        .ops()
+        .map(|op| OpCount {
+            op,
+            ops: by_op[op.index()].ops,
+            bytes: by_op[op.index()].bytes,
+        })
+        .collect();
+    let answer = if stop.requested() == Some(Reason::PeerLost) {
         None
     } else {
-        control.done(ops, bytes)
+        control.done(ops, bytes, counts)
+    };
+    let (server_received, server_counts) = match answer {
+        Some((bytes, counts)) => (Some(bytes), counts),
+        None => (None, None),
     };
     let measured_s = flows
         .iter()
@@ -159,10 +176,18 @@ fn gather(
         rss: report::peak_rss_bytes(),
         memory: local.memory,
         server_received_bytes: server_received,
+        server_counts,
         start: start_time,
         rate_per_flow: local.rate.map(|(ops_per_s, _)| ops_per_s),
     };
-    let mut report = report::build_report(cfg, local.ctx.name(), &flows, &latency, &measured, stop);
+    let mut report = report::build_report(
+        cfg,
+        local.ctx.name(),
+        &flows,
+        (&latency, &by_op),
+        &measured,
+        stop,
+    );
     if cfg.json_series {
         report.latency_interval_s = cfg.hdr_interval.as_secs_f64();
         report.latency_intervals = Some(latency_intervals.iter().map(hist::encode).collect());

@@ -1,23 +1,27 @@
 //! The client's side before any message: the device, how flows spread over threads, one
-//! [`Shard`] per thread with its flows' QPs (not connected yet), and with `--cm` an rdma_cm
-//! id per flow, already resolved toward the server.
+//! [`Shard`] per thread with its flows' QPs (RC not connected yet, UD ready), and with `--cm`
+//! an rdma_cm id per flow, already resolved toward the server.
 use super::super::cm;
 use super::super::pacing::Arrival;
-use super::super::shard::{slot_size, Shard};
+use super::super::shard::{FlowLayout, Shard};
 use super::super::stop::StopToken;
 use super::super::wire::{FlowEndpoint, RunRequest};
-use super::super::{pingpong, Load, RunConfig};
+use super::super::{pingpong, Load, QpType, RunConfig};
 use super::report::{rss_bytes, MemoryAtSetup};
 use crate::verbs::cm::{ConnParams, EventChannel};
 use crate::verbs::{
-    self, CompletionQueue, Context, DeviceLimits, ProtectionDomain, QpConfig, QueuePair,
+    self, mtu_bytes, AddressHandle, CompletionQueue, Context, DeviceLimits, PortInfo,
+    ProtectionDomain, QpConfig, QueuePair,
 };
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
 /// Everything the client made before meeting the server.
 pub struct Local {
     pub ctx: Arc<Context>,
+    /// UD's address handles are made on it once the server's QPs are known.
+    pd: Arc<ProtectionDomain>,
     lid: u16,
     gid: [u8; 16],
     qp_cfg: QpConfig,
@@ -72,12 +76,14 @@ impl Local {
             verbs::open_device(cfg.device.as_deref())
         }
         .map_err(|e| e.to_string())?;
+        cfg.mix.validate(cfg.size, cfg.qp_type, cfg.pingpong)?;
         let limits = ctx.limits().map_err(|e| e.to_string())?;
         check_limits(cfg, ctx.name(), &limits)?;
         let port = ctx.port(cfg.ib_port).map_err(|e| e.to_string())?;
         if !port.active {
             return Err(format!("{} port {} is not active", ctx.name(), cfg.ib_port));
         }
+        check_port(cfg, ctx.name(), &port)?;
         let gid_index = match cfg.gid_index {
             Some(i) => i,
             None => ctx
@@ -87,6 +93,7 @@ impl Local {
         let gid = ctx.gid(cfg.ib_port, gid_index).map_err(|e| e.to_string())?;
         let rate = resolve_rate(cfg, port.link_gbps)?;
         let Sizing { ids, sq, cqe } = sizing(cfg, limits.max_cqe)?;
+        let (max_rd_atomic, max_dest_rd_atomic) = limits.rd_atomic();
         let qp_cfg = QpConfig {
             max_send_wr: sq,
             max_recv_wr: 2,
@@ -94,6 +101,8 @@ impl Local {
             gid_index,
             mtu: port.active_mtu,
             timeout: cfg.qp_timeout,
+            max_rd_atomic,
+            max_dest_rd_atomic,
             ..QpConfig::default()
         };
         // --cm: an rdma_cm id per flow, resolved toward the server's address from this
@@ -117,15 +126,18 @@ impl Local {
             cm_flows = Some((channel, cm_ids.into_iter().map(Some).collect::<Vec<_>>()));
         }
         let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
-        let mut make_qp = |flow: u32, cq: &Arc<CompletionQueue>| match &mut cm_flows {
+        let ud = cfg.qp_type == QpType::Ud;
+        let mut make_qp = |flow: u32, psn: u32, cq: &Arc<CompletionQueue>| match &mut cm_flows {
             // Ctrl-C: no further QP (thousands take seconds).
             _ if stop.is_set() => Err(verbs::Error::interrupted("ibv_create_qp")),
             Some((_, cm_ids)) => {
                 let id = cm_ids[flow as usize].take().expect("one QP per flow");
                 QueuePair::new_rc_cm(id, &pd, cq, cq, None, qp_cfg)
             }
+            None if ud => QueuePair::new_ud(&pd, cq, cq, None, qp_cfg, psn),
             None => QueuePair::new_rc(&pd, cq, cq, None, qp_cfg),
         };
+        let layout = flow_layout(cfg);
         let before_flows = rss_bytes();
         let shards = ids
             .iter()
@@ -134,7 +146,7 @@ impl Local {
                     &ctx,
                     &pd,
                     flow_ids,
-                    cfg.size,
+                    layout,
                     cqe as i32,
                     cfg.seed,
                     &mut make_qp,
@@ -157,6 +169,7 @@ impl Local {
             server_host,
             rate,
             ctx,
+            pd,
         })
     }
 
@@ -165,12 +178,14 @@ impl Local {
         let mut ours = vec![None; cfg.flows as usize];
         for shard in &self.shards {
             for (i, f) in shard.flows.iter().enumerate() {
-                ours[f.id as usize] = Some(shard.endpoint(i, self.lid, self.gid));
+                let rd_atomic = self.qp_cfg.max_dest_rd_atomic;
+                ours[f.id as usize] = Some(shard.endpoint(i, self.lid, self.gid, rd_atomic));
             }
         }
         RunRequest {
             client,
-            op: cfg.op,
+            mix: cfg.mix,
+            qp_type: cfg.qp_type,
             size: cfg.size,
             depth: cfg.depth,
             pingpong: cfg.pingpong,
@@ -183,8 +198,8 @@ impl Local {
     }
 
     /// Connects every flow's QP to the server's: through rdma_cm (with the session's
-    /// `token`), or with the endpoints it sent (`theirs`, in flow order); then records where
-    /// each flow writes.
+    /// `token`), or with the endpoints it sent (`theirs`, in flow order); UD QPs are ready
+    /// already and get an address handle toward theirs. Then records where each flow writes.
     pub fn connect(
         &mut self,
         cfg: &RunConfig,
@@ -200,6 +215,8 @@ impl Local {
                     retry_count: self.qp_cfg.retry_cnt,
                     rnr_retry: self.qp_cfg.rnr_retry,
                     srq: false,
+                    initiator_depth: self.qp_cfg.max_rd_atomic,
+                    responder_resources: self.qp_cfg.max_dest_rd_atomic,
                 };
                 let ids = flows.map(|f| {
                     let id = f.qp.cm_id().expect("--cm QPs are made on rdma_cm ids");
@@ -211,6 +228,7 @@ impl Local {
             (Some(_), None) => {
                 return Err("the server accepted --cm without a session token".into())
             }
+            (None, _) if cfg.qp_type == QpType::Ud => self.address_flows(theirs)?,
             (None, _) => flows.try_for_each(|f| {
                 if stop.is_set() {
                     return Err(format!("interrupted while connecting flow {}", f.id));
@@ -224,6 +242,49 @@ impl Local {
         }
         Ok(())
     }
+
+    /// UD: an address handle per distinct destination among the server's flow QPs (one
+    /// server device: usually one for all), shared by the flows going there.
+    fn address_flows(&mut self, theirs: &[FlowEndpoint]) -> Result<(), String> {
+        let mut made: HashMap<(u16, [u8; 16]), Arc<AddressHandle>> = HashMap::new();
+        for f in self.shards.iter_mut().flat_map(|s| &mut s.flows) {
+            let peer = &theirs[f.id as usize].qp;
+            let ah = match made.get(&(peer.lid, peer.gid)) {
+                Some(ah) => ah.clone(),
+                None => {
+                    let port = self.qp_cfg.port;
+                    let ah = AddressHandle::new(&self.pd, port, self.qp_cfg.gid_index, peer)
+                        .map(Arc::new)
+                        .map_err(|e| format!("flow {}: {e}", f.id))?;
+                    made.insert((peer.lid, peer.gid), ah.clone());
+                    ah
+                }
+            };
+            f.ah = Some(ah);
+        }
+        Ok(())
+    }
+}
+
+/// A flow's share of its shard's buffer: with atomics, a result word per outstanding op.
+fn flow_layout(cfg: &RunConfig) -> FlowLayout {
+    FlowLayout {
+        size: cfg.size,
+        atomic_words: if cfg.mix.has_atomics() { cfg.depth } else { 0 },
+    }
+}
+
+/// What the run asks of the port: a UD datagram fits one packet of its path MTU.
+fn check_port(cfg: &RunConfig, device: &str, port: &PortInfo) -> Result<(), String> {
+    let mtu = mtu_bytes(port.active_mtu);
+    if cfg.qp_type == QpType::Ud && cfg.size > mtu {
+        return Err(format!(
+            "--qp-type ud: --size {} exceeds the path MTU of {device} port {}, {mtu} bytes \
+             (active_mtu): a datagram is one packet",
+            cfg.size, cfg.ib_port
+        ));
+    }
+    Ok(())
 }
 
 /// The run against the device's limits, before anything is made on it: each error names the
@@ -255,14 +316,28 @@ fn check_limits(cfg: &RunConfig, device: &str, l: &DeviceLimits) -> Result<(), S
             l.max_cq
         ));
     }
-    // Each thread registers one buffer: a send and a receive slot per flow.
+    // Each thread registers one buffer: a send and a receive slot per flow (and with
+    // atomics, a result word per outstanding op).
     let flows_per_thread = u64::from(cfg.flows.div_ceil(threads.max(1)));
-    let buffer = 2 * slot_size(cfg.size) as u64 * flows_per_thread;
+    let per_flow = flow_layout(cfg).flow_bytes() as u64;
+    let buffer = per_flow * flows_per_thread;
     if buffer > l.max_mr_size {
         return Err(format!(
-            "{flows_per_thread} flows x 2 x {} B per thread need a {buffer}-byte memory region, \
-             {device} allows {} (max_mr_size): use more --threads or a smaller --size",
+            "{flows_per_thread} flows x {per_flow} B (2 x --size {}) per thread need a \
+             {buffer}-byte memory region, {device} allows {} (max_mr_size): use more \
+             --threads or a smaller --size",
             cfg.size, l.max_mr_size
+        ));
+    }
+    if let Some(atomic) = cfg
+        .mix
+        .ops()
+        .find(|op| op.is_atomic())
+        .filter(|_| !l.atomics)
+    {
+        return Err(format!(
+            "--op {}: {device} does not execute atomics (atomic_cap IBV_ATOMIC_NONE)",
+            atomic.key()
         ));
     }
     Ok(())

@@ -71,6 +71,7 @@ pub fn start_and_watch(
                         return WorkerOutput {
                             flows: Vec::new(),
                             latency: new_histogram(),
+                            by_op: Default::default(),
                         };
                     };
                     if cfg.pingpong {

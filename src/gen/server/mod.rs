@@ -1,13 +1,17 @@
 //! `ibjitter serve`: accepts clients, gives each client's flows a QP and a buffer, holds every
-//! client of a group at the start barrier until all are ready, then absorbs or echoes traffic.
+//! client of a group at the start barrier until all are ready, then absorbs or echoes traffic
+//! and reports what reached it, by op.
 //! This file: the device, the listener and the start barrier; one thread per client runs its
-//! [`session`]; [`responder`] is the data path.
+//! [`session`] over its [`resources`]; [`responder`] is the data path, [`counts`] what reached
+//! the server.
+mod counts;
+mod resources;
 mod responder;
 mod session;
 
 use super::cm::Listener;
 use crate::verbs::cm as verbs_cm;
-use crate::verbs::{self, Context, ProtectionDomain};
+use crate::verbs::{self, Context, DeviceLimits, ProtectionDomain};
 use session::session;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::{Arc, Condvar, Mutex};
@@ -60,6 +64,8 @@ struct Shared {
     gid_index: i32,
     mtu: u32,
     max_srq_wr: u32,
+    /// READ/atomic depths and whether the device does atomics at all.
+    limits: DeviceLimits,
     barrier: StartBarrier,
     /// The rdma_cm listener, with `cm`.
     cm: Option<Listener>,
@@ -180,6 +186,7 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         gid_index,
         mtu: port.active_mtu,
         max_srq_wr: limits.max_srq_wr.max(1) as u32,
+        limits,
         cm,
     });
     let mut sessions = Vec::new();

@@ -1,21 +1,69 @@
-//! The server's data path for one session: absorb SENDs (replenishing the shared receive
-//! queue), or echo ping-pongs back. RDMA WRITEs need nothing from the server's CPU.
+//! The server's data path for one session: absorb SENDs and WRITE_IMMs (replenishing the
+//! shared receive queue, counting each kind), or echo ping-pongs back. RDMA WRITE, READ and
+//! atomics need nothing from the server's CPU.
 use crate::verbs::{
     wc_status_str, CompletionQueue, MemoryRegion, QueuePair, SharedReceiveQueue, WorkCompletion,
 };
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Echo writes/sends not yet reaped per flow before we wait for their completions.
 const MAX_UNREAPED: u32 = 8;
 
+/// Messages and their bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub messages: u64,
+    pub bytes: u64,
+}
+
+impl Tally {
+    fn add(&mut self, bytes: u64) {
+        self.messages += 1;
+        self.bytes += bytes;
+    }
+}
+
 /// What the server saw in one session.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Received {
-    pub messages: u64,
-    pub bytes: u64,
+    /// SENDs received (UD: their payload only, the GRH left out).
+    pub sends: Tally,
+    /// RDMA WRITEs with immediate that landed (each took one receive).
+    pub write_imms: Tally,
+    /// Ping-pong: echoes sent back.
+    pub echoes: Tally,
     pub errors: u64,
+}
+
+/// How long a receive sink goes on, once the client is done, with nothing arriving: a UD
+/// datagram the client saw leave may still be on its way; one that was lost never comes.
+const QUIET: Duration = Duration::from_millis(300);
+
+/// When a session's data path ends: as soon as the client is done, except that a receive sink
+/// first counts what the client says completed (`expect`), or gives up after [`QUIET`].
+#[derive(Default)]
+pub struct Finish {
+    done: AtomicBool,
+    expect: AtomicU64,
+}
+
+impl Finish {
+    /// The client is done; `expect` receives should have arrived.
+    pub fn finish(&self, expect: u64) {
+        self.expect.store(expect, Ordering::Relaxed);
+        self.done.store(true, Ordering::Release);
+    }
+
+    pub fn done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// A sink that has counted `counted`, heard nothing for `idle`, may end.
+    fn sink_may_end(&self, counted: u64, idle: Duration) -> bool {
+        self.done() && (counted >= self.expect.load(Ordering::Relaxed) || idle >= QUIET)
+    }
 }
 
 /// The receive pool: `count` buffers of `slot` bytes starting at `offset` in `mr`.
@@ -59,31 +107,46 @@ fn note_error(wc: &WorkCompletion, received: &mut Received) {
     received.errors += 1;
 }
 
-/// Counts incoming SENDs and gives each buffer straight back to the SRQ, until `stop`.
+/// Counts incoming SENDs and WRITE_IMMs and gives each receive buffer straight back to the
+/// SRQ, until the client is done and what it completed has arrived (`finish`). A UD receive
+/// starts with the datagram's `grh` bytes: not counted as payload.
 ///
-/// When nothing is left to reap it sleeps until the next completion (or 50 ms, to see `stop`)
-/// instead of spinning: the sink measures nothing, and on a shared host a spinning sink takes
-/// CPU from the senders and from software RDMA's own packet processing. Under load
+/// When nothing is left to reap it sleeps until the next completion (or 50 ms, to see the
+/// end) instead of spinning: the sink measures nothing, and on a shared host a spinning sink
+/// takes CPU from the senders and from software RDMA's own packet processing. Under load
 /// completions keep coming and it never sleeps. A CQ made without events spins.
-pub fn sink_sends(cq: &CompletionQueue, pool: &RecvPool, stop: &AtomicBool) -> Received {
+pub fn sink_receives(cq: &CompletionQueue, pool: &RecvPool, finish: &Finish, grh: u32) -> Received {
     let mut r = Received::default();
     let mut wcs = [WorkCompletion::EMPTY; 64];
     let mut armed = false;
-    while !stop.load(Ordering::Relaxed) {
+    let mut last = Instant::now();
+    let mut done_at = None;
+    loop {
+        if finish.done() {
+            let since = *done_at.get_or_insert_with(Instant::now);
+            let idle = last.max(since).elapsed();
+            if finish.sink_may_end(r.sends.messages + r.write_imms.messages, idle) {
+                break;
+            }
+        }
         let n = poll(cq, &mut wcs, &mut r.errors);
         for wc in &wcs[..n] {
             if !wc.ok() {
                 note_error(wc, &mut r);
                 continue;
             }
-            r.messages += 1;
-            r.bytes += u64::from(wc.byte_len);
+            if wc.is_recv_imm() {
+                r.write_imms.add(u64::from(wc.byte_len));
+            } else {
+                r.sends.add(u64::from(wc.byte_len.saturating_sub(grh)));
+            }
             if let Err(e) = pool.post(wc.wr_id as usize) {
                 eprintln!("ibjitter serve: re-posting a receive failed: {e}");
                 r.errors += 1;
             }
         }
         if n > 0 {
+            last = Instant::now();
             continue;
         }
         if armed {
@@ -108,7 +171,7 @@ pub struct EchoFlow<'a> {
     pub remote_rkey: u32,
 }
 
-/// Echoes every ping-pong message back, until `stop`. WRITE: watch each flow's last byte;
+/// Echoes every ping-pong message back, until the client is done. WRITE: watch each flow's last byte;
 /// SEND: answer each receive (the pool's buffers are re-posted at once).
 pub fn echo(
     cq: &CompletionQueue,
@@ -116,7 +179,7 @@ pub fn echo(
     flows: &[EchoFlow],
     size: u32,
     pool: Option<&RecvPool>,
-    stop: &AtomicBool,
+    finish: &Finish,
 ) -> Received {
     let mut r = Received::default();
     let mut wcs = [WorkCompletion::EMPTY; 64];
@@ -129,7 +192,7 @@ pub fn echo(
         .enumerate()
         .map(|(i, f)| (f.qp.qpn(), i))
         .collect();
-    while !stop.load(Ordering::Relaxed) {
+    while !finish.done() {
         let n = poll(cq, &mut wcs, &mut r.errors);
         for wc in &wcs[..n] {
             if !wc.ok() {
@@ -169,12 +232,26 @@ pub fn echo(
                 Ok(()) => {
                     pending[i] = false;
                     unreaped[i] += 1;
-                    r.messages += 1;
-                    r.bytes += u64::from(size);
+                    r.echoes.add(u64::from(size));
                 }
                 Err(_) => r.errors += 1,
             }
         }
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sink_ends_once_it_has_what_the_client_completed_or_hears_nothing() {
+        let f = Finish::default();
+        assert!(!f.sink_may_end(10, QUIET), "not before the client is done");
+        f.finish(10);
+        assert!(!f.sink_may_end(9, Duration::ZERO), "one still on its way");
+        assert!(f.sink_may_end(10, Duration::ZERO));
+        assert!(f.sink_may_end(9, QUIET), "lost: it never comes");
+    }
 }

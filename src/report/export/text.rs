@@ -1,4 +1,5 @@
 //! The stdout table, in perftest's style so its users read it at a glance.
+use crate::report::ops::ServerReport;
 use crate::report::{us, FlowReport, RunReport};
 use std::io::{self, Write};
 
@@ -9,8 +10,16 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
     writeln!(w, "{RULE}")?;
     writeln!(
         w,
-        " ibjitter {} {}: {} flows, {} B, depth {}, {} threads, device {}, server {}",
-        r.op, r.mode, r.flows_requested, r.size, r.depth, r.threads, r.device, r.server
+        " ibjitter {}{} {}: {} flows, {} B, depth {}, {} threads, device {}, server {}",
+        r.op,
+        if r.qp_type == "ud" { " over UD" } else { "" },
+        r.mode,
+        r.flows_requested,
+        r.size,
+        r.depth,
+        r.threads,
+        r.device,
+        r.server
     )?;
     writeln!(
         w,
@@ -77,6 +86,12 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
             r.fairness
         )?;
     }
+    if r.ops.len() > 1 {
+        by_op(r, &mut w)?;
+    }
+    if let Some(server) = &r.server_counts {
+        server_lines(r, server, &mut w)?;
+    }
     if r.mode != "pingpong" {
         let st = &r.steady;
         writeln!(
@@ -136,6 +151,89 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
         }
     }
     writeln!(w, "{RULE}")
+}
+
+/// A line per op type of a mix; an op that completed nothing says so.
+fn by_op<W: Write>(r: &RunReport, w: &mut W) -> io::Result<()> {
+    writeln!(
+        w,
+        " op          #ops        bytes          lat_p50[us]  lat_p99[us]  lat_max[us]"
+    )?;
+    for (key, o) in &r.ops {
+        let l = &o.latency;
+        let note = match o.swapped {
+            _ if o.count == 0 => "  none completed".to_string(),
+            Some(s) if s != o.count => format!("  only {s} swapped"),
+            _ => String::new(),
+        };
+        writeln!(
+            w,
+            " {:<12}{:<12}{:<15}{:<13.2}{:<13.2}{:.2}{note}",
+            key,
+            o.count,
+            o.bytes,
+            us(l.p50_ns),
+            us(l.p99_ns),
+            us(l.max_ns)
+        )?;
+    }
+    Ok(())
+}
+
+/// What the server reported beyond a lone WRITE's or RC SEND's bytes: its own counts of
+/// receives, UD datagrams lost, and the atomic checks.
+fn server_lines<W: Write>(r: &RunReport, s: &ServerReport, w: &mut W) -> io::Result<()> {
+    let lone_rc_send = r.ops.len() == 1 && r.ops.contains_key("send") && r.qp_type != "ud";
+    if r.mode != "pingpong" && !lone_rc_send {
+        for (key, c) in s.ops.iter().filter(|(_, c)| c.counted_at == "server") {
+            let ours = r.ops.get(key).map_or(0, |o| o.count);
+            writeln!(
+                w,
+                " server counted {} {key} receives, {} bytes (the client completed {ours})",
+                c.ops, c.bytes
+            )?;
+        }
+    }
+    if let Some(lost) = s.datagrams_lost {
+        let sent = r.ops.get("send").map_or(0, |o| o.count);
+        writeln!(
+            w,
+            " UD: {lost} of {sent} datagrams sent never reached the server{}",
+            if lost > 0 {
+                " (UD does not retransmit; a datagram finding no receive is dropped)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    if let Some(fa) = &s.fetch_add {
+        writeln!(
+            w,
+            " fetch_add: the server's words sum to {} = {} x {}: {}",
+            fa.sum,
+            fa.ops,
+            fa.addend,
+            if fa.exact {
+                "exact".to_string()
+            } else {
+                format!("NOT EXACT (expected {})", fa.expected_sum)
+            }
+        )?;
+    }
+    if let Some(cs) = &s.cmp_swap {
+        writeln!(
+            w,
+            " cmp_swap: {} of {} swapped, the server's words sum to {}: {}",
+            cs.swapped,
+            cs.ops,
+            cs.sum,
+            if cs.exact { "exact" } else { "NOT EXACT" }
+        )?;
+    }
+    if s.errors > 0 {
+        writeln!(w, " the server saw {} completion errors", s.errors)?;
+    }
+    Ok(())
 }
 
 fn flow_row<W: Write>(f: &FlowReport, w: &mut W) -> io::Result<()> {
