@@ -98,6 +98,12 @@ pub struct RunArgs {
     /// Write per-flow throughput over time as CSV
     #[arg(long)]
     timeseries: Option<PathBuf>,
+    /// Write the device port's own counters (sysfs counters/ and hw_counters/: packets,
+    /// retransmissions, out-of-sequence, RNR NAKs, CNPs, ECN marks where the device has
+    /// them) as CSV rows t_s,counter,delta every --interval (at least 10 ms), aligned with
+    /// --timeseries; the report has their totals over the run either way
+    #[arg(long, value_name = "FILE")]
+    counters: Option<PathBuf>,
     /// Time-series interval
     #[arg(long, default_value = "10ms", value_parser = units::duration)]
     interval: Duration,
@@ -114,6 +120,11 @@ pub struct RunArgs {
     /// queueing delay
     #[arg(long, default_value_t = 18, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
+    /// GRH traffic class of the flows' packets (perftest's --tclass): on RoCEv2 the IP
+    /// header's DSCP and ECN bits; 2 marks them ECN-capable (ECT(0)), so an ECN switch marks
+    /// them CE instead of dropping (see `ibjitter pcap`'s congestion signals)
+    #[arg(long, default_value_t = 0)]
+    tclass: u8,
     /// Seed for PSNs, Poisson gaps and --mix draws
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -238,6 +249,7 @@ impl RunArgs {
             device: self.rdma.device.clone(),
             ib_port: self.rdma.ib_port,
             gid_index: self.rdma.gid_index,
+            traffic_class: self.tclass,
             cm: self.cm,
             flows: self.flows,
             mix,
@@ -391,6 +403,7 @@ fn open_streams(a: &RunArgs, cfg: &RunConfig) -> Result<Outputs, String> {
         latency: open(&a.hdr_log)?,
         latency_interval: cfg.hdr_interval,
         keep_latency: cfg.json_series,
+        counters: open(&a.counters)?,
     })
 }
 

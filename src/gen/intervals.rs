@@ -247,6 +247,9 @@ pub struct Outputs {
     /// Also keep every latency interval's histogram in memory, for the JSON report
     /// (`--json-series`: an incast merges its senders' intervals). It grows with the run.
     pub keep_latency: bool,
+    /// The port counters' CSV (`--counters`), sampled by a thread of its own (see
+    /// [`super::port_counters`]), not by the interval writer.
+    pub counters: Option<Box<dyn std::io::Write + Send>>,
 }
 
 impl Outputs {
@@ -257,6 +260,7 @@ impl Outputs {
             latency: None,
             latency_interval: std::time::Duration::ZERO,
             keep_latency: false,
+            counters: None,
         }
     }
 
@@ -292,6 +296,7 @@ pub fn write(
         latency,
         latency_interval,
         keep_latency,
+        counters: _,
     } = outputs;
     let mut kept: Vec<Histogram<u64>> = Vec::new();
     let mut series_out = series.map(std::io::BufWriter::new);

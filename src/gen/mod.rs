@@ -15,6 +15,7 @@ pub mod intervals;
 pub mod ops;
 pub mod pacing;
 pub mod pingpong;
+pub mod port_counters;
 pub mod progress;
 pub mod server;
 pub mod shard;
@@ -65,6 +66,8 @@ pub struct RunConfig {
     pub device: Option<String>,
     pub ib_port: u8,
     pub gid_index: Option<i32>,
+    /// GRH traffic class of the flows' packets (RoCEv2: the IP DSCP and ECN bits).
+    pub traffic_class: u8,
     /// Connect the flows through rdma_cm instead of exchanging QP numbers over TCP.
     pub cm: bool,
     pub flows: u32,
@@ -108,6 +111,7 @@ impl Default for RunConfig {
             device: None,
             ib_port: 1,
             gid_index: None,
+            traffic_class: 0,
             cm: false,
             flows: 1,
             mix: OpMix::single(Op::Write),

@@ -199,11 +199,12 @@ fn pingpong<T: Transport>(
         now_ns: &now_ns,
     };
     drive(io, &mut pattern, limits, &now_ns);
-    let (latency, by_op) = pattern.recorder.finish();
+    let (latency, by_op, steady) = pattern.recorder.finish();
     WorkerOutput {
         flows: pattern.stats,
         latency,
         by_op,
+        steady,
     }
 }
 

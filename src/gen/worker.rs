@@ -9,7 +9,7 @@ use super::ops::Picker;
 use super::pacing::{Arrival, Pacer};
 use super::progress::Counters;
 use super::shard::Shard;
-use super::stats::{ByOp, FlowStats, Recorder};
+use super::stats::{ByOp, FlowStats, Recorder, SteadySpan};
 use super::stop::StopToken;
 use super::{Op, OpMix, StopAt};
 use crate::verbs::{wc_status_str, WorkCompletion};
@@ -71,6 +71,8 @@ pub struct WorkerOutput {
     pub latency: Histogram<u64>,
     /// The thread's completions by op type.
     pub by_op: ByOp,
+    /// Its completions in the steady-state window, between completion events.
+    pub steady: SteadySpan,
 }
 
 struct FlowState {
@@ -315,11 +317,12 @@ fn throughput<T: Transport>(
             fs.missed = pacer.due_until(end_ns).min(allowed);
         }
     }
-    let (latency, by_op) = pattern.recorder.finish();
+    let (latency, by_op, steady) = pattern.recorder.finish();
     WorkerOutput {
         flows: pattern.stats,
         latency,
         by_op,
+        steady,
     }
 }
 

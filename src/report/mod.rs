@@ -128,8 +128,13 @@ pub struct Steady {
     /// The window, s after the start.
     pub from_s: f64,
     pub until_s: f64,
+    /// Completed inside the window.
     pub ops: u64,
     pub bytes: u64,
+    /// The rate: each thread's completions between its first and last completion event in
+    /// the window over the time between them, summed over the threads (no edge error: a
+    /// window count is off by up to one batch of completions at each edge); the window's
+    /// count over its length where a thread saw fewer than two events.
     pub gbps: f64,
     pub mops: f64,
 }
@@ -144,6 +149,24 @@ impl Steady {
             bytes,
             gbps: gbps(bytes, seconds),
             mops: ops as f64 / seconds / 1e6,
+        }
+    }
+
+    /// The rate between completion events, from every thread's span (see [`Steady::gbps`]).
+    pub fn between_completions(self, spans: &[crate::gen::stats::SteadySpan]) -> Steady {
+        let timed: Vec<_> = spans.iter().filter(|s| s.first_ns.is_some()).collect();
+        if timed.is_empty() || timed.iter().any(|s| s.seconds() <= 0.0) {
+            return self;
+        }
+        let bits: f64 = timed
+            .iter()
+            .map(|s| s.bytes as f64 * 8.0 / s.seconds())
+            .sum();
+        let ops: f64 = timed.iter().map(|s| s.ops as f64 / s.seconds()).sum();
+        Steady {
+            gbps: bits / 1e9,
+            mops: ops / 1e6,
+            ..self
         }
     }
 }
@@ -307,6 +330,10 @@ pub struct RunReport {
     pub latency_intervals: Option<Vec<String>>,
     #[serde(default)]
     pub latency_interval_s: f64,
+    /// The device port's own counters (sysfs `counters/`, `hw_counters/`): how much each
+    /// rose over the measured phase (retransmissions, out-of-sequence, CNPs, ECN marks, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub port_counters: BTreeMap<String, u64>,
     pub flows: Vec<FlowReport>,
 }
 

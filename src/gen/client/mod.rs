@@ -6,6 +6,7 @@ mod setup;
 mod threads;
 
 use super::intervals::Outputs;
+use super::port_counters::PortCounters;
 use super::stats::{new_histogram, ByOp, FlowStats};
 use super::stop::{Reason, StopToken};
 use super::wire::{Control, OpCount};
@@ -13,6 +14,7 @@ use super::worker::WorkerParams;
 use super::{RunConfig, StopAt};
 use crate::report::{hist, RunReport};
 use setup::Local;
+use std::path::Path;
 use std::time::{Instant, SystemTime};
 
 /// A run's report plus the raw data the exports need.
@@ -66,10 +68,17 @@ pub fn run(cfg: &RunConfig, stop: StopToken, outputs: Outputs) -> Result<RunOutp
     .stop_on(stop);
     exchange(cfg, &mut local, &mut control, stop).map_err(why)?;
     let params = worker_params(cfg, &local, stop);
-    let finished = threads::start_and_watch(cfg, &local.shards, &params, &mut control, outputs)
-        .map_err(why)?;
+    // The NIC's counters over the measured phase (and every interval with --counters).
+    let port = PortCounters::open(Path::new("/sys"), local.ctx.name(), cfg.ib_port);
+    let before = port.read();
+    let finished =
+        threads::start_and_watch(cfg, &local.shards, &params, &mut control, outputs, &port)
+            .map_err(why)?;
+    let after = port.read();
     let setup_s = finished.start.duration_since(t_begin).as_secs_f64();
-    Ok(gather(cfg, &local, &mut control, finished, setup_s, stop))
+    let mut out = gather(cfg, &local, &mut control, finished, setup_s, stop);
+    out.report.port_counters = port.deltas(&before, &after);
+    Ok(out)
 }
 
 /// Our endpoints out, the server's back; our QPs connected to its; then Ready.
@@ -134,7 +143,9 @@ fn gather(
     let mut flows: Vec<FlowStats> = Vec::with_capacity(cfg.flows as usize);
     let mut latency = new_histogram();
     let mut by_op = ByOp::default();
+    let mut steady_spans = Vec::with_capacity(outputs.len());
     for out in outputs {
+        steady_spans.push(out.steady);
         flows.extend(out.flows);
         latency.add(&out.latency).expect("histograms grow to fit");
         for (all, thread) in by_op.iter_mut().zip(&out.by_op) {
@@ -179,6 +190,7 @@ fn gather(
         server_counts,
         start: start_time,
         rate_per_flow: local.rate.map(|(ops_per_s, _)| ops_per_s),
+        steady_spans,
     };
     let mut report = report::build_report(
         cfg,

@@ -1,6 +1,6 @@
 //! The run's report from what the flows measured (and the server said).
 use super::super::ops::{Op, FETCH_ADD_ADDEND};
-use super::super::stats::{ByOp, FlowStats};
+use super::super::stats::{ByOp, FlowStats, SteadySpan};
 use super::super::stop::{Reason, StopToken};
 use super::super::wire::{CountedAt, ServerCounts};
 use super::super::{Load, QpType, RunConfig};
@@ -50,6 +50,8 @@ pub struct Measured {
     pub start: std::time::SystemTime,
     /// Open loop: the rate each flow was paced at (`--rate`, or `--load` resolved).
     pub rate_per_flow: Option<f64>,
+    /// Each thread's completions in the steady-state window, between completion events.
+    pub steady_spans: Vec<SteadySpan>,
 }
 
 /// `latency`: every operation's, and by op type.
@@ -71,6 +73,7 @@ pub fn build_report(
         ref server_counts,
         start,
         rate_per_flow,
+        ..
     } = run;
     let firsts: Vec<u64> = flows.iter().filter_map(|f| f.first_post_ns).collect();
     let skew = spread_us(&firsts);
@@ -102,7 +105,8 @@ pub fn build_report(
         (until_ns as f64 / 1e9).min(measured_s),
         steady_ops,
         steady_bytes,
-    );
+    )
+    .between_completions(&run.steady_spans);
     let open_loop = rate_per_flow
         .filter(|_| !cfg.pingpong)
         .map(|rate| OpenLoop::new(rate, &per_flow, measured_s));
@@ -156,6 +160,7 @@ pub fn build_report(
         histogram: hist::encode(all),
         latency_intervals: None,
         latency_interval_s: 0.0,
+        port_counters: BTreeMap::new(),
         flows: per_flow,
     }
 }
@@ -274,6 +279,7 @@ mod tests {
             server_counts: counts,
             start: std::time::UNIX_EPOCH,
             rate_per_flow: None,
+            steady_spans: Vec::new(),
         };
         let stop = StopToken::new();
         build_report(cfg, "dev", &[], (&new_histogram(), by_op), &measured, stop)

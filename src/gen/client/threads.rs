@@ -2,6 +2,7 @@
 //! all at once, and this thread watches the control connection (and draws progress) until
 //! every worker has returned.
 use super::super::intervals::{self, Outputs, Sink};
+use super::super::port_counters::{self, PortCounters};
 use super::super::progress::{self, Counters};
 use super::super::shard::Shard;
 use super::super::stats::new_histogram;
@@ -12,6 +13,7 @@ use super::super::{pingpong, RunConfig, StopAt};
 use crate::report::gbps;
 use hdrhistogram::Histogram;
 use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -34,8 +36,12 @@ pub fn start_and_watch(
     shards: &[Shard],
     params: &WorkerParams,
     control: &mut Control,
-    outputs: Outputs,
+    mut outputs: Outputs,
+    port: &PortCounters,
 ) -> Result<Finished, String> {
+    let counters_out = outputs.counters.take();
+    let counters_done = AtomicBool::new(false);
+    let mut counters_error = None;
     let counters: Vec<Counters> = shards.iter().map(|_| Counters::default()).collect();
     let release = Barrier::new(shards.len() + 1);
     let t0: OnceLock<(Instant, SystemTime)> = OnceLock::new();
@@ -72,6 +78,7 @@ pub fn start_and_watch(
                             flows: Vec::new(),
                             latency: new_histogram(),
                             by_op: Default::default(),
+                            steady: Default::default(),
                         };
                     };
                     if cfg.pingpong {
@@ -89,10 +96,22 @@ pub fn start_and_watch(
                 let writer = streaming.then(|| {
                     scope.spawn(move || intervals::write(rx, shards.len(), outputs, start_time))
                 });
+                // --counters: the port's counters every interval (at least 10 ms: each
+                // sample reads a few dozen sysfs files).
+                let start = t0.get().expect("just set").0;
+                let done = &counters_done;
+                let sampler = counters_out.map(|mut w| {
+                    let every = cfg.interval.max(Duration::from_millis(10));
+                    scope.spawn(move || port_counters::stream(port, every, start, done, &mut *w))
+                });
                 release.wait();
                 watch(control, &handles, &counters, cfg, params);
+                counters_done.store(true, Ordering::Relaxed);
                 if let Some(w) = writer {
                     written = w.join().expect("interval writer panicked");
+                }
+                if let Some(s) = sampler {
+                    counters_error = s.join().expect("counter sampler panicked").err();
                 }
             }
             Err(e) => {
@@ -113,7 +132,7 @@ pub fn start_and_watch(
         outputs: outputs_of_threads,
         start,
         start_time,
-        stream_error: written.error,
+        stream_error: written.error.or(counters_error),
         latency_intervals: written.latency_intervals,
     })
 }

@@ -110,6 +110,16 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
         m.buffers_bytes as f64 / 1024.0,
         m.run_state_bytes as f64 / 1024.0
     )?;
+    // The NIC's view of the run: only the counters that moved.
+    let moved: Vec<String> = r
+        .port_counters
+        .iter()
+        .filter(|(_, d)| **d > 0)
+        .map(|(n, d)| format!("{} +{d}", n.rsplit('/').next().unwrap_or(n)))
+        .collect();
+    if !moved.is_empty() {
+        writeln!(w, " port counters over the run: {}", moved.join(", "))?;
+    }
     if per_flow {
         writeln!(w, "{RULE}")?;
         writeln!(
