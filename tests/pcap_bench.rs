@@ -281,3 +281,103 @@ fn tenth_percentile_us(gaps: &Value) -> f64 {
     }
     panic!("empty gap table: {gaps}")
 }
+
+/// Congestion signals on the wire: the bench's bottleneck port toward h0 made a RED queue that
+/// marks ECN-capable packets CE instead of dropping them; 8 WRITE flows from h1 sent as ECT(0)
+/// (`run --tclass 2`) fill it. tcpdump on h0's side (after the queue) sees the marks, and
+/// `ibjitter pcap` counts as many CE-marked packets as the qdisc says it marked (±1 %). The
+/// same run's port counters (rxe's hw_counters) stream to `--counters` and add up to the
+/// report's totals over the run.
+#[test]
+fn ce_marks_of_a_red_bottleneck_are_counted_as_the_qdisc_marked_them() {
+    let bin = ibjitter();
+    let out_dir = scratch_dir("pcap-ecn");
+    let o = out_dir.display();
+    let out = Vm::new().hosts(2).bottleneck("50mbit").timeout(600).writable(&out_dir).run(&format!(
+        r#". tools/vm/lib.sh
+        tc qdisc del dev vb0 parent 1:1 handle 10:
+        tc qdisc add dev vb0 parent 1:1 handle 20: red limit 4000000 min 30000 max 90000 \
+            avpkt 4200 burst 15 probability 0.2 bandwidth 50mbit ecn || exit 1
+        tools/vm/on-host h0 {bin} serve > /tmp/serve.log 2>&1 & SV=$!
+        wait_until 20 tcp_listening 18515 || exit 1
+        tcpdump -i vh0 -w /tmp/ecn.pcap -s 128 -B 16384 udp port 4791 2> /tmp/tcpdump.log & TD=$!
+        wait_until 10 grep -q listening /tmp/tcpdump.log
+        tools/vm/on-host h1 {bin} run 10.0.0.1 --flows 8 --depth 4 --op write --size 16K \
+            --duration 4s --tclass 2 --json {o}/run.json --counters {o}/counters.csv \
+            --interval 100ms --no-progress
+        echo "run_rc=$?"
+        sleep 1.5; kill -INT $TD; wait $TD
+        cat /tmp/tcpdump.log
+        echo "ecn_dropped=$(sed -n 's/^\([0-9]*\) packets\{{0,1\}} dropped by kernel$/\1/p' /tmp/tcpdump.log)"
+        tc -s qdisc show dev vb0
+        echo "marked=$(tc -s qdisc show dev vb0 | sed -n 's/.*marked \([0-9]*\).*/\1/p' | head -n1)"
+        {bin} pcap /tmp/ecn.pcap --json {o}/pcap.json --timeseries {o}/pcap.csv --interval 100ms \
+            --plot {o}/figs
+        echo "pcap_rc=$?"
+        kill $SV; wait $SV; true"#
+    ));
+    out.assert_success();
+    let text = &out.output;
+    assert_eq!(field(text, "run_rc"), Some(0.0), "{text}");
+    assert_eq!(field(text, "pcap_rc"), Some(0.0), "{text}");
+    assert_eq!(
+        field(text, "ecn_dropped"),
+        Some(0.0),
+        "tcpdump dropped packets:\n{text}"
+    );
+    let marked = field(text, "marked").expect("the qdisc's marked count") as u64;
+    let pcap = read_json(&out_dir.join("pcap.json"));
+    let c = &pcap["congestion"];
+    let ce = c["ce_marked"].as_u64().unwrap();
+    eprintln!(
+        "qdisc marked {marked}, the capture has {ce} CE-marked packets of {}",
+        c["ip_packets"]
+    );
+    assert!(
+        marked > 100,
+        "the queue should have marked many packets:\n{text}"
+    );
+    assert!(
+        (ce as f64 - marked as f64).abs() <= 0.01 * marked as f64,
+        "qdisc marked {marked}, pcap counted {ce}:\n{text}"
+    );
+    // Every data packet was sent ECN-capable (marked or not); the ACKs back were not.
+    let flows = pcap["flows"].as_array().unwrap();
+    let data_packets = sum(flows, |f| f["data"] == true, "packets");
+    assert_eq!(
+        sum(flows, |f| f["data"] == true, "ect") + ce,
+        data_packets,
+        "{c}"
+    );
+    assert_eq!(sum(flows, |f| f["data"] == true, "ce_marked"), ce);
+    let series_ce: u64 = c["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["ce_marked"].as_u64().unwrap())
+        .sum();
+    assert_eq!(series_ce, ce, "the signals over time add up to the total");
+    let svg = std::fs::read_to_string(out_dir.join("figs/signals.svg")).expect("signals.svg");
+    assert!(svg.contains("CE-marked packets"), "signals.svg without its series");
+
+    // rxe's counters: the stream's rows add up to the report's totals over the run.
+    let run = read_json(&out_dir.join("run.json"));
+    let totals = &run["port_counters"];
+    let sent = totals["hw_counters/sent_pkts"]
+        .as_u64()
+        .expect("rxe's sent_pkts in the report");
+    let csv = std::fs::read_to_string(out_dir.join("counters.csv")).unwrap();
+    let streamed: u64 = csv
+        .lines()
+        .skip(1)
+        .filter(|l| l.split(',').nth(1) == Some("hw_counters/sent_pkts"))
+        .map(|l| l.rsplit(',').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(streamed, sent, "{csv}");
+    // At least one packet per 4 KiB of payload written (the path MTU).
+    let bytes = run["total"]["bytes"].as_u64().unwrap();
+    assert!(
+        sent >= bytes / 4096,
+        "sent {sent} packets for {bytes} bytes"
+    );
+}

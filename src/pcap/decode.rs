@@ -15,6 +15,10 @@ const ETHERTYPE_IPV6: u16 = 0x86dd;
 const ETHERTYPE_VLAN: u16 = 0x8100;
 const ETHERTYPE_QINQ: u16 = 0x88a8;
 const ETHERTYPE_ROCE_V1: u16 = 0x8915;
+/// IEEE 802.3 MAC control: PAUSE (opcode 0x0001) and priority flow control (0x0101).
+const ETHERTYPE_MAC_CONTROL: u16 = 0x8808;
+const MAC_CONTROL_PAUSE: u16 = 0x0001;
+const MAC_CONTROL_PFC: u16 = 0x0101;
 const IP_PROTO_UDP: u8 = 17;
 /// GRH next-header value announcing an IBA transport header (the BTH).
 const GRH_NEXT_IBA: u8 = 0x1b;
@@ -107,6 +111,8 @@ pub struct Bth {
     pub pkey: u16,
     /// Explicit congestion notification (IB FECN bit; RoCE marks ECN in the IP header instead).
     pub fecn: bool,
+    /// Backward explicit congestion notification (IB BECN bit).
+    pub becn: bool,
     pub dest_qp: u32,
     pub ack_req: bool,
     pub psn: u32,
@@ -151,6 +157,65 @@ pub struct Packet {
     /// Application payload: the transport length minus BTH, extended headers, pad and ICRC
     /// (what a WRITE moves; 0 for ACKs). `None` for opcodes whose headers are not known here.
     pub payload: Option<u32>,
+    /// The IP header's ECN field (RoCEv2): 0 not ECN-capable, 1 ECT(1), 2 ECT(0), 3 CE
+    /// (congestion experienced: marked by a switch). `None` without an IP header.
+    pub ecn: Option<u8>,
+}
+
+/// ECN codepoint "congestion experienced".
+pub const ECN_CE: u8 = 3;
+
+/// An Ethernet MAC control frame: link-level flow control, which RoCE fabrics use to be
+/// lossless (PFC per priority; PAUSE for the whole link).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkControl {
+    /// The sending port's MAC address.
+    pub src_mac: [u8; 6],
+    pub kind: LinkControlKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkControlKind {
+    /// 802.3x PAUSE: stop sending for `quanta` × 512 bit times (0: resume).
+    Pause { quanta: u16 },
+    /// 802.1Qbb PFC: for each priority whose bit is set in `enabled`, pause for its quanta
+    /// (0: resume that priority).
+    Pfc { enabled: u8, quanta: [u16; 8] },
+}
+
+/// Decodes an Ethernet MAC control frame (PAUSE or PFC); `None` for anything else, other
+/// links and other MAC control opcodes.
+pub fn link_control(link: Link, frame: &[u8]) -> Option<LinkControl> {
+    if link != Link::Ethernet {
+        return None;
+    }
+    let h = frame.get(..16)?;
+    if u16::from_be_bytes([h[12], h[13]]) != ETHERTYPE_MAC_CONTROL {
+        return None;
+    }
+    let mut src_mac = [0u8; 6];
+    src_mac.copy_from_slice(&h[6..12]);
+    let kind = match u16::from_be_bytes([h[14], h[15]]) {
+        MAC_CONTROL_PAUSE => {
+            let q = frame.get(16..18)?;
+            LinkControlKind::Pause {
+                quanta: u16::from_be_bytes([q[0], q[1]]),
+            }
+        }
+        MAC_CONTROL_PFC => {
+            let b = frame.get(16..34)?;
+            let mut quanta = [0u16; 8];
+            for (k, q) in quanta.iter_mut().enumerate() {
+                *q = u16::from_be_bytes([b[2 + 2 * k], b[3 + 2 * k]]);
+            }
+            LinkControlKind::Pfc {
+                enabled: b[1],
+                quanta,
+            }
+        }
+        _ => return None,
+    };
+    Some(LinkControl { src_mac, kind })
 }
 
 /// Why a frame that looked like RoCE / InfiniBand could not be decoded.
@@ -266,7 +331,13 @@ fn ipv4(p: &[u8]) -> Result<Option<Packet>, DecodeError> {
     let rest = p.get(ihl..).ok_or(DecodeError::Truncated {
         header: "IPv4 options",
     })?;
-    udp(rest, Some(total - ihl), src, dst)
+    let ecn = h[1] & 0x3;
+    udp(rest, Some(total - ihl), src, dst).map(|p| {
+        p.map(|p| Packet {
+            ecn: Some(ecn),
+            ..p
+        })
+    })
 }
 
 fn ipv6(p: &[u8]) -> Result<Option<Packet>, DecodeError> {
@@ -292,7 +363,14 @@ fn ipv6(p: &[u8]) -> Result<Option<Packet>, DecodeError> {
     let rest = p.get(at..).ok_or(DecodeError::Truncated {
         header: "IPv6 extension header",
     })?;
-    udp(rest, Some(len), src, dst)
+    // Traffic class: the low nibble of byte 0 and the high nibble of byte 1; ECN its low 2 bits.
+    let ecn = (h[1] >> 4) & 0x3;
+    udp(rest, Some(len), src, dst).map(|p| {
+        p.map(|p| Packet {
+            ecn: Some(ecn),
+            ..p
+        })
+    })
 }
 
 fn udp(
@@ -380,6 +458,7 @@ fn transport(t: &[u8], len: usize, src: Addr, dst: Addr) -> Result<Packet, Decod
         pad: (b[1] >> 4) & 0x3,
         pkey: u16::from_be_bytes([b[2], b[3]]),
         fecn: b[4] & 0x80 != 0,
+        becn: b[4] & 0x40 != 0,
         dest_qp: u32::from_be_bytes([0, b[5], b[6], b[7]]),
         ack_req: b[8] & 0x80 != 0,
         psn: u32::from_be_bytes([0, b[9], b[10], b[11]]),
@@ -408,6 +487,7 @@ fn transport(t: &[u8], len: usize, src: Addr, dst: Addr) -> Result<Packet, Decod
         bth,
         aeth,
         payload,
+        ecn: None,
     })
 }
 
@@ -570,6 +650,72 @@ mod tests {
             decode(Link::Infiniband, &f),
             Err(DecodeError::BadLength { header: "BTH" })
         );
+    }
+
+    /// Ethernet + IPv4 (TOS `tos`) + UDP 4791 + an ACK-less RDMA WRITE Only of 8 bytes.
+    fn roce_v4(tos: u8) -> Vec<u8> {
+        let mut t = bth(0x0a, 7, 1, false);
+        t.resize(BTH_LEN + RETH + 8 + ICRC_LEN, 0);
+        let mut f = vec![0; 12];
+        f.extend_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        let total = (20 + 8 + t.len()) as u16;
+        f.extend_from_slice(&[0x45, tos]);
+        f.extend_from_slice(&total.to_be_bytes());
+        f.extend_from_slice(&[
+            0,
+            0,
+            0x40,
+            0,
+            64,
+            IP_PROTO_UDP,
+            0,
+            0,
+            10,
+            0,
+            0,
+            1,
+            10,
+            0,
+            0,
+            2,
+        ]);
+        f.extend_from_slice(&[0xc0, 0]);
+        f.extend_from_slice(&ROCE_V2_PORT.to_be_bytes());
+        f.extend_from_slice(&((8 + t.len()) as u16).to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend(t);
+        f
+    }
+
+    #[test]
+    fn the_ip_ecn_field_and_mac_control_frames() {
+        for (tos, ecn) in [(0x00, 0), (0x02, 2), (0x03, ECN_CE), (0xb9, 1)] {
+            let p = decode(Link::Ethernet, &roce_v4(tos)).unwrap().unwrap();
+            assert_eq!(p.ecn, Some(ecn), "tos {tos:#x}");
+            assert_eq!(p.payload, Some(8));
+        }
+        // PAUSE from 02:..:07, quanta 0x1234; PFC pausing priorities 0 and 3.
+        let mut pause = vec![
+            0x01, 0x80, 0xc2, 0, 0, 0x01, 2, 0, 0, 0, 0, 7, 0x88, 0x08, 0, 1, 0x12, 0x34,
+        ];
+        pause.resize(60, 0);
+        assert_eq!(decode(Link::Ethernet, &pause), Ok(None));
+        let c = link_control(Link::Ethernet, &pause).unwrap();
+        assert_eq!(c.src_mac, [2, 0, 0, 0, 0, 7]);
+        assert_eq!(c.kind, LinkControlKind::Pause { quanta: 0x1234 });
+        let mut pfc = pause[..14].to_vec();
+        pfc.extend_from_slice(&[0x01, 0x01, 0, 0b1001, 0, 5, 0, 0, 0, 0, 0, 9]);
+        pfc.resize(60, 0);
+        match link_control(Link::Ethernet, &pfc).unwrap().kind {
+            LinkControlKind::Pfc { enabled, quanta } => {
+                assert_eq!(enabled, 0b1001);
+                assert_eq!((quanta[0], quanta[2], quanta[3]), (5, 0, 9));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Short frames and other links are not flow control.
+        assert_eq!(link_control(Link::Ethernet, &pfc[..20]), None);
+        assert_eq!(link_control(Link::Infiniband, &pfc), None);
     }
 
     #[test]

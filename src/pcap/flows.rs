@@ -2,7 +2,7 @@
 //! one direction of one connection. Each packet costs O(1) work and no allocation once its flow
 //! exists, so memory grows with the number of flows (and time-series intervals), never with
 //! the number of packets.
-use super::decode::{self, AckKind, Addr, Packet};
+use super::decode::{self, AckKind, Addr, LinkControl, LinkControlKind, Packet};
 use super::ipd::Ipd;
 use std::collections::{BTreeMap, HashMap};
 
@@ -65,6 +65,14 @@ pub struct Flow {
     pub out_of_order: u64,
     pub naks: u64,
     pub rnr_naks: u64,
+    /// Congestion signals: ECN-capable packets (ECT(0) or ECT(1)), packets a switch marked
+    /// CE, BTH FECN / BECN bits, and CNPs (RoCEv2 congestion notification packets, BTH
+    /// opcode 0x81: a flow of CNPs runs from the notification point back to the sender).
+    pub ect: u64,
+    pub ce_marked: u64,
+    pub fecn: u64,
+    pub becn: u64,
+    pub cnps: u64,
     /// Packets with an opcode whose header layout is unknown here (payload not counted).
     pub undecoded_opcodes: u64,
     /// Gaps between the flow's requests: the sender's pacing.
@@ -96,6 +104,11 @@ impl Flow {
             out_of_order: 0,
             naks: 0,
             rnr_naks: 0,
+            ect: 0,
+            ce_marked: 0,
+            fecn: 0,
+            becn: 0,
+            cnps: 0,
             undecoded_opcodes: 0,
             ipd_requests: Ipd::new(o.ipd_bin_ns, o.ipd_bins),
             ipd_responses: Ipd::new(o.ipd_bin_ns, o.ipd_bins),
@@ -149,6 +162,8 @@ pub struct Totals {
     pub frames: u64,
     /// Frames decoded to a RoCE / IBA transport packet.
     pub roce: u64,
+    /// Of those, RoCEv2 packets (an IP header, so an ECN field).
+    pub roce_ip: u64,
     /// Frames of other protocols (ARP, TCP, non-RoCE UDP, IB raw packets).
     pub other: u64,
     /// Frames that looked like RoCE but could not be decoded; the first reason is kept.
@@ -158,6 +173,23 @@ pub struct Totals {
     pub last_ns: u64,
     /// Payload packets later than [`MAX_SERIES_INTERVALS`] intervals, left out of the series.
     pub beyond_series: u64,
+    /// Link-level flow control seen: 802.3x PAUSE frames, 802.1Qbb PFC frames, and per
+    /// priority the PFC frames that paused it (quanta > 0) and that resumed it (quanta 0).
+    pub pause_frames: u64,
+    pub pfc_frames: u64,
+    pub pfc_pauses: [u64; 8],
+    pub pfc_resumes: [u64; 8],
+    /// Flow-control frames per sending port (MAC address).
+    pub flow_control_by_port: BTreeMap<[u8; 6], u64>,
+}
+
+/// Congestion signals in one time-series interval, whatever their flow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Signals {
+    pub ce_marked: u64,
+    pub cnps: u64,
+    /// PAUSE and PFC frames.
+    pub flow_control: u64,
 }
 
 /// Accumulates packets into flows.
@@ -168,6 +200,7 @@ pub struct Analyzer {
     /// Gaps between consecutive RoCE packets on the captured link, whatever their flow.
     overall: Ipd,
     totals: Totals,
+    signals: Vec<Signals>,
 }
 
 /// The result of an analysis.
@@ -176,6 +209,8 @@ pub struct Analysis {
     pub flows: Vec<Flow>,
     pub overall: Ipd,
     pub totals: Totals,
+    /// Congestion signals per time-series interval (with `interval_ns` only).
+    pub signals: Vec<Signals>,
     pub options: Options,
 }
 
@@ -187,6 +222,48 @@ impl Analyzer {
             flows: Vec::new(),
             overall: Ipd::new(options.ipd_bin_ns, options.ipd_bins),
             totals: Totals::default(),
+            signals: Vec::new(),
+        }
+    }
+
+    /// The time-series interval of `ts_ns` (from the first RoCE packet, or this frame if none
+    /// came yet), if a series is kept and it is within [`MAX_SERIES_INTERVALS`].
+    fn interval(&self, ts_ns: u64) -> Option<usize> {
+        let interval = self.options.interval_ns?;
+        let start = self.totals.first_ns.unwrap_or(ts_ns);
+        let k = ts_ns.saturating_sub(start) / interval;
+        (k < MAX_SERIES_INTERVALS as u64).then_some(k as usize)
+    }
+
+    fn signals_at(&mut self, ts_ns: u64) -> Option<&mut Signals> {
+        let k = self.interval(ts_ns)?;
+        if k >= self.signals.len() {
+            self.signals.resize(k + 1, Signals::default());
+        }
+        Some(&mut self.signals[k])
+    }
+
+    /// A PAUSE or PFC frame.
+    fn link_control(&mut self, ts_ns: u64, c: LinkControl) {
+        let t = &mut self.totals;
+        match c.kind {
+            LinkControlKind::Pause { .. } => t.pause_frames += 1,
+            LinkControlKind::Pfc { enabled, quanta } => {
+                t.pfc_frames += 1;
+                for (k, q) in quanta.iter().enumerate() {
+                    if enabled & (1 << k) != 0 {
+                        if *q > 0 {
+                            t.pfc_pauses[k] += 1;
+                        } else {
+                            t.pfc_resumes[k] += 1;
+                        }
+                    }
+                }
+            }
+        }
+        *t.flow_control_by_port.entry(c.src_mac).or_insert(0) += 1;
+        if let Some(s) = self.signals_at(ts_ns) {
+            s.flow_control += 1;
         }
     }
 
@@ -195,7 +272,12 @@ impl Analyzer {
         self.totals.frames += 1;
         match decode::decode(link, data) {
             Ok(Some(p)) => self.packet(ts_ns, &p, orig_len),
-            Ok(None) => self.totals.other += 1,
+            Ok(None) => {
+                self.totals.other += 1;
+                if let Some(c) = decode::link_control(link, data) {
+                    self.link_control(ts_ns, c);
+                }
+            }
             Err(e) => {
                 self.totals.undecodable += 1;
                 if self.totals.first_undecodable.is_none() {
@@ -210,6 +292,7 @@ impl Analyzer {
     pub fn packet(&mut self, ts_ns: u64, p: &Packet, wire_len: u32) {
         let t = &mut self.totals;
         t.roce += 1;
+        t.roce_ip += p.ecn.is_some() as u64;
         let start = *t.first_ns.get_or_insert(ts_ns);
         t.last_ns = t.last_ns.max(ts_ns);
         self.overall.packet(ts_ns);
@@ -246,8 +329,15 @@ impl Analyzer {
                 _ => {}
             }
         }
-        if p.bth.opcode == decode::CNP {
+        f.fecn += p.bth.fecn as u64;
+        f.becn += p.bth.becn as u64;
+        let ce = p.ecn == Some(decode::ECN_CE);
+        f.ce_marked += ce as u64;
+        f.ect += matches!(p.ecn, Some(1 | 2)) as u64;
+        let cnp = p.bth.opcode == decode::CNP;
+        if cnp {
             // Congestion notifications are neither requests nor responses.
+            f.cnps += 1;
         } else if decode::is_response(p.bth.opcode) {
             f.responses += 1;
             f.ipd_responses.packet(ts_ns);
@@ -273,6 +363,12 @@ impl Analyzer {
                 }
             }
         }
+        if ce || cnp {
+            if let Some(s) = self.signals_at(ts_ns) {
+                s.ce_marked += ce as u64;
+                s.cnps += cnp as u64;
+            }
+        }
     }
 
     pub fn finish(self) -> Analysis {
@@ -280,6 +376,7 @@ impl Analyzer {
             flows: self.flows,
             overall: self.overall,
             totals: self.totals,
+            signals: self.signals,
             options: self.options,
         }
     }
@@ -301,12 +398,14 @@ mod tests {
                 pad: 0,
                 pkey: 0xffff,
                 fecn: false,
+                becn: false,
                 dest_qp: qp,
                 ack_req: false,
                 psn,
             },
             aeth: None,
             payload: Some(payload),
+            ecn: Some(2),
         }
     }
 
@@ -333,6 +432,58 @@ mod tests {
         );
         assert_eq!(f.series, vec![300, 200, 200]);
         assert_eq!(f.opcodes.get(&0x0a), Some(&7));
+    }
+
+    #[test]
+    fn ce_marks_cnps_and_flow_control_are_counted_per_flow_and_over_time() {
+        let mut a = Analyzer::new(Options {
+            interval_ns: Some(1000),
+            ..Options::default()
+        });
+        for k in 0..10u32 {
+            let mut p = pkt(0x0a, 7, k, 100);
+            if k % 3 == 0 {
+                p.ecn = Some(decode::ECN_CE);
+            }
+            a.packet(u64::from(k) * 400, &p, 178);
+        }
+        let mut cnp = pkt(decode::CNP, 0x99, 0, 0);
+        cnp.ecn = Some(0);
+        a.packet(2500, &cnp, 62);
+        // A PFC frame pausing priority 3 and resuming 5, then a PAUSE, from one port.
+        let mut pfc = vec![
+            0x01, 0x80, 0xc2, 0, 0, 0x01, 2, 0, 0, 0, 0, 9, 0x88, 0x08, 0x01, 0x01,
+        ];
+        pfc.extend_from_slice(&[0, 0b0010_1000]);
+        for k in 0..8u16 {
+            pfc.extend_from_slice(&(if k == 3 { 0xffffu16 } else { 0 }).to_be_bytes());
+        }
+        a.frame(3100, decode::Link::Ethernet, &pfc, pfc.len() as u32);
+        let mut pause = pfc[..16].to_vec();
+        pause[15] = 0x01;
+        pause[14] = 0x00;
+        pause.extend_from_slice(&[0xff, 0xff]);
+        a.frame(3200, decode::Link::Ethernet, &pause, pause.len() as u32);
+        let r = a.finish();
+        let f = &r.flows[0];
+        // PSNs 0, 3, 6, 9 marked; every other data packet ECN-capable.
+        assert_eq!((f.ce_marked, f.ect, f.cnps), (4, 6, 0));
+        assert_eq!(
+            (r.flows[1].cnps, r.flows[1].ce_marked, r.flows[1].requests),
+            (1, 0, 0)
+        );
+        let t = &r.totals;
+        assert_eq!((t.pfc_frames, t.pause_frames, t.other), (1, 1, 2));
+        assert_eq!(
+            (t.pfc_pauses[3], t.pfc_resumes[5], t.pfc_pauses[5]),
+            (1, 1, 0)
+        );
+        assert_eq!(t.flow_control_by_port.get(&[2, 0, 0, 0, 0, 9]), Some(&2));
+        // CE-marked packets at 0, 1.2, 2.4 and 3.6 µs: one in each 1 µs interval.
+        let ce: Vec<u64> = r.signals.iter().map(|s| s.ce_marked).collect();
+        assert_eq!(ce, vec![1, 1, 1, 1]);
+        assert_eq!(r.signals[2].cnps, 1);
+        assert_eq!(r.signals[3].flow_control, 2);
     }
 
     #[test]

@@ -55,6 +55,14 @@ pub struct CapturedFlow {
     pub out_of_order: u64,
     pub naks: u64,
     pub rnr_naks: u64,
+    /// ECN-capable packets (ECT(0)/ECT(1)) and packets marked CE on the way.
+    pub ect: u64,
+    pub ce_marked: u64,
+    /// BTH FECN / BECN bits set.
+    pub fecn: u64,
+    pub becn: u64,
+    /// CNPs in this flow (it runs from the notification point to the sender it slows).
+    pub cnps: u64,
     pub undecoded_opcodes: u64,
     pub ipd_requests: IpdReport,
     pub ipd_responses: IpdReport,
@@ -81,6 +89,76 @@ pub struct PcapReport {
     pub flows: Vec<CapturedFlow>,
     /// Gaps between consecutive RoCE packets on the captured link, whatever their flow.
     pub ipd: IpdReport,
+    pub congestion: CongestionReport,
+}
+
+/// The capture's congestion signals: ECN marks and CNPs (DCQCN's), link-level flow control.
+#[derive(Debug, Clone, Serialize)]
+pub struct CongestionReport {
+    /// RoCE packets with an IP header (RoCEv2): what ECN can be read from.
+    pub ip_packets: u64,
+    pub ect: u64,
+    pub ce_marked: u64,
+    pub fecn: u64,
+    pub becn: u64,
+    pub cnps: u64,
+    pub pause_frames: u64,
+    pub pfc_frames: u64,
+    /// Per priority 0..7: PFC frames that paused it, and that resumed it.
+    pub pfc_pauses: [u64; 8],
+    pub pfc_resumes: [u64; 8],
+    /// PAUSE + PFC frames per sending port.
+    pub flow_control_by_port: BTreeMap<String, u64>,
+    /// Per time-series interval (with --timeseries/--plot): start (s), CE marks, CNPs,
+    /// PAUSE/PFC frames.
+    pub series: Vec<SignalRow>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SignalRow {
+    pub t_s: f64,
+    pub ce_marked: u64,
+    pub cnps: u64,
+    pub flow_control: u64,
+}
+
+impl CongestionReport {
+    fn of(a: &Analysis) -> CongestionReport {
+        let t = &a.totals;
+        let sum = |g: fn(&Flow) -> u64| a.flows.iter().map(g).sum::<u64>();
+        let dt = a.options.interval_ns.unwrap_or(0) as f64 / 1e9;
+        CongestionReport {
+            ip_packets: t.roce_ip,
+            ect: sum(|f| f.ect),
+            ce_marked: sum(|f| f.ce_marked),
+            fecn: sum(|f| f.fecn),
+            becn: sum(|f| f.becn),
+            cnps: sum(|f| f.cnps),
+            pause_frames: t.pause_frames,
+            pfc_frames: t.pfc_frames,
+            pfc_pauses: t.pfc_pauses,
+            pfc_resumes: t.pfc_resumes,
+            flow_control_by_port: t
+                .flow_control_by_port
+                .iter()
+                .map(|(m, n)| {
+                    let mac: Vec<String> = m.iter().map(|b| format!("{b:02x}")).collect();
+                    (mac.join(":"), *n)
+                })
+                .collect(),
+            series: a
+                .signals
+                .iter()
+                .enumerate()
+                .map(|(k, s)| SignalRow {
+                    t_s: k as f64 * dt,
+                    ce_marked: s.ce_marked,
+                    cnps: s.cnps,
+                    flow_control: s.flow_control,
+                })
+                .collect(),
+        }
+    }
 }
 
 fn secs(ns: u64) -> f64 {
@@ -111,6 +189,7 @@ impl PcapReport {
             duration_s: secs(a.totals.last_ns.saturating_sub(start)),
             flows,
             ipd: IpdReport::of(&a.overall),
+            congestion: CongestionReport::of(a),
         }
     }
 }
@@ -140,6 +219,11 @@ fn captured_flow(i: u32, f: &Flow, start: u64) -> CapturedFlow {
         out_of_order: f.out_of_order,
         naks: f.naks,
         rnr_naks: f.rnr_naks,
+        ect: f.ect,
+        ce_marked: f.ce_marked,
+        fecn: f.fecn,
+        becn: f.becn,
+        cnps: f.cnps,
         undecoded_opcodes: f.undecoded_opcodes,
         ipd_requests: IpdReport::of(&f.ipd_requests),
         ipd_responses: IpdReport::of(&f.ipd_responses),

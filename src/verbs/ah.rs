@@ -15,14 +15,14 @@ unsafe impl Sync for AddressHandle {}
 
 impl AddressHandle {
     /// The route to `remote` from `port`, from our GID at `gid_index` to the peer's GID (or
-    /// to its LID when it has none).
+    /// to its LID when it has none), in `traffic_class`.
     pub fn new(
         pd: &Arc<ProtectionDomain>,
         port: u8,
-        gid_index: i32,
+        (gid_index, traffic_class): (i32, u8),
         remote: &Endpoint,
     ) -> Result<AddressHandle> {
-        let mut attr = ah_attr(port, gid_index, remote);
+        let mut attr = ah_attr(port, gid_index, traffic_class, remote);
         // SAFETY: attr is fully initialized; the PD outlives the handle through the Arc.
         let raw = unsafe { rdma_sys::ibv_create_ah(pd.as_raw(), &mut attr) };
         if raw.is_null() {

@@ -55,6 +55,9 @@ pub struct QpConfig {
     pub max_dest_rd_atomic: u8,
     /// Let the peer's atomics at this QP (IBV_ACCESS_REMOTE_ATOMIC).
     pub remote_atomic: bool,
+    /// The GRH traffic class of what this QP sends: on RoCEv2 the IP header's DSCP and ECN
+    /// bits (2: ECN-capable, ECT(0), so a switch marks CE instead of dropping).
+    pub traffic_class: u8,
 }
 
 /// The Q_Key of the generator's UD QPs (any value both sides agree on; the high bit clear:
@@ -76,6 +79,7 @@ impl Default for QpConfig {
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
             remote_atomic: false,
+            traffic_class: 0,
         }
     }
 }
@@ -250,7 +254,12 @@ impl QueuePair {
         attr.rq_psn = remote.psn;
         attr.max_dest_rd_atomic = self.cfg.max_dest_rd_atomic.max(1);
         attr.min_rnr_timer = 12;
-        attr.ah_attr = ah_attr(self.cfg.port, self.cfg.gid_index, remote);
+        attr.ah_attr = ah_attr(
+            self.cfg.port,
+            self.cfg.gid_index,
+            self.cfg.traffic_class,
+            remote,
+        );
         self.modify(
             &mut attr,
             Mask::IBV_QP_STATE
@@ -478,8 +487,13 @@ pub enum AtomicOp {
 }
 
 /// The address vector toward `remote` from `port`: its LID, and with a GID (RoCE, or IB
-/// across subnets) a global route from our GID at `gid_index`.
-pub(super) fn ah_attr(port: u8, gid_index: i32, remote: &Endpoint) -> rdma_sys::ibv_ah_attr {
+/// across subnets) a global route from our GID at `gid_index` in `traffic_class`.
+pub(super) fn ah_attr(
+    port: u8,
+    gid_index: i32,
+    traffic_class: u8,
+    remote: &Endpoint,
+) -> rdma_sys::ibv_ah_attr {
     // SAFETY: plain data; all-zero is a valid starting point.
     let mut ah: rdma_sys::ibv_ah_attr = unsafe { MaybeUninit::zeroed().assume_init() };
     ah.dlid = remote.lid;
@@ -489,6 +503,7 @@ pub(super) fn ah_attr(port: u8, gid_index: i32, remote: &Endpoint) -> rdma_sys::
         ah.grh.dgid.raw = remote.gid;
         ah.grh.sgid_index = gid_index as u8;
         ah.grh.hop_limit = 64;
+        ah.grh.traffic_class = traffic_class;
     }
     ah
 }

@@ -103,6 +103,7 @@ impl Local {
             timeout: cfg.qp_timeout,
             max_rd_atomic,
             max_dest_rd_atomic,
+            traffic_class: cfg.traffic_class,
             ..QpConfig::default()
         };
         // --cm: an rdma_cm id per flow, resolved toward the server's address from this
@@ -252,10 +253,15 @@ impl Local {
             let ah = match made.get(&(peer.lid, peer.gid)) {
                 Some(ah) => ah.clone(),
                 None => {
-                    let port = self.qp_cfg.port;
-                    let ah = AddressHandle::new(&self.pd, port, self.qp_cfg.gid_index, peer)
-                        .map(Arc::new)
-                        .map_err(|e| format!("flow {}: {e}", f.id))?;
+                    let (port, cfg) = (self.qp_cfg.port, &self.qp_cfg);
+                    let ah = AddressHandle::new(
+                        &self.pd,
+                        port,
+                        (cfg.gid_index, cfg.traffic_class),
+                        peer,
+                    )
+                    .map(Arc::new)
+                    .map_err(|e| format!("flow {}: {e}", f.id))?;
                     made.insert((peer.lid, peer.gid), ah.clone());
                     ah
                 }

@@ -46,14 +46,48 @@ pub fn summary<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
         sum(|f| f.out_of_order),
         sum(|f| f.naks),
         sum(|f| f.rnr_naks),
-    )
+    )?;
+    let c = &r.congestion;
+    let pct = |n: u64| {
+        if c.ip_packets > 0 {
+            format!(" ({:.2} %)", 100.0 * n as f64 / c.ip_packets as f64)
+        } else {
+            String::new()
+        }
+    };
+    write!(
+        w,
+        "  congestion: CE-marked {}{} of {} RoCEv2 packets (ECN-capable {}), CNPs {}, FECN {}, BECN {}; PAUSE {}, PFC {}",
+        c.ce_marked,
+        pct(c.ce_marked),
+        c.ip_packets,
+        c.ect,
+        c.cnps,
+        c.fecn,
+        c.becn,
+        c.pause_frames,
+        c.pfc_frames
+    )?;
+    let paused: Vec<String> = (0..8)
+        .filter(|&k| c.pfc_pauses[k] + c.pfc_resumes[k] > 0)
+        .map(|k| {
+            format!(
+                "prio {k}: {} pause / {} resume",
+                c.pfc_pauses[k], c.pfc_resumes[k]
+            )
+        })
+        .collect();
+    if !paused.is_empty() {
+        write!(w, " ({})", paused.join(", "))?;
+    }
+    writeln!(w)
 }
 
 /// One row per flow.
 pub fn flow_table<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
     writeln!(
         w,
-        "{:>5} {:>15} {:>15} {:>8} {:>9} {:>13} {:>13} {:>10} {:>10} {:>7} {:>5} {:>5}  opcodes",
+        "{:>5} {:>15} {:>15} {:>8} {:>9} {:>13} {:>13} {:>10} {:>10} {:>7} {:>5} {:>5} {:>7} {:>5}  opcodes",
         "flow",
         "src",
         "dst",
@@ -65,13 +99,15 @@ pub fn flow_table<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
         "last_s",
         "retrans",
         "ooo",
-        "naks"
+        "naks",
+        "ce",
+        "cnps"
     )?;
     for f in &r.flows {
         let ops: Vec<String> = f.opcodes.iter().map(|(k, v)| format!("{k}:{v}")).collect();
         writeln!(
             w,
-            "{:>5} {:>15} {:>15} {:>#8x} {:>9} {:>13} {:>13} {:>10.6} {:>10.6} {:>7} {:>5} {:>5}  {}",
+            "{:>5} {:>15} {:>15} {:>#8x} {:>9} {:>13} {:>13} {:>10.6} {:>10.6} {:>7} {:>5} {:>5} {:>7} {:>5}  {}",
             f.flow,
             f.src,
             f.dst,
@@ -84,6 +120,8 @@ pub fn flow_table<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
             f.retransmissions,
             f.out_of_order,
             f.naks + f.rnr_naks,
+            f.ce_marked,
+            f.cnps,
             ops.join(", ")
         )?;
     }
@@ -211,6 +249,24 @@ pub fn plots(dir: &Path, r: &PcapReport, a: &Analysis) -> Result<Vec<std::path::
             &series,
         )?;
         written.push(tp);
+        let c = &r.congestion;
+        let line = |name: &str, g: fn(&crate::report::pcap::SignalRow) -> u64| Series {
+            name: name.to_string(),
+            points: c.series.iter().map(|s| (s.t_s, g(s) as f64 / dt)).collect(),
+        };
+        let sig = dir.join("signals.svg");
+        plot::line_chart(
+            &sig,
+            "Congestion signals on the link",
+            "time [s]",
+            "per second",
+            &[
+                line("CE-marked packets", |s| s.ce_marked),
+                line("CNPs", |s| s.cnps),
+                line("PAUSE/PFC frames", |s| s.flow_control),
+            ],
+        )?;
+        written.push(sig);
     }
     Ok(written)
 }
