@@ -802,3 +802,36 @@ fn every_verb_is_counted_at_both_ends() {
         );
     }
 }
+
+/// #18's scale: 10,000 flows (QPs) of 4 KiB WRITEs from one process, two threads: every flow
+/// started and moved data, and our own memory per flow (the report's itemized buffers and
+/// run state: resident memory, less the process before the flows and the provider's
+/// queues) stays at or under 16 KiB. Set-up time and start skew are printed for the note.
+#[test]
+fn ten_thousand_flows_start_move_data_and_take_under_16_kib_each() {
+    let bin = ibjitter();
+    let out_dir = scratch_dir("gen-10k");
+    let o = out_dir.display();
+    let out = Vm::new().memory(4096).timeout(900).writable(&out_dir).run(&format!(
+        r#". tools/vm/lib.sh
+        {bin} serve --dev rxe1 > {o}/serve.log 2>&1 & server=$!
+        wait_until 20 tcp_listening 18515
+        {bin} run 10.0.0.2 --dev rxe0 --flows 10000 --threads 2 --size 4K --duration 8s --warmup 2s \
+            --no-progress --json {o}/run.json
+        echo "run_rc=$?"
+        kill $server; wait $server; true"#
+    ));
+    out.assert_success();
+    assert_eq!(field(&out.output, "run_rc"), Some(0.0), "{}", out.output);
+    let r = read_json(&out_dir.join("run.json"));
+    assert_every_flow_moved(&r, 10_000);
+    let m = &r["memory_per_flow"];
+    let ours = m["buffers_bytes"].as_u64().unwrap() + m["run_state_bytes"].as_u64().unwrap();
+    eprintln!(
+        "10,000 flows: set-up {:.2} s, start skew {:.1} ms, memory per flow {m} (ours {:.1} KiB)",
+        r["setup_s"].as_f64().unwrap(),
+        r["start_skew_us"].as_f64().unwrap() / 1000.0,
+        ours as f64 / 1024.0
+    );
+    assert!(ours <= 16 * 1024, "our memory per flow {ours} B: {m}");
+}

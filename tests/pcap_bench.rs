@@ -358,7 +358,10 @@ fn ce_marks_of_a_red_bottleneck_are_counted_as_the_qdisc_marked_them() {
         .sum();
     assert_eq!(series_ce, ce, "the signals over time add up to the total");
     let svg = std::fs::read_to_string(out_dir.join("figs/signals.svg")).expect("signals.svg");
-    assert!(svg.contains("CE-marked packets"), "signals.svg without its series");
+    assert!(
+        svg.contains("CE-marked packets"),
+        "signals.svg without its series"
+    );
 
     // rxe's counters: the stream's rows add up to the report's totals over the run.
     let run = read_json(&out_dir.join("run.json"));

@@ -52,6 +52,7 @@ pub struct Vm {
     hosts: Option<u8>,
     bottleneck: Option<String>,
     timeout_s: u32,
+    memory_mib: Option<u32>,
     env: Vec<(String, String)>,
     writable: Vec<PathBuf>,
 }
@@ -63,6 +64,7 @@ impl Default for Vm {
             hosts: None,
             bottleneck: None,
             timeout_s: 300,
+            memory_mib: None,
             env: Vec::new(),
             writable: Vec::new(),
         }
@@ -91,6 +93,11 @@ impl Vm {
         self.timeout_s = secs;
         self
     }
+    /// Guest memory (the launcher's default is 2 GiB).
+    pub fn memory(mut self, mib: u32) -> Self {
+        self.memory_mib = Some(mib);
+        self
+    }
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.into(), value.into()));
         self
@@ -116,6 +123,9 @@ impl Vm {
         }
         if let Some(rate) = &self.bottleneck {
             cmd.arg("--bottleneck").arg(rate);
+        }
+        if let Some(mib) = self.memory_mib {
+            cmd.arg("-m").arg(mib.to_string());
         }
         for dir in &self.writable {
             cmd.arg("-w").arg(dir);
