@@ -52,7 +52,7 @@ pub struct StudyArgs {
     )]
     family_fractions: Vec<f64>,
     /// Run `ibjitter ARGS` alongside the program (e.g. 'incast --receiver ... -- --duration
-    /// 1h'), started before it and stopped with SIGINT after it: a configuration of its own
+    /// 3600s'), started before it and stopped with SIGINT after it: a configuration of its own
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     congestor: Option<String>,
     /// How long the congestor runs before the program starts
@@ -71,8 +71,10 @@ pub struct StudyArgs {
     /// (e.g. 5%), after --min-reps rounds and at most --max-reps
     #[arg(long, value_name = "PERCENT")]
     until_ci: Option<String>,
+    /// With --until-ci: rounds before the intervals are first checked
     #[arg(long, default_value_t = 3)]
     min_reps: usize,
+    /// With --until-ci: the most rounds, met or not (then exit 1)
     #[arg(long, default_value_t = 30)]
     max_reps: usize,
     /// Clean runs at the start that are measured but not counted
