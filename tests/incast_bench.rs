@@ -83,6 +83,19 @@ fn three_hundred_flows_through_a_bottleneck() {
             .unwrap()
             .iter()
             .all(|s| s["status"] == "ok"));
+        // Each sender's own device counted what it sent (its rxe's hw_counters): at least
+        // a packet per 4 KiB write its flows completed.
+        for s in r["senders"].as_array().unwrap() {
+            let sent = s["port_counters"]["hw_counters/sent_pkts"]
+                .as_u64()
+                .unwrap_or(0);
+            let ops: u64 = flows
+                .iter()
+                .filter(|f| f["sender"] == s["host"])
+                .map(|f| f["ops"].as_u64().unwrap())
+                .sum();
+            assert!(ops > 0 && sent >= ops, "{run}: {ops} writes, {s}");
+        }
         println!(
             "{run}: {:.4} Gb/s, fairness {fairness:.4}, p99 {} us, launch to first byte {:.2} s, skew {:.1} ms",
             r["total"]["gbps"].as_f64().unwrap(),

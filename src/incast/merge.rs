@@ -43,6 +43,7 @@ pub fn merge(
         summary.flows_requested = r.flows_requested;
         summary.flows_started = r.flows_started;
         summary.gbps = r.total.gbps;
+        summary.port_counters = r.port_counters.clone();
         summary.outcome = Some(r.outcome);
         match hist::decode(&r.histogram) {
             Ok(h) => latency.add(&h).expect("same histogram bounds"),

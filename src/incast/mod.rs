@@ -99,6 +99,7 @@ pub fn run_step(
             flows_requested: flows_per_sender,
             flows_started: 0,
             gbps: 0.0,
+            port_counters: Default::default(),
             stderr_tail: String::new(),
         };
         let stderr = log(&format!("sender-{k}-{host}.err"))?;

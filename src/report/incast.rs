@@ -6,6 +6,7 @@ use crate::report::plot::Series;
 use crate::report::{us, Latency, Outcome, Totals};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// How one sender fared.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -18,6 +19,9 @@ pub struct SenderSummary {
     pub flows_requested: u32,
     pub flows_started: u32,
     pub gbps: f64,
+    /// Its device port's own counters over its run (retransmissions, CNPs, ECN marks, ...).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub port_counters: BTreeMap<String, u64>,
     /// The end of its stderr, when it failed.
     #[serde(skip_serializing_if = "String::is_empty", default)]
     pub stderr_tail: String,
