@@ -195,4 +195,62 @@ fn serve_and_incast_refuse_bad_arguments() {
         &["incast", "--receiver", "r", "--senders", "a,,b"],
         "empty host name",
     );
+    // Patterns across hosts take --hosts, each named once, at least two.
+    let a2a = ["incast", "--pattern", "alltoall"];
+    refused(
+        &[&a2a[..], &["--receiver", "r", "--hosts", "a,b"]].concat(),
+        "takes --hosts",
+    );
+    refused(
+        &[&a2a[..], &["--hosts", "a"]].concat(),
+        "at least 2 --hosts",
+    );
+    refused(
+        &[&a2a[..], &["--hosts", "a:1.2.3.4,b,a"]].concat(),
+        "host a is named twice",
+    );
+    refused(
+        &[&a2a[..], &["--hosts", "a:,b"]].concat(),
+        "expected HOST or HOST:ADDR",
+    );
+    refused(
+        &[
+            "incast",
+            "--receiver",
+            "r",
+            "--senders",
+            "a",
+            "--hosts",
+            "a,b",
+        ],
+        "not --hosts",
+    );
+    refused(
+        &[
+            "incast",
+            "--pattern",
+            "rotating-incast",
+            "--hosts",
+            "a,b",
+            "--steps",
+            "0",
+        ],
+        "--steps must be at least 1",
+    );
+    refused(
+        &[
+            "incast",
+            "--pattern",
+            "rotating-incast",
+            "--hosts",
+            "a,b",
+            "--sweep",
+            "1,2",
+        ],
+        "--sweep does not go with",
+    );
+    refused(
+        &["incast", "--pattern", "ring", "--hosts", "a,b"],
+        "invalid value 'ring'",
+    );
 }

@@ -211,3 +211,165 @@ fn three_hundred_flows_through_a_bottleneck() {
         );
     }
 }
+
+/// The patterns across hosts on `--hosts 4` (no bottleneck): alltoall's 12 pairs, a seeded
+/// permutation's 4, and a rotating incast's 4 steps. Each pair's figures are checked against
+/// what its receiver's `serve` counted and what the switch port toward it carried.
+#[test]
+fn alltoall_permutation_and_rotating_incast_across_four_hosts() {
+    let bin = release_artifact("ibjitter", "ibjitter")
+        .display()
+        .to_string();
+    let out_dir = scratch_dir("incast-patterns");
+    let o = out_dir.display();
+    let hosts = "h0:10.0.0.1,h1:10.0.0.2,h2:10.0.0.3,h3:10.0.0.4";
+    let pattern = |p: &str| {
+        format!(
+            "{bin} incast --pattern {p} --hosts {hosts} --flows-per-sender 2 \
+             --launcher 'tools/vm/on-host {{host}}' --start-timeout 20s --out {o}/{p}"
+        )
+    };
+    let out = Vm::new().hosts(4).timeout(600).writable(&out_dir).run(&format!(
+        r#"tx() {{ for i in 0 1 2 3; do printf '%s ' $(cat /sys/class/net/vb$i/statistics/tx_packets); done; }}
+        echo "tx_before $(tx)"
+        {a2a} -- --op write --size 4K --duration 3s
+        echo "alltoall_rc=$?"
+        echo "tx_after $(tx)"
+        {perm} --seed 3 -- --op write --size 4K --duration 2s
+        echo "permutation_rc=$?"
+        {rot} -- --op write --size 4K --duration 1s
+        echo "rotating_rc=$?""#,
+        a2a = pattern("alltoall"),
+        perm = pattern("permutation"),
+        rot = pattern("rotating-incast"),
+    ));
+    out.assert_success();
+    for p in ["alltoall", "permutation", "rotating"] {
+        let rc = field(&out.output, &format!("{p}_rc"));
+        assert_eq!(rc, Some(0.0), "{p}:\n{}", out.output);
+    }
+    let hosts = ["h0", "h1", "h2", "h3"];
+    let ops_into = |pairs: &serde_json::Value, h: &str| -> u64 {
+        pairs["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["receiver"] == h)
+            .map(|c| c["ops"].as_u64().unwrap())
+            .sum()
+    };
+    // Every pair the pattern has moved data, had its flows started, and appears in the
+    // matrices; the matrices are null exactly where the pattern has no pair.
+    let check_pairs = |name: &str, pairs: &serde_json::Value, expect: &[(usize, usize)]| {
+        let cells = pairs["pairs"].as_array().unwrap();
+        assert_eq!(cells.len(), expect.len(), "{name}: {pairs}");
+        for s in 0..4 {
+            for d in 0..4 {
+                let has = expect.contains(&(s, d));
+                let g = &pairs["gbps"][s][d];
+                assert_eq!(!g.is_null(), has, "{name}: gbps[{s}][{d}] = {g}");
+                if has {
+                    assert!(g.as_f64().unwrap() > 0.0, "{name}: {s}->{d} moved nothing");
+                    assert_eq!(pairs["flows_started"][s][d], 2, "{name}: {s}->{d}");
+                    assert!(pairs["p99_us"][s][d].as_f64().unwrap() > 0.0);
+                }
+            }
+        }
+        for c in cells {
+            assert_eq!(c["status"], "ok", "{name}: {c}");
+            assert!(c["bytes"].as_u64().unwrap() >= 4096 * c["ops"].as_u64().unwrap());
+        }
+    };
+
+    // alltoall: the 12 ordered pairs, one start for all of them.
+    let a2a = read_json(&out_dir.join("alltoall/incast.json"));
+    assert_eq!(a2a["pattern"], "alltoall");
+    assert_eq!(a2a["flows_started"], 24);
+    let all: Vec<(usize, usize)> = (0..4)
+        .flat_map(|s| (0..4).filter(move |&d| d != s).map(move |d| (s, d)))
+        .collect();
+    let pairs = &a2a["pairs"];
+    check_pairs("alltoall", pairs, &all);
+    let bytes: u64 = (pairs["pairs"].as_array().unwrap().iter())
+        .map(|c| c["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(bytes, a2a["total"]["bytes"].as_u64().unwrap());
+    let tx = |key: &str| -> Vec<u64> {
+        let line = out.output.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace()
+            .skip(1)
+            .map(|v| v.parse().unwrap())
+            .collect()
+    };
+    let (before, after) = (tx("tx_before"), tx("tx_after"));
+    for (i, h) in hosts.iter().enumerate() {
+        // What the receiver's serve counted is what its senders say they wrote into it.
+        let log = std::fs::read_to_string(out_dir.join(format!("alltoall/serve-{h}.log"))).unwrap();
+        let counted: u64 = log
+            .lines()
+            .filter_map(|l| l.split(": the client wrote ").nth(1))
+            .map(|t| t.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        let into = ops_into(pairs, h);
+        assert_eq!(
+            counted, into,
+            "{h}: serve counted {counted}, senders wrote {into}\n{log}"
+        );
+        // The switch port toward the host carried at least a packet per 4 KiB write into it.
+        let carried = after[i] - before[i];
+        assert!(
+            carried >= into,
+            "vb{i}: {carried} packets for {into} writes into {h}"
+        );
+        println!("alltoall into {h}: {into} writes, {carried} packets on vb{i}");
+    }
+    // One barrier: the flows of all four receivers start together, well inside the set-up.
+    let skew_s = a2a["start_skew_us"].as_f64().unwrap() / 1e6;
+    let launch = a2a["launch_to_first_byte_s"].as_f64().unwrap();
+    println!(
+        "alltoall: {:.4} Gb/s, fairness {:.4}, launch to first byte {launch:.2} s, skew {:.1} ms",
+        a2a["total"]["gbps"].as_f64().unwrap(),
+        a2a["fairness"].as_f64().unwrap(),
+        skew_s * 1e3
+    );
+    assert!(skew_s < launch / 2.0, "skew {skew_s} s, set-up {launch} s");
+
+    // permutation: each host sends once and receives once, never to itself.
+    let perm = read_json(&out_dir.join("permutation/incast.json"));
+    let cells = perm["pairs"]["pairs"].as_array().unwrap();
+    let index = |v: &serde_json::Value| hosts.iter().position(|h| v == h).unwrap();
+    let mut pairs: Vec<(usize, usize)> = cells
+        .iter()
+        .map(|c| (index(&c["sender"]), index(&c["receiver"])))
+        .collect();
+    pairs.sort_unstable();
+    let mut receivers: Vec<usize> = pairs.iter().map(|p| p.1).collect();
+    receivers.sort_unstable();
+    assert_eq!(pairs.iter().map(|p| p.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(receivers, [0, 1, 2, 3], "{pairs:?}");
+    check_pairs("permutation", &perm["pairs"], &pairs);
+    println!("permutation (seed 3): {pairs:?}");
+
+    // rotating-incast: four steps, sinks h0..h3 in turn, every ordered pair sent once.
+    let rot = read_json(&out_dir.join("rotating-incast/pattern.json"));
+    let sinks: Vec<&str> = (rot["steps"].as_array().unwrap().iter())
+        .map(|s| s["sink"].as_str().unwrap())
+        .collect();
+    assert_eq!(sinks, hosts);
+    check_pairs("rotating-incast", &rot["pairs"], &all);
+    for (k, h) in hosts.iter().enumerate() {
+        let step = read_json(&out_dir.join(format!("rotating-incast/step-{k}-{h}/incast.json")));
+        assert_eq!(step["flows_started"], 6, "step {k}");
+        assert!(step["senders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["receiver"] == *h));
+        assert_eq!(
+            ops_into(&rot["pairs"], h),
+            step["total"]["ops"].as_u64().unwrap()
+        );
+    }
+    let csv = std::fs::read_to_string(out_dir.join("rotating-incast/pairs.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 13, "{csv}");
+}

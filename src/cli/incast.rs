@@ -4,43 +4,65 @@ use super::{exit, units};
 use clap::Args;
 use ibjitter::gen::server::ServeConfig;
 use ibjitter::gen::stop::{self, StopToken};
+use ibjitter::incast::pattern::{self, Host, Layout, Pattern};
 use ibjitter::incast::{run_step, IncastConfig};
 use ibjitter::report::export::incast as export;
-use ibjitter::report::incast::SweepRow;
+use ibjitter::report::export::pairs as pairs_export;
+use ibjitter::report::incast::{RotationReport, RotationStep, SweepRow};
+use ibjitter::report::pairs::PairMatrix;
 use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Args)]
 #[command(
     after_help = "Everything after -- goes to every sender's `ibjitter run` (e.g. \
--- --op send --size 64K --duration 10s --depth 4).\n\nExit status: 0 every sender ran and every \
-flow completed; 1 a sender failed or died, or flows ended with errors (the report says which \
-and why); 2 bad arguments or the receiver could not be launched; 130 interrupted (partial \
-results written)."
+-- --op send --size 64K --duration 10s --depth 4).\n\nPatterns: incast (--receiver, --senders: many \
+to one); alltoall, permutation, rotating-incast (--hosts: every host sends and receives; host i's \
+receiver listens on --port + i). With several receivers (alltoall, permutation) every receiver \
+holds its start barrier until all are ready: one start for every flow. A rotating incast runs one \
+incast per step (--steps), its sink moving to the next host each step, into DIR/step-K-HOST/. \
+Per-pair figures: pairs.csv and the JSON's `pairs` (sender x receiver matrices).\n\nExit status: \
+0 every sender ran and every flow completed; 1 a sender failed or died, flows ended with errors, \
+or a pair moved nothing (the report says which and why); 2 bad arguments or a receiver could not \
+be launched; 130 interrupted (partial results written)."
 )]
 pub struct IncastArgs {
+    /// Who sends to whom
+    #[arg(long, value_enum, default_value = "incast")]
+    pattern: Pattern,
     /// The receiving host, and the address senders connect to if it differs: HOST[:ADDR]
+    /// (--pattern incast)
     #[arg(long)]
-    receiver: String,
-    /// Sending hosts, comma separated
-    #[arg(long, value_delimiter = ',', required = true)]
+    receiver: Option<String>,
+    /// Sending hosts, comma separated (--pattern incast)
+    #[arg(long, value_delimiter = ',')]
     senders: Vec<String>,
-    /// Flows (QPs) started by each sender
-    #[arg(long, default_value_t = 10)]
+    /// Every host of the pattern with its RDMA address: HOST[:ADDR],... (patterns other than
+    /// incast)
+    #[arg(long, value_delimiter = ',')]
+    hosts: Vec<String>,
+    /// Flows (QPs) started by each sender toward each of its receivers
+    #[arg(long, alias = "flows-per-pair", default_value_t = 10)]
     flows_per_sender: u32,
-    /// A series of flows-per-sender values, one incast each: 10,20,30
+    /// A series of flows-per-sender values, one step each: 10,20,30 (not with rotating-incast)
     #[arg(long, value_delimiter = ',')]
     sweep: Vec<u32>,
+    /// Steps of a rotating incast (default: one per host, each host a sink once)
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Seed of the permutation pattern's random pairing
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// How to run a command on a host; {host} is replaced (srun, mpirun, ip netns exec fit too)
     #[arg(long, default_value = "ssh {host}")]
     launcher: String,
     /// The ibjitter executable on the hosts (default: this one's path)
     #[arg(long)]
     bin: Option<String>,
-    /// TCP port of the receiver's out-of-band exchange
+    /// TCP port of the receiver's out-of-band exchange (host i of --hosts: this + i)
     #[arg(long, default_value_t = 18515)]
     port: u16,
-    /// How long the receiver waits for all senders before starting those that are ready
+    /// How long a receiver waits for all its senders before starting those that are ready
     #[arg(long, default_value = "60s", value_parser = units::duration)]
     start_timeout: Duration,
     /// Where the merged report, time series and logs go
@@ -54,11 +76,70 @@ pub struct IncastArgs {
     run_args: Vec<String>,
 }
 
-pub fn run(a: IncastArgs) -> i32 {
-    let (host, addr) = match a.receiver.split_once(':') {
-        Some((h, addr)) => (h.to_string(), addr.to_string()),
-        None => (a.receiver.clone(), a.receiver.clone()),
+/// The hosts of the pattern, checked: for an incast the receiver first, then the senders.
+fn hosts_of(a: &IncastArgs) -> Result<Vec<Host>, String> {
+    let hosts: Vec<Host> = if a.pattern == Pattern::Incast {
+        if !a.hosts.is_empty() {
+            return Err("--pattern incast takes --receiver and --senders, not --hosts".into());
+        }
+        let receiver = a
+            .receiver
+            .as_deref()
+            .ok_or("--pattern incast needs --receiver")?;
+        if a.senders.is_empty() {
+            return Err("--pattern incast needs --senders".into());
+        }
+        if a.senders.iter().any(|s| s.is_empty()) {
+            return Err("empty host name in --senders".into());
+        }
+        let mut v = vec![Host::parse(receiver).map_err(|e| format!("--receiver {e}"))?];
+        v.extend(a.senders.iter().map(|s| Host {
+            name: s.clone(),
+            addr: s.clone(),
+        }));
+        v
+    } else {
+        if a.receiver.is_some() || !a.senders.is_empty() {
+            return Err(format!(
+                "--pattern {} takes --hosts (every host sends and receives), not --receiver or --senders",
+                a.pattern.name()
+            ));
+        }
+        let v = a
+            .hosts
+            .iter()
+            .map(|h| Host::parse(h).map_err(|e| format!("--hosts {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        if v.len() < 2 {
+            return Err(format!(
+                "--pattern {} needs at least 2 --hosts",
+                a.pattern.name()
+            ));
+        }
+        v
     };
+    let mut names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(format!("host {} is named twice", w[0]));
+    }
+    if usize::from(a.port) + hosts.len() > usize::from(u16::MAX) + 1 {
+        return Err(format!(
+            "--port {} + {} hosts runs past port 65535",
+            a.port,
+            hosts.len()
+        ));
+    }
+    if a.pattern == Pattern::RotatingIncast && !a.sweep.is_empty() {
+        return Err("--sweep does not go with --pattern rotating-incast".into());
+    }
+    if a.steps == Some(0) {
+        return Err("--steps must be at least 1".into());
+    }
+    Ok(hosts)
+}
+
+pub fn run(a: IncastArgs) -> i32 {
     let bin = match a.bin.clone().or_else(|| {
         std::env::current_exe()
             .ok()
@@ -70,10 +151,13 @@ pub fn run(a: IncastArgs) -> i32 {
             return exit::SETUP;
         }
     };
-    if a.senders.iter().any(|s| s.is_empty()) {
-        eprintln!("ibjitter incast: empty host name in --senders");
-        return exit::SETUP;
-    }
+    let hosts = match hosts_of(&a) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("ibjitter incast: {e}");
+            return exit::SETUP;
+        }
+    };
     let cm = match super::run::uses_cm(&a.run_args) {
         Ok(cm) => cm,
         Err(e) => {
@@ -81,26 +165,30 @@ pub fn run(a: IncastArgs) -> i32 {
             return exit::SETUP;
         }
     };
+    let names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
+    let steps = a.steps.unwrap_or(hosts.len());
+    let layouts = pattern::layouts(a.pattern, hosts.len(), a.seed, steps);
     let cfg = IncastConfig {
-        receiver_host: host,
-        receiver_addr: addr,
-        senders: a.senders.clone(),
+        hosts,
         launcher: a.launcher.clone(),
         bin,
-        serve_args: super::serve::to_args(&ServeConfig {
-            port: a.port,
-            clients: a.senders.len() as u32,
+        serve: ServeConfig {
             once: true,
             start_timeout: a.start_timeout,
             // Senders connecting through rdma_cm need a receiver that listens for it.
             cm,
             ..ServeConfig::default()
-        }),
+        },
+        serve_args: super::serve::to_args,
         port: a.port,
         sender_args: super::run::sender_args,
         run_args: a.run_args.clone(),
     };
     stop::install_signal_handlers();
+    let is_pattern = a.pattern != Pattern::Incast;
+    if a.pattern == Pattern::RotatingIncast {
+        return rotate(&a, &cfg, &layouts, &names);
+    }
     let steps = if a.sweep.is_empty() {
         vec![a.flows_per_sender]
     } else {
@@ -114,19 +202,28 @@ pub fn run(a: IncastArgs) -> i32 {
         } else {
             a.out.join(format!("flows-{n}"))
         };
-        let step = match run_step(&cfg, n, &dir, StopToken::process()) {
+        let mut step = match run_step(&cfg, &layouts[0], n, &dir, StopToken::process()) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("ibjitter incast: {e}");
                 return exit::SETUP;
             }
         };
+        if is_pattern {
+            let pairs = PairMatrix::of(&names, &[&step.merged]);
+            code = code.max(pairs_out(&pairs, &dir));
+            step.merged.report.pattern = Some(a.pattern.name().into());
+            step.merged.report.pairs = Some(pairs);
+        }
         if let Err(e) = export::step_files(&step.merged, &dir, a.plot) {
             eprintln!("ibjitter incast: {e}");
             code = exit::with_write_failure(code);
         }
         let report_path = dir.join("incast.json");
         let _ = export::step_summary(&step.merged.report, &report_path, std::io::stdout().lock());
+        if let Some(p) = &step.merged.report.pairs {
+            let _ = pairs_export::gbps_table(p, std::io::stdout().lock());
+        }
         if !step.clean() {
             code = code.max(exit::PARTLY);
         }
@@ -143,5 +240,74 @@ pub fn run(a: IncastArgs) -> i32 {
         }
         let _ = export::sweep_table(&rows, std::io::stdout().lock());
     }
+    code
+}
+
+/// Writes pairs.csv into `dir`; says which pairs moved nothing or failed. Its exit status.
+fn pairs_out(pairs: &PairMatrix, dir: &std::path::Path) -> i32 {
+    let mut code = exit::OK;
+    if let Err(e) = pairs_export::pairs_csv(pairs, &dir.join("pairs.csv")) {
+        eprintln!("ibjitter incast: {e}");
+        code = exit::with_write_failure(code);
+    }
+    for c in pairs.idle_or_failed() {
+        eprintln!(
+            "ibjitter incast: pair {} -> {} moved {} bytes ({})",
+            c.sender, c.receiver, c.bytes, c.status
+        );
+        code = code.max(exit::PARTLY);
+    }
+    code
+}
+
+/// A rotating incast: one incast per step into DIR/step-K-SINK, then the pairs of all steps
+/// in DIR/pattern.json and DIR/pairs.csv.
+fn rotate(a: &IncastArgs, cfg: &IncastConfig, layouts: &[Layout], names: &[String]) -> i32 {
+    let mut code = exit::OK;
+    let mut merged = Vec::new();
+    let mut steps = Vec::new();
+    for (k, layout) in layouts.iter().enumerate() {
+        let sink = &names[layout.receivers()[0]];
+        let dir = a.out.join(format!("step-{k}-{sink}"));
+        let step = match run_step(cfg, layout, a.flows_per_sender, &dir, StopToken::process()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("ibjitter incast: {e}");
+                return exit::SETUP;
+            }
+        };
+        if let Err(e) = export::step_files(&step.merged, &dir, a.plot) {
+            eprintln!("ibjitter incast: {e}");
+            code = exit::with_write_failure(code);
+        }
+        let report_path = dir.join("incast.json");
+        let _ = export::step_summary(&step.merged.report, &report_path, std::io::stdout().lock());
+        if !step.clean() {
+            code = code.max(exit::PARTLY);
+        }
+        steps.push(RotationStep::of(k, sink, &dir, &step.merged.report));
+        let interrupted = step.interrupted;
+        merged.push(step.merged);
+        if interrupted {
+            code = exit::INTERRUPTED;
+            break;
+        }
+    }
+    let all: Vec<&_> = merged.iter().collect();
+    let pairs = PairMatrix::of(names, &all);
+    code = code.max(pairs_out(&pairs, &a.out));
+    let report = RotationReport {
+        tool: format!("ibjitter {}", ibjitter::VERSION),
+        pattern: a.pattern.name().into(),
+        steps,
+        pairs,
+    };
+    let path = a.out.join("pattern.json");
+    if let Err(e) = export::rotation_json(&report, &path) {
+        eprintln!("ibjitter incast: {e}");
+        code = exit::with_write_failure(code);
+    }
+    let _ = pairs_export::gbps_table(&report.pairs, std::io::stdout().lock());
+    println!("  report: {}", path.display());
     code
 }

@@ -35,6 +35,11 @@ pub struct ServeArgs {
     /// are ready start without the missing ones
     #[arg(long, default_value = "120s", value_parser = units::duration)]
     start_timeout: Duration,
+    /// Hold each full group at the start barrier until released: print "ibjitter serve: ready"
+    /// on stdout, start on a line from stdin (what `incast --pattern` uses to start all of its
+    /// receivers at once); --start-timeout bounds the wait
+    #[arg(long)]
+    hold: bool,
 }
 
 impl ServeArgs {
@@ -50,6 +55,7 @@ impl ServeArgs {
             once: self.once,
             qp_timeout: self.qp_timeout,
             start_timeout: self.start_timeout,
+            hold: self.hold,
             ..ServeConfig::default()
         }
     }
@@ -83,6 +89,9 @@ pub(super) fn to_args(cfg: &ServeConfig) -> Vec<String> {
     }
     if cfg.once {
         v.push("--once".into());
+    }
+    if cfg.hold {
+        v.push("--hold".into());
     }
     v
 }
@@ -123,6 +132,7 @@ mod tests {
                 once: true,
                 qp_timeout: 14,
                 start_timeout: Duration::from_millis(61_500),
+                hold: true,
                 ..ServeConfig::default()
             },
         ];

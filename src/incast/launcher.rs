@@ -24,13 +24,13 @@ pub fn command_line(template: &str, host: &str, args: &[String]) -> String {
 }
 
 /// Starts it in its own process group (so Ctrl-C reaches it only through us, and reaches
-/// everything the launcher started), stdin closed.
-pub fn spawn(line: &str, stdout: Stdio, stderr: Stdio) -> std::io::Result<Child> {
+/// everything the launcher started).
+pub fn spawn(line: &str, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
     Command::new("sh")
         .arg("-c")
         .arg(line)
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(stdout)
         .stderr(stderr)
         .process_group(0)
@@ -67,7 +67,7 @@ mod tests {
     fn spawned_command_runs_through_the_template() {
         let args: Vec<String> = ["echo", "hello world"].map(String::from).into();
         let line = command_line("env HOST={host}", "h1", &args);
-        let out = spawn(&line, Stdio::piped(), Stdio::null())
+        let out = spawn(&line, Stdio::null(), Stdio::piped(), Stdio::null())
             .unwrap()
             .wait_with_output()
             .unwrap();

@@ -38,15 +38,21 @@ pub fn merge(
         .find(|&s| s > 0.0)
         .unwrap_or(0.0);
     let mut latency_intervals: Vec<hdrhistogram::Histogram<u64>> = Vec::new();
+    let mut sender_latency = vec![None; senders.len()];
     for (k, (report, summary)) in reports.iter().zip(senders.iter_mut()).enumerate() {
         let Some(r) = report else { continue };
         summary.flows_requested = r.flows_requested;
         summary.flows_started = r.flows_started;
+        summary.ops = r.total.ops;
+        summary.bytes = r.total.bytes;
         summary.gbps = r.total.gbps;
         summary.port_counters = r.port_counters.clone();
         summary.outcome = Some(r.outcome);
         match hist::decode(&r.histogram) {
-            Ok(h) => latency.add(&h).expect("same histogram bounds"),
+            Ok(h) => {
+                latency.add(&h).expect("same histogram bounds");
+                sender_latency[k] = Some(h);
+            }
             Err(e) => {
                 summary.status = format!("{} (latency histogram unreadable: {e})", summary.status)
             }
@@ -112,10 +118,13 @@ pub fn merge(
         fairness: jain(&rates),
         senders,
         flows,
+        pattern: None,
+        pairs: None,
     };
     Merged {
         report,
         latency,
+        sender_latency,
         latency_intervals,
         latency_interval_s,
         start_unix_ns: t0,

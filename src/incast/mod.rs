@@ -1,32 +1,41 @@
-//! `ibjitter incast`: one command for a many-to-one incast. Starts `serve` on the receiver and
-//! `run` on every sender through the cluster's launcher, all flows of all senders released by
-//! one start barrier at the receiver, then merges what every sender measured.
+//! `ibjitter incast`: one command for traffic across hosts. For each step of a
+//! [`pattern`] (a many-to-one incast, all-to-all, a permutation, or a rotating incast's
+//! sinks) it starts `serve` on every receiver and one `run` per (sender, receiver) pair
+//! through the cluster's launcher, all flows released by one start barrier, then merges what
+//! every sender measured.
 pub mod launcher;
 pub mod merge;
+pub mod pattern;
 
+use crate::gen::server::{ServeConfig, READY_LINE};
 use crate::gen::stop::{Reason, StopToken};
 use crate::report::incast::{Merged, SenderSummary};
 use crate::report::RunReport;
+use pattern::{Host, Layout};
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 #[derive(Debug, Clone)]
 pub struct IncastConfig {
-    /// Where `serve` runs (a name for the launcher).
-    pub receiver_host: String,
-    /// The address senders connect to (the receiver's address on the RDMA network).
-    pub receiver_addr: String,
-    pub senders: Vec<String>,
+    /// Every host of the pattern, named for the launcher, with its RDMA address.
+    pub hosts: Vec<Host>,
     /// Launcher template; `{host}` is replaced by the host.
     pub launcher: String,
     /// The ibjitter executable, at the same path on every host.
     pub bin: String,
-    /// The receiver's `ibjitter serve` arguments (the CLI spells them beside `serve`'s flags).
-    pub serve_args: Vec<String>,
-    /// The receiver's TCP port (in `serve_args` too).
+    /// Every receiver's `serve` configuration; its port, clients and hold are set per
+    /// receiver.
+    pub serve: ServeConfig,
+    /// The `ibjitter serve` arguments that give a configuration (the CLI spells them beside
+    /// `serve`'s flags).
+    pub serve_args: fn(&ServeConfig) -> Vec<String>,
+    /// The first receiver's TCP port; host i of `hosts` listens on `port + i` (hosts may
+    /// share one network namespace, as on the bench).
     pub port: u16,
     /// A sender's `ibjitter run` arguments for (receiver address, port, flows), before
     /// `run_args` (the CLI spells them beside `run`'s flags).
@@ -35,7 +44,7 @@ pub struct IncastConfig {
     pub run_args: Vec<String>,
 }
 
-/// One incast: every sender's outcome and the merged report.
+/// One step: every pair's outcome and the merged report.
 pub struct Step {
     pub merged: Merged,
     pub interrupted: bool,
@@ -49,30 +58,73 @@ impl Step {
     }
 }
 
-/// Runs one incast of `flows_per_sender` flows from each sender; logs go to `dir`.
-/// Runs one incast with `flows_per_sender`, its logs and reports in `dir`. Ctrl-C on `stop`
-/// is passed on to every sender (they write what they measured).
+/// A receiver's `serve`, and with several receivers what releases it.
+struct Receiver {
+    child: Child,
+    host: String,
+    /// Held at its start barrier until we write a line here (several receivers only).
+    stdin: Option<ChildStdin>,
+    ready: Arc<AtomicBool>,
+}
+
+/// Runs one step of `layout`: `flows_per_sender` flows for each (sender, receiver) pair, its
+/// logs and reports in `dir`. Ctrl-C on `stop` is passed on to every sender (they write what
+/// they measured).
 pub fn run_step(
     cfg: &IncastConfig,
+    layout: &Layout,
     flows_per_sender: u32,
     dir: &Path,
     stop: StopToken,
 ) -> Result<Step, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let log = |name: &str| -> Result<Stdio, String> {
+    let log = |name: &str| -> Result<File, String> {
         let path = dir.join(name);
-        File::create(&path)
-            .map(Stdio::from)
-            .map_err(|e| format!("{}: {e}", path.display()))
+        File::create(&path).map_err(|e| format!("{}: {e}", path.display()))
     };
     let launch_unix_ns = unix_ns(SystemTime::now());
-    let serve_args: Vec<String> = [cfg.bin.clone(), "serve".into()]
-        .into_iter()
-        .chain(cfg.serve_args.iter().cloned())
-        .collect();
-    let serve_line = launcher::command_line(&cfg.launcher, &cfg.receiver_host, &serve_args);
-    let mut server = launcher::spawn(&serve_line, log("serve.log")?, log("serve.err")?)
-        .map_err(|e| format!("cannot launch the receiver ({serve_line}): {e}"))?;
+    let receivers_of_step = layout.receivers();
+    // With several receivers, each holds its start barrier until all are ready: one start.
+    let hold = receivers_of_step.len() > 1;
+    let mut receivers = Vec::new();
+    for &r in &receivers_of_step {
+        let host = &cfg.hosts[r];
+        let args: Vec<String> = [cfg.bin.clone(), "serve".into()]
+            .into_iter()
+            .chain((cfg.serve_args)(&ServeConfig {
+                port: port_of(cfg, r),
+                clients: layout.senders_of(r),
+                hold,
+                ..cfg.serve.clone()
+            }))
+            .collect();
+        let line = launcher::command_line(&cfg.launcher, &host.name, &args);
+        let name = if hold {
+            format!("serve-{}", host.name)
+        } else {
+            "serve".into()
+        };
+        let out = log(&format!("{name}.log"))?;
+        let err = log(&format!("{name}.err"))?;
+        let stdio = if hold {
+            Stdio::piped()
+        } else {
+            Stdio::from(out.try_clone().map_err(|e| e.to_string())?)
+        };
+        let stdin = if hold { Stdio::piped() } else { Stdio::null() };
+        let mut child = launcher::spawn(&line, stdin, stdio, Stdio::from(err))
+            .map_err(|e| format!("cannot launch the receiver on {} ({line}): {e}", host.name))?;
+        let ready = Arc::new(AtomicBool::new(false));
+        if let Some(stdout) = child.stdout.take() {
+            watch_ready(stdout, out, ready.clone());
+        }
+        receivers.push(Receiver {
+            stdin: child.stdin.take(),
+            child,
+            host: host.name.clone(),
+            ready,
+        });
+    }
 
     // Senders: each reports JSON on stdout, read by a thread so a full pipe never blocks it.
     let mut senders: Vec<(
@@ -80,30 +132,34 @@ pub fn run_step(
         Option<std::thread::JoinHandle<String>>,
         SenderSummary,
     )> = Vec::new();
-    for (k, host) in cfg.senders.iter().enumerate() {
+    for (k, &(s, d)) in layout.pairs.iter().enumerate() {
+        let (host, to) = (&cfg.hosts[s], &cfg.hosts[d]);
         let args: Vec<String> = [cfg.bin.clone(), "run".into()]
             .into_iter()
             .chain((cfg.sender_args)(
-                &cfg.receiver_addr,
-                cfg.port,
+                &to.addr,
+                port_of(cfg, d),
                 flows_per_sender,
             ))
             .chain(cfg.run_args.iter().cloned())
             .collect();
-        let line = launcher::command_line(&cfg.launcher, host, &args);
+        let line = launcher::command_line(&cfg.launcher, &host.name, &args);
         let summary = SenderSummary {
-            host: host.clone(),
+            host: host.name.clone(),
+            receiver: to.name.clone(),
             status: "ok".into(),
             exit_code: None,
             outcome: None,
             flows_requested: flows_per_sender,
             flows_started: 0,
+            ops: 0,
+            bytes: 0,
             gbps: 0.0,
             port_counters: Default::default(),
             stderr_tail: String::new(),
         };
-        let stderr = log(&format!("sender-{k}-{host}.err"))?;
-        match launcher::spawn(&line, Stdio::piped(), stderr) {
+        let stderr = Stdio::from(log(&sender_log(k, &summary))?);
+        match launcher::spawn(&line, Stdio::null(), Stdio::piped(), stderr) {
             Ok(mut child) => {
                 let mut out = child.stdout.take().expect("piped stdout");
                 let reader = std::thread::spawn(move || {
@@ -121,6 +177,7 @@ pub fn run_step(
     }
 
     // Wait for the senders; Ctrl-C is passed on to each (they write what they measured).
+    // Held receivers are released together once each is ready (or gone).
     let mut forwarded = false;
     loop {
         if stop.requested() == Some(Reason::Interrupted) && !forwarded {
@@ -129,6 +186,7 @@ pub fn run_step(
             }
             forwarded = true;
         }
+        release_when_all_ready(&mut receivers);
         let running = senders
             .iter_mut()
             .filter_map(|s| s.0.as_mut())
@@ -140,8 +198,11 @@ pub fn run_step(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    // The receiver exits by itself once its senders are done; one that does not is stopped.
-    wait_or_stop(&mut server, Duration::from_secs(10));
+    // Receivers exit by themselves once their senders are done; one that does not is stopped.
+    for r in &mut receivers {
+        r.stdin = None;
+        wait_or_stop(&mut r.child, Duration::from_secs(10));
+    }
 
     let mut reports = Vec::new();
     let mut summaries = Vec::new();
@@ -164,13 +225,16 @@ pub fn run_step(
             summary.status = "no report on stdout".into();
         }
         if summary.status != "ok" {
-            let err = dir.join(format!("sender-{k}-{}.err", summary.host));
-            summary.stderr_tail = tail(&err, 5);
+            summary.stderr_tail = tail(&dir.join(sender_log(k, &summary)), 5);
         }
         reports.push(report);
         summaries.push(summary);
     }
-    let receiver = format!("{} ({})", cfg.receiver_host, cfg.receiver_addr);
+    let receiver = receivers_of_step
+        .iter()
+        .map(|&r| format!("{} ({})", cfg.hosts[r].name, cfg.hosts[r].addr))
+        .collect::<Vec<_>>()
+        .join(", ");
     let merged = merge::merge(
         &receiver,
         flows_per_sender,
@@ -182,6 +246,49 @@ pub fn run_step(
         merged,
         interrupted: stop.requested() == Some(Reason::Interrupted),
     })
+}
+
+/// Host i's receiver listens on the base port + i.
+fn port_of(cfg: &IncastConfig, host: usize) -> u16 {
+    cfg.port.saturating_add(host as u16)
+}
+
+/// A sender's stderr log: `sender-K-HOST.err`, K its pair's number in the step.
+fn sender_log(k: usize, s: &SenderSummary) -> String {
+    format!("sender-{k}-{}.err", s.host)
+}
+
+/// Copies a held receiver's stdout to its log, noting when it says it is ready.
+fn watch_ready(stdout: std::process::ChildStdout, mut log: File, ready: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with(READY_LINE) {
+                ready.store(true, Ordering::Release);
+            }
+            let _ = writeln!(log, "{line}");
+        }
+    });
+}
+
+/// Once every held receiver is ready or has exited, tells each still waiting to start (one
+/// line on its stdin). A no-op for receivers that are not held.
+fn release_when_all_ready(receivers: &mut [Receiver]) {
+    if receivers.iter().all(|r| r.stdin.is_none()) {
+        return;
+    }
+    let waiting = receivers
+        .iter_mut()
+        .any(|r| !r.ready.load(Ordering::Acquire) && matches!(r.child.try_wait(), Ok(None)));
+    if waiting {
+        return;
+    }
+    for r in receivers.iter_mut() {
+        if let Some(mut stdin) = r.stdin.take() {
+            if let Err(e) = stdin.write_all(b"go\n") {
+                eprintln!("ibjitter incast: cannot release receiver {}: {e}", r.host);
+            }
+        }
+    }
 }
 
 /// Waits up to `grace` for a child, then asks it to stop (SIGTERM), then kills it.

@@ -12,12 +12,19 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SenderSummary {
     pub host: String,
+    /// The host it sent to.
+    #[serde(default)]
+    pub receiver: String,
     /// "ok", or what went wrong ("exit status 3", "failed to launch: ...", "no report").
     pub status: String,
     pub exit_code: Option<i32>,
     pub outcome: Option<Outcome>,
     pub flows_requested: u32,
     pub flows_started: u32,
+    #[serde(default)]
+    pub ops: u64,
+    #[serde(default)]
+    pub bytes: u64,
     pub gbps: f64,
     /// Its device port's own counters over its run (retransmissions, CNPs, ECN marks, ...).
     #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
@@ -57,12 +64,19 @@ pub struct IncastReport {
     pub fairness: f64,
     pub senders: Vec<SenderSummary>,
     pub flows: Vec<IncastFlow>,
+    /// With `--pattern` other than a plain incast: the pattern and its per-pair figures.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pattern: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub pairs: Option<crate::report::pairs::PairMatrix>,
 }
 
 /// Everything merged, plus the data the exports need.
 pub struct Merged {
     pub report: IncastReport,
     pub latency: Histogram<u64>,
+    /// Each sender's latency histogram, in the order of `report.senders` (`None`: no report).
+    pub sender_latency: Vec<Option<Histogram<u64>>>,
     /// The senders' latency per interval of `latency_interval_s`, on the common time axis
     /// (empty if the senders sent none).
     pub latency_intervals: Vec<Histogram<u64>>,
@@ -96,6 +110,43 @@ impl SweepRow {
             gbps: r.total.gbps,
             fairness: r.fairness,
             latency_us: [us(l.p50_ns), us(l.p99_ns), us(l.p999_ns)],
+        }
+    }
+}
+
+/// A rotating incast (`--pattern rotating-incast`): its steps in order and the pairs of all.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RotationReport {
+    pub tool: String,
+    pub pattern: String,
+    pub steps: Vec<RotationStep>,
+    pub pairs: crate::report::pairs::PairMatrix,
+}
+
+/// One step of a rotating incast: its sink and headline figures (its own incast.json has all).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RotationStep {
+    pub step: usize,
+    pub sink: String,
+    pub dir: String,
+    pub flows_requested: u32,
+    pub flows_started: u32,
+    pub gbps: f64,
+    pub fairness: f64,
+    pub p99_us: f64,
+}
+
+impl RotationStep {
+    pub fn of(step: usize, sink: &str, dir: &std::path::Path, r: &IncastReport) -> RotationStep {
+        RotationStep {
+            step,
+            sink: sink.into(),
+            dir: dir.display().to_string(),
+            flows_requested: r.flows_requested,
+            flows_started: r.flows_started,
+            gbps: r.total.gbps,
+            fairness: r.fairness,
+            p99_us: us(r.total.latency.p99_ns),
         }
     }
 }
@@ -236,8 +287,11 @@ mod tests {
                 fairness: 1.0,
                 senders: Vec::new(),
                 flows: Vec::new(),
+                pattern: None,
+                pairs: None,
             },
             latency,
+            sender_latency: Vec::new(),
             latency_intervals: Vec::new(),
             latency_interval_s: 0.0,
             start_unix_ns: 0,

@@ -3,6 +3,7 @@
 pub mod export;
 pub mod incast;
 pub mod ops;
+pub mod pairs;
 pub mod pcap;
 pub mod table;
 

@@ -230,7 +230,7 @@ impl Runner {
             "exec {} {args}",
             shell_quote(&self.self_exe.display().to_string())
         );
-        spawn(&line, Stdio::from(out), Stdio::from(err))
+        spawn(&line, Stdio::null(), Stdio::from(out), Stdio::from(err))
             .map_err(|e| format!("cannot start the congestor ({line}): {e}"))
     }
 

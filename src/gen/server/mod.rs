@@ -1,9 +1,10 @@
 //! `ibjitter serve`: accepts clients, gives each client's flows a QP and a buffer, holds every
 //! client of a group at the start barrier until all are ready, then absorbs or echoes traffic
 //! and reports what reached it, by op.
-//! This file: the device, the listener and the start barrier; one thread per client runs its
+//! This file: the device and the listener; [`barrier`] the start barrier; one thread per client runs its
 //! [`session`] over its [`resources`]; [`responder`] is the data path, [`counts`] what reached
 //! the server.
+mod barrier;
 mod counts;
 mod resources;
 mod responder;
@@ -12,10 +13,12 @@ mod session;
 use super::cm::Listener;
 use crate::verbs::cm as verbs_cm;
 use crate::verbs::{self, Context, DeviceLimits, ProtectionDomain};
+use barrier::StartBarrier;
+pub use barrier::READY_LINE;
 use session::session;
 use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServeConfig {
@@ -34,6 +37,8 @@ pub struct ServeConfig {
     pub qp_timeout: u8,
     pub setup_timeout: Duration,
     pub start_timeout: Duration,
+    /// The launcher releases the start barrier: `ready` on stdout, then a line on stdin.
+    pub hold: bool,
 }
 
 impl Default for ServeConfig {
@@ -50,6 +55,7 @@ impl Default for ServeConfig {
             qp_timeout: 18,
             setup_timeout: Duration::from_secs(30),
             start_timeout: Duration::from_secs(120),
+            hold: false,
         }
     }
 }
@@ -69,42 +75,6 @@ struct Shared {
     barrier: StartBarrier,
     /// The rdma_cm listener, with `cm`.
     cm: Option<Listener>,
-}
-
-/// Releases a group of `size` sessions together.
-struct StartBarrier {
-    size: u32,
-    state: Mutex<(u64, u32)>, // (generation, waiting)
-    cv: Condvar,
-}
-
-impl StartBarrier {
-    /// Waits until `size` sessions are ready, or `timeout`: then the sessions that are ready
-    /// start without the missing ones (a sender that died must not hold up the others).
-    fn wait(&self, timeout: Duration) {
-        let mut s = self.state.lock().unwrap();
-        let generation = s.0;
-        s.1 += 1;
-        if s.1 == self.size {
-            *s = (generation + 1, 0);
-            self.cv.notify_all();
-            return;
-        }
-        let deadline = Instant::now() + timeout;
-        while s.0 == generation {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                eprintln!(
-                    "ibjitter serve: start: only {} of {} clients ready after {timeout:?}; starting without the others",
-                    s.1, self.size
-                );
-                *s = (generation + 1, 0);
-                self.cv.notify_all();
-                return;
-            }
-            s = self.cv.wait_timeout(s, left).unwrap().0;
-        }
-    }
 }
 
 /// Why `serve` ended badly.
@@ -173,11 +143,7 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         cfg.clients
     );
     let shared = Arc::new(Shared {
-        barrier: StartBarrier {
-            size: cfg.clients.max(1),
-            state: Mutex::new((0, 0)),
-            cv: Condvar::new(),
-        },
+        barrier: StartBarrier::new(cfg.clients, cfg.hold),
         cfg,
         ctx,
         pd,

@@ -2,7 +2,7 @@
 //! SVG plots), its one-paragraph summary, and a sweep's CSV and table.
 use super::{hdrlog, timeseries};
 use crate::report::incast::{
-    percentile_points, throughput_plot, time_unit, IncastReport, Merged, SweepRow,
+    percentile_points, throughput_plot, time_unit, IncastReport, Merged, RotationReport, SweepRow,
 };
 use crate::report::plot::{band_chart, line_chart, Series};
 use crate::report::us;
@@ -94,10 +94,13 @@ fn plots(m: &Merged, dir: &Path) -> Result<(), String> {
 /// The step's summary: totals, the senders that failed, flows with errors, where the report is.
 pub fn step_summary<W: Write>(r: &IncastReport, report_path: &Path, mut w: W) -> io::Result<()> {
     let l = &r.total.latency;
+    let (what, per) = match &r.pattern {
+        Some(p) => (format!("{p} across {}", r.receiver), "pair"),
+        None => (format!("incast into {}", r.receiver), "sender"),
+    };
     writeln!(
         w,
-        "incast into {}: {} flows ({} per sender x {}), started {}, {:.3} Gb/s, fairness {:.4}, latency p50 {:.1} us p99 {:.1} us p99.9 {:.1} us; launch to first byte {:.2} s, start skew {:.1} ms",
-        r.receiver,
+        "{what}: {} flows ({} per {per} x {}), started {}, {:.3} Gb/s, fairness {:.4}, latency p50 {:.1} us p99 {:.1} us p99.9 {:.1} us; launch to first byte {:.2} s, start skew {:.1} ms",
         r.flows_requested,
         r.flows_per_sender,
         r.senders.len(),
@@ -113,8 +116,9 @@ pub fn step_summary<W: Write>(r: &IncastReport, report_path: &Path, mut w: W) ->
     for s in r.senders.iter().filter(|s| s.status != "ok") {
         writeln!(
             w,
-            "  sender {}: {}{}",
+            "  sender {} -> {}: {}{}",
             s.host,
+            s.receiver,
             s.status,
             if s.stderr_tail.is_empty() {
                 String::new()
@@ -128,6 +132,16 @@ pub fn step_summary<W: Write>(r: &IncastReport, report_path: &Path, mut w: W) ->
         writeln!(w, "  {failed} flows ended with errors (see incast.json)")?;
     }
     writeln!(w, "  report: {}", report_path.display())
+}
+
+/// A rotating incast's pattern.json.
+pub fn rotation_json(r: &RotationReport, path: &Path) -> Result<(), String> {
+    let mut w = create(path)?;
+    serde_json::to_writer_pretty(&mut w, r)
+        .map_err(io::Error::from)
+        .and_then(|()| writeln!(w))
+        .and_then(|()| w.flush())
+        .map_err(failed(path))
 }
 
 /// A sweep as CSV, one row per step.

@@ -4,6 +4,7 @@
 pub mod hdrlog;
 pub mod incast;
 pub mod json;
+pub mod pairs;
 pub mod pcap;
 pub mod study;
 pub mod table;

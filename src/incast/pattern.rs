@@ -1,0 +1,164 @@
+//! Traffic patterns across hosts: who sends to whom. A pattern becomes one or more [`Layout`]s
+//! (a step each: every receiver's `serve` and every pair's `run`, started by one barrier);
+//! rotating-incast is a sequence of incasts whose sink moves on each step.
+use rand_core::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pattern {
+    /// Many senders, one receiver (--receiver, --senders)
+    Incast,
+    /// Every host sends to every other host
+    Alltoall,
+    /// Every host sends to one other host and receives from one (a random derangement)
+    Permutation,
+    /// An incast per step, the sink moving to the next host each step
+    RotatingIncast,
+}
+
+impl Pattern {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::Incast => "incast",
+            Pattern::Alltoall => "alltoall",
+            Pattern::Permutation => "permutation",
+            Pattern::RotatingIncast => "rotating-incast",
+        }
+    }
+}
+
+/// A host: the launcher's name for it and its address on the RDMA network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    pub name: String,
+    pub addr: String,
+}
+
+impl Host {
+    /// `HOST[:ADDR]` (the address is the name when not given).
+    pub fn parse(spec: &str) -> Result<Host, String> {
+        let (name, addr) = spec.split_once(':').unwrap_or((spec, spec));
+        if name.is_empty() || addr.is_empty() {
+            return Err(format!("{spec:?}: expected HOST or HOST:ADDR"));
+        }
+        Ok(Host {
+            name: name.into(),
+            addr: addr.into(),
+        })
+    }
+}
+
+/// One step: the pairs that send, as indices into the pattern's host list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// (sender, receiver) host indices.
+    pub pairs: Vec<(usize, usize)>,
+}
+
+impl Layout {
+    /// The hosts that receive, each once, in host order.
+    pub fn receivers(&self) -> Vec<usize> {
+        let mut r: Vec<usize> = self.pairs.iter().map(|&(_, d)| d).collect();
+        r.sort_unstable();
+        r.dedup();
+        r
+    }
+
+    /// How many senders each receiver's start barrier waits for.
+    pub fn senders_of(&self, receiver: usize) -> u32 {
+        self.pairs.iter().filter(|&&(_, d)| d == receiver).count() as u32
+    }
+}
+
+/// The steps of `pattern` over `n` hosts. For `Incast`, host 0 is the receiver and the others
+/// send. `seed` draws the permutation; `steps` is how many sinks a rotating incast visits.
+pub fn layouts(pattern: Pattern, n: usize, seed: u64, steps: usize) -> Vec<Layout> {
+    let incast_to = |sink: usize| Layout {
+        pairs: (0..n).filter(|&s| s != sink).map(|s| (s, sink)).collect(),
+    };
+    match pattern {
+        Pattern::Incast => vec![incast_to(0)],
+        Pattern::Alltoall => vec![Layout {
+            pairs: (0..n)
+                .flat_map(|s| (0..n).filter(move |&d| d != s).map(move |d| (s, d)))
+                .collect(),
+        }],
+        Pattern::Permutation => vec![Layout {
+            pairs: derangement(n, seed).into_iter().enumerate().collect(),
+        }],
+        Pattern::RotatingIncast => (0..steps).map(|k| incast_to(k % n)).collect(),
+    }
+}
+
+/// A uniformly random permutation of 0..n with no fixed point (n ≥ 2): shuffles until none is
+/// left in place (about e ≈ 2.7 shuffles on average).
+fn derangement(n: usize, seed: u64) -> Vec<usize> {
+    let mut rng = Pcg64Mcg::seed_from_u64(seed);
+    let mut p: Vec<usize> = (0..n).collect();
+    loop {
+        for i in (1..n).rev() {
+            let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+            p.swap(i, j);
+        }
+        if p.iter().enumerate().all(|(i, &d)| i != d) {
+            return p;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alltoall_has_every_ordered_pair_once() {
+        let l = &layouts(Pattern::Alltoall, 4, 1, 0)[0];
+        assert_eq!(l.pairs.len(), 12);
+        let mut seen = std::collections::BTreeSet::new();
+        for &(s, d) in &l.pairs {
+            assert_ne!(s, d);
+            assert!(seen.insert((s, d)));
+        }
+        assert_eq!(l.receivers(), vec![0, 1, 2, 3]);
+        assert!((0..4).all(|r| l.senders_of(r) == 3));
+    }
+
+    #[test]
+    fn permutations_send_and_receive_once_per_host_and_follow_the_seed() {
+        for seed in 0..200 {
+            let l = &layouts(Pattern::Permutation, 5, seed, 0)[0];
+            let mut to: Vec<usize> = l.pairs.iter().map(|&(_, d)| d).collect();
+            assert!(l.pairs.iter().all(|&(s, d)| s != d), "{l:?}");
+            to.sort_unstable();
+            assert_eq!(to, vec![0, 1, 2, 3, 4], "{l:?}");
+            assert_eq!(l, &layouts(Pattern::Permutation, 5, seed, 0)[0]);
+        }
+        // Not always the same one.
+        let distinct: std::collections::BTreeSet<_> = (0..50)
+            .map(|s| layouts(Pattern::Permutation, 5, s, 0)[0].pairs.clone())
+            .collect();
+        assert!(distinct.len() > 10, "{}", distinct.len());
+    }
+
+    #[test]
+    fn rotating_incast_moves_its_sink_each_step() {
+        let steps = layouts(Pattern::RotatingIncast, 3, 0, 4);
+        let sinks: Vec<Vec<usize>> = steps.iter().map(|l| l.receivers()).collect();
+        assert_eq!(sinks, vec![vec![0], vec![1], vec![2], vec![0]]);
+        assert_eq!(steps[1].pairs, vec![(0, 1), (2, 1)]);
+    }
+
+    #[test]
+    fn hosts_parse_with_and_without_an_address() {
+        assert_eq!(
+            Host::parse("h1:10.0.0.2").unwrap(),
+            Host {
+                name: "h1".into(),
+                addr: "10.0.0.2".into()
+            }
+        );
+        assert_eq!(Host::parse("node7").unwrap().addr, "node7");
+        assert!(Host::parse(":1.2.3.4").is_err());
+        assert!(Host::parse("h1:").is_err());
+    }
+}

@@ -1,0 +1,127 @@
+//! Per-pair figures of a pattern across hosts (`incast --pattern`): one cell per (sender,
+//! receiver) pair that the pattern has, summed over the steps it appeared in, and the same
+//! figures as sender × receiver matrices (null where the pattern has no such pair).
+use crate::gen::stats::new_histogram;
+use crate::report::incast::Merged;
+use crate::report::{us, Latency};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PairCell {
+    pub sender: String,
+    pub receiver: String,
+    /// Steps the pair sent in (more than one for a rotating incast that comes round again).
+    pub steps: u32,
+    /// "ok", or the first thing that went wrong in any of its steps.
+    pub status: String,
+    pub flows_requested: u32,
+    pub flows_started: u32,
+    pub ops: u64,
+    pub bytes: u64,
+    /// Mean of its steps' throughputs.
+    pub gbps: f64,
+    pub latency: Latency,
+}
+
+/// A pair's cell while its steps are added, with its latency histogram.
+type Accumulating = (PairCell, Histogram<u64>);
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PairMatrix {
+    /// Rows are senders, columns receivers, both in this order.
+    pub hosts: Vec<String>,
+    pub gbps: Vec<Vec<Option<f64>>>,
+    pub bytes: Vec<Vec<Option<u64>>>,
+    pub flows_started: Vec<Vec<Option<u32>>>,
+    pub p50_us: Vec<Vec<Option<f64>>>,
+    pub p99_us: Vec<Vec<Option<f64>>>,
+    pub pairs: Vec<PairCell>,
+}
+
+impl PairMatrix {
+    /// The pairs of every step in `steps`, over `hosts` (names as the senders' summaries
+    /// give them).
+    pub fn of(hosts: &[String], steps: &[&Merged]) -> PairMatrix {
+        let n = hosts.len();
+        let index = |name: &str| hosts.iter().position(|h| h == name);
+        let mut cells: Vec<Vec<Option<Accumulating>>> = vec![vec![None; n]; n];
+        for m in steps {
+            for (k, s) in m.report.senders.iter().enumerate() {
+                let (Some(i), Some(j)) = (index(&s.host), index(&s.receiver)) else {
+                    continue;
+                };
+                let (cell, h) = cells[i][j].get_or_insert_with(|| {
+                    let cell = PairCell {
+                        sender: s.host.clone(),
+                        receiver: s.receiver.clone(),
+                        steps: 0,
+                        status: "ok".into(),
+                        flows_requested: 0,
+                        flows_started: 0,
+                        ops: 0,
+                        bytes: 0,
+                        gbps: 0.0,
+                        latency: Latency::default(),
+                    };
+                    (cell, new_histogram())
+                });
+                cell.steps += 1;
+                if cell.status == "ok" && s.status != "ok" {
+                    cell.status = s.status.clone();
+                }
+                cell.flows_requested += s.flows_requested;
+                cell.flows_started += s.flows_started;
+                cell.ops += s.ops;
+                cell.bytes += s.bytes;
+                // A running mean over the steps.
+                cell.gbps += (s.gbps - cell.gbps) / cell.steps as f64;
+                if let Some(Some(l)) = m.sender_latency.get(k) {
+                    h.add(l).expect("histograms grow to fit");
+                }
+            }
+        }
+        for row in &mut cells {
+            for (cell, h) in row.iter_mut().flatten() {
+                cell.latency = Latency::of(h);
+            }
+        }
+        let grid = |f: &dyn Fn(&PairCell) -> f64| -> Vec<Vec<Option<f64>>> {
+            cells
+                .iter()
+                .map(|row| row.iter().map(|c| c.as_ref().map(|(c, _)| f(c))).collect())
+                .collect()
+        };
+        let mut pairs = Vec::new();
+        let m = PairMatrix {
+            hosts: hosts.to_vec(),
+            gbps: grid(&|c| c.gbps),
+            bytes: cells
+                .iter()
+                .map(|r| r.iter().map(|c| c.as_ref().map(|(c, _)| c.bytes)).collect())
+                .collect(),
+            flows_started: cells
+                .iter()
+                .map(|r| {
+                    r.iter()
+                        .map(|c| c.as_ref().map(|(c, _)| c.flows_started))
+                        .collect()
+                })
+                .collect(),
+            p50_us: grid(&|c| us(c.latency.p50_ns)),
+            p99_us: grid(&|c| us(c.latency.p99_ns)),
+            pairs: Vec::new(),
+        };
+        for row in cells {
+            pairs.extend(row.into_iter().flatten().map(|(c, _)| c));
+        }
+        PairMatrix { pairs, ..m }
+    }
+
+    /// Pairs that moved nothing or failed.
+    pub fn idle_or_failed(&self) -> impl Iterator<Item = &PairCell> {
+        self.pairs
+            .iter()
+            .filter(|c| c.bytes == 0 || c.status != "ok")
+    }
+}
