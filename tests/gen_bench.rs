@@ -43,7 +43,7 @@ fn five_hundred_twelve_flows_of_write_and_send() {
         r#". tools/vm/lib.sh
         {bin} serve --dev rxe1 > {o}/serve.log 2>&1 & server=$!
         wait_until 20 tcp_listening 18515
-        {bin} run 10.0.0.2 --dev rxe0 --flows 512 --threads 2 --op write --size 4K --duration 3s \
+        {bin} run 10.0.0.2 --dev rxe0 --flows 512 --threads auto --pin --op write --size 4K --duration 3s \
             --json {o}/write.json --timeseries {o}/write.csv --hdr-log {o}/write.hlog --no-progress
         echo "write_rc=$?"
         {bin} run 10.0.0.2 --dev rxe0 --flows 512 --threads 2 --op send --size 4K --depth 2 --duration 3s \
@@ -61,6 +61,23 @@ fn five_hundred_twelve_flows_of_write_and_send() {
 
     let write = read_json(&out_dir.join("write.json"));
     assert_every_flow_moved(&write, 512);
+    // --threads auto --pin: one thread per CPU of the VM (2), each on its own CPU, the flows
+    // dealt out evenly; the threads' figures add up to the run's.
+    assert_eq!(
+        (&write["threads"], &write["cpus"]),
+        (&2.into(), &2.into()),
+        "{write}"
+    );
+    let threads = write["per_thread"].as_array().unwrap();
+    let cpus: Vec<u64> = threads.iter().map(|t| t["cpu"].as_u64().unwrap()).collect();
+    assert_eq!(cpus, [0, 1]);
+    let sum = |k: &str| threads.iter().map(|t| t[k].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(sum("flows"), 512);
+    assert_eq!(sum("ops"), write["total"]["ops"].as_u64().unwrap());
+    assert_eq!(sum("bytes"), write["total"]["bytes"].as_u64().unwrap());
+    assert!(threads
+        .iter()
+        .all(|t| t["flows"] == 256 && t["gbps"].as_f64() > Some(0.0)));
     // One WRITE in 4 signaled (and each flow's last): every operation is still counted once.
     assert_eq!(field(&out.output, "sig_rc"), Some(0.0), "{}", out.output);
     let sig = read_json(&out_dir.join("sig.json"));

@@ -22,6 +22,11 @@ fn refused(args: &[&str], says: &str) {
 
 #[test]
 fn run_refuses_bad_arguments() {
+    refused(&["run", "h", "--threads", "0"], "at least 1 thread");
+    refused(
+        &["run", "h", "--threads", "many"],
+        "expected a number of threads or auto",
+    );
     refused(&["run"], "SERVER");
     refused(&["run", "h", "--flows", "0"], "--flows must be at least 1");
     refused(&["run", "h", "--iters", "0"], "--iters must be at least 1");

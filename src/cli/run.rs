@@ -2,6 +2,7 @@
 use super::{create, exit, units, RdmaArgs};
 use clap::{Args, ValueEnum};
 use ibjitter::gen::client::{self, RunOutput};
+use ibjitter::gen::cpus;
 use ibjitter::gen::intervals::{Outputs, MIN_HDR_INTERVAL_NS, MIN_INTERVAL_NS};
 use ibjitter::gen::pacing::Arrival;
 use ibjitter::gen::stop::{self, StopToken};
@@ -68,9 +69,14 @@ pub struct RunArgs {
     /// (flows stopping, the drain); default: as long as --warmup
     #[arg(long, value_parser = parse_warmup)]
     cooldown: Option<Duration>,
-    /// Threads; flows are spread over them, each with its own CQ
-    #[arg(long, short = 't', default_value_t = 1)]
-    threads: u32,
+    /// Threads, or "auto": as many as the CPUs this process may run on (its affinity mask),
+    /// at most one per flow; flows are spread over them, each with its own CQ
+    #[arg(long, short = 't', default_value = "1", value_parser = parse_threads)]
+    threads: Threads,
+    /// Pin thread t to the t-th CPU of the affinity mask (polling threads neither migrate nor
+    /// share a core while another is idle)
+    #[arg(long)]
+    pin: bool,
     /// Open loop: messages per second per flow (10k, 2.5M)
     #[arg(long, value_parser = units::rate, conflicts_with = "load")]
     rate: Option<f64>,
@@ -256,7 +262,11 @@ impl RunArgs {
             qp_type,
             size,
             depth: self.depth,
-            threads: self.threads.max(1),
+            threads: match self.threads {
+                Threads::Count(n) => n,
+                Threads::Auto => (cpus::allowed().len() as u32).min(self.flows.max(1)),
+            },
+            pin: self.pin,
             stop,
             load,
             pingpong: self.pingpong,
@@ -438,5 +448,23 @@ mod tests {
         assert!(uses_cm(&args(&["--no-such-flag"]))
             .unwrap_err()
             .contains("after --"));
+    }
+}
+
+/// `--threads N` or `--threads auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Threads {
+    Count(u32),
+    Auto,
+}
+
+fn parse_threads(s: &str) -> Result<Threads, String> {
+    if s == "auto" {
+        return Ok(Threads::Auto);
+    }
+    match s.parse::<u32>() {
+        Ok(0) => Err("at least 1 thread (or auto)".into()),
+        Ok(n) => Ok(Threads::Count(n)),
+        Err(_) => Err(format!("expected a number of threads or auto, got {s:?}")),
     }
 }

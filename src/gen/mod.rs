@@ -10,6 +10,7 @@
 //! then gathers [`stats::FlowStats`] into a [`crate::report::RunReport`].
 pub mod client;
 pub mod cm;
+pub mod cpus;
 pub mod drive;
 pub mod intervals;
 pub mod ops;
@@ -77,6 +78,8 @@ pub struct RunConfig {
     pub size: u32,
     pub depth: u32,
     pub threads: u32,
+    /// Pin thread t to the t-th CPU of the process's affinity mask.
+    pub pin: bool,
     pub stop: StopAt,
     pub load: Load,
     pub pingpong: bool,
@@ -119,6 +122,7 @@ impl Default for RunConfig {
             size: 65536,
             depth: 1,
             threads: 1,
+            pin: false,
             stop: StopAt::Duration(Duration::from_secs(5)),
             load: Load::Closed,
             pingpong: false,

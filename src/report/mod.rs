@@ -279,6 +279,12 @@ pub struct RunReport {
     #[serde(default = "one")]
     pub signal_every: u32,
     pub threads: u32,
+    /// CPUs in the process's affinity mask: more polling threads than this take turns.
+    #[serde(default)]
+    pub cpus: u32,
+    /// Each thread: the CPU it was pinned to (`--pin`), its flows and what they moved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_thread: Vec<ThreadReport>,
     pub flows_requested: u32,
     pub flows_started: u32,
     /// How the flows' QPs were connected: "tcp" (QP numbers exchanged out of band) or
@@ -336,6 +342,18 @@ pub struct RunReport {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub port_counters: BTreeMap<String, u64>,
     pub flows: Vec<FlowReport>,
+}
+
+/// One sending thread of a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ThreadReport {
+    pub thread: u32,
+    pub cpu: Option<usize>,
+    pub flows: u32,
+    pub ops: u64,
+    pub bytes: u64,
+    /// Over the whole measured time.
+    pub gbps: f64,
 }
 
 /// HdrHistograms in reports: compressed V2 encoding in base64, the form HdrHistogram's own

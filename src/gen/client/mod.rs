@@ -5,6 +5,7 @@ mod report;
 mod setup;
 mod threads;
 
+use super::cpus;
 use super::intervals::Outputs;
 use super::port_counters::PortCounters;
 use super::stats::{new_histogram, ByOp, FlowStats};
@@ -12,7 +13,7 @@ use super::stop::{Reason, StopToken};
 use super::wire::{Control, OpCount};
 use super::worker::WorkerParams;
 use super::{RunConfig, StopAt};
-use crate::report::{hist, RunReport};
+use crate::report::{hist, RunReport, ThreadReport};
 use setup::Local;
 use std::path::Path;
 use std::time::{Instant, SystemTime};
@@ -49,6 +50,14 @@ impl std::fmt::Display for RunError {
 /// complete, Ctrl-C or a lost peer (on `stop`), QP errors — is a report.
 pub fn run(cfg: &RunConfig, stop: StopToken, outputs: Outputs) -> Result<RunOutput, RunError> {
     let t_begin = Instant::now();
+    let cpus = cpus::allowed().len() as u32;
+    let threads = cfg.threads.clamp(1, cfg.flows.max(1));
+    if threads > cpus {
+        eprintln!(
+            "ibjitter run: warning: {threads} polling threads on {cpus} CPU(s): they take turns, \
+             and latencies include waiting for a CPU (--threads auto takes one per CPU)"
+        );
+    }
     let why = |e: String| {
         if stop.requested() == Some(Reason::Interrupted) {
             RunError::Interrupted(e)
@@ -135,6 +144,7 @@ fn gather(
 ) -> RunOutput {
     let threads::Finished {
         outputs,
+        pinned,
         start_time,
         stream_error,
         latency_intervals,
@@ -144,8 +154,18 @@ fn gather(
     let mut latency = new_histogram();
     let mut by_op = ByOp::default();
     let mut steady_spans = Vec::with_capacity(outputs.len());
-    for out in outputs {
+    let mut per_thread = Vec::with_capacity(outputs.len());
+    for (t, (out, cpu)) in outputs.into_iter().zip(pinned).enumerate() {
         steady_spans.push(out.steady);
+        let (ops, bytes) = (out.flows.iter()).fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
+        per_thread.push(ThreadReport {
+            thread: t as u32,
+            cpu,
+            flows: out.flows.len() as u32,
+            ops,
+            bytes,
+            gbps: 0.0, // once the measured time is known
+        });
         flows.extend(out.flows);
         latency.add(&out.latency).expect("histograms grow to fit");
         for (all, thread) in by_op.iter_mut().zip(&out.by_op) {
@@ -191,6 +211,14 @@ fn gather(
         start: start_time,
         rate_per_flow: local.rate.map(|(ops_per_s, _)| ops_per_s),
         steady_spans,
+        per_thread: per_thread
+            .into_iter()
+            .map(|t| ThreadReport {
+                gbps: crate::report::gbps(t.bytes, measured_s.max(f64::MIN_POSITIVE)),
+                ..t
+            })
+            .collect(),
+        cpus: cpus::allowed().len() as u32,
     };
     let mut report = report::build_report(
         cfg,

@@ -7,7 +7,7 @@ use super::super::{Load, QpType, RunConfig};
 use crate::report::ops::{CmpSwapCheck, FetchAddCheck, OpReport, ServerOpReport, ServerReport};
 use crate::report::{
     gbps, hist, jain, spread_us, FlowReport, Latency, MemoryPerFlow, OpenLoop, Outcome, RunReport,
-    Steady, Totals,
+    Steady, ThreadReport, Totals,
 };
 use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
@@ -52,6 +52,10 @@ pub struct Measured {
     pub rate_per_flow: Option<f64>,
     /// Each thread's completions in the steady-state window, between completion events.
     pub steady_spans: Vec<SteadySpan>,
+    /// Each thread's flows and CPU.
+    pub per_thread: Vec<ThreadReport>,
+    /// CPUs the process may run on.
+    pub cpus: u32,
 }
 
 /// `latency`: every operation's, and by op type.
@@ -133,7 +137,9 @@ pub fn build_report(
         size: cfg.size,
         depth: cfg.depth,
         signal_every: cfg.signal_every,
-        threads: cfg.threads,
+        threads: run.per_thread.len() as u32,
+        cpus: run.cpus,
+        per_thread: run.per_thread.clone(),
         flows_requested: cfg.flows,
         flows_started: flows.iter().filter(|f| f.first_post_ns.is_some()).count() as u32,
         connection: if cfg.cm { "rdma_cm" } else { "tcp" }.into(),
@@ -280,6 +286,8 @@ mod tests {
             start: std::time::UNIX_EPOCH,
             rate_per_flow: None,
             steady_spans: Vec::new(),
+            per_thread: Vec::new(),
+            cpus: 1,
         };
         let stop = StopToken::new();
         build_report(cfg, "dev", &[], (&new_histogram(), by_op), &measured, stop)

@@ -1,6 +1,7 @@
 //! The measured phase: one thread per shard waits at a barrier, the server's Go releases them
 //! all at once, and this thread watches the control connection (and draws progress) until
 //! every worker has returned.
+use super::super::cpus;
 use super::super::intervals::{self, Outputs, Sink};
 use super::super::port_counters::{self, PortCounters};
 use super::super::progress::{self, Counters};
@@ -20,6 +21,8 @@ use std::time::{Duration, Instant, SystemTime};
 /// What the threads brought back, and when they started.
 pub struct Finished {
     pub outputs: Vec<WorkerOutput>,
+    /// The CPU each thread was pinned to (`--pin`), in thread order.
+    pub pinned: Vec<Option<usize>>,
     pub start: Instant,
     pub start_time: SystemTime,
     /// Writing the streamed time series or latency log failed.
@@ -64,28 +67,38 @@ pub fn start_and_watch(
     drop(tx);
     let mut go_error = None;
     let mut written = intervals::Written::default();
-    let outputs_of_threads: Vec<WorkerOutput> = std::thread::scope(|scope| {
+    let cpus = cpus::allowed();
+    let outputs_of_threads: Vec<(WorkerOutput, Option<usize>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = shards
             .iter()
             .zip(&counters)
             .zip(sinks)
-            .map(|((shard, c), sink)| {
-                let (release, t0) = (&release, &t0);
+            .enumerate()
+            .map(|(t, ((shard, c), sink))| {
+                let (release, t0, cpus) = (&release, &t0, &cpus);
                 scope.spawn(move || {
+                    // Pinned before the start: a syscall once, never on the post path.
+                    let pinned = cfg.pin.then(|| cpus::for_thread(cpus, t)).filter(|&cpu| {
+                        cpus::pin_current_thread(cpu)
+                            .map_err(|e| eprintln!("ibjitter run: thread {t}: {e}; left unpinned"))
+                            .is_ok()
+                    });
                     release.wait();
                     let Some(&(start, _)) = t0.get() else {
-                        return WorkerOutput {
+                        let nothing = WorkerOutput {
                             flows: Vec::new(),
                             latency: new_histogram(),
                             by_op: Default::default(),
                             steady: Default::default(),
                         };
+                        return (nothing, pinned);
                     };
-                    if cfg.pingpong {
+                    let out = if cfg.pingpong {
                         pingpong::run(shard, params, start, c, sink)
                     } else {
                         worker::run(shard, params, start, c, sink)
-                    }
+                    };
+                    (out, pinned)
                 })
             })
             .collect();
@@ -128,8 +141,10 @@ pub fn start_and_watch(
         return Err(e);
     }
     let &(start, start_time) = t0.get().expect("started");
+    let (outputs, pinned) = outputs_of_threads.into_iter().unzip();
     Ok(Finished {
-        outputs: outputs_of_threads,
+        outputs,
+        pinned,
         start,
         start_time,
         stream_error: written.error.or(counters_error),

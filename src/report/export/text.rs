@@ -32,6 +32,26 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
         r.duration_s,
         r.outcome
     )?;
+    if r.per_thread.len() > 1 || r.per_thread.iter().any(|t| t.cpu.is_some()) {
+        let each: Vec<String> = (r.per_thread.iter())
+            .map(|t| match t.cpu {
+                Some(cpu) => format!("{:.3} (cpu {cpu})", t.gbps),
+                None => format!("{:.3}", t.gbps),
+            })
+            .collect();
+        writeln!(
+            w,
+            " threads {} on {} CPU(s){}, Gb/s each: {}",
+            r.per_thread.len(),
+            r.cpus,
+            if r.per_thread.len() as u32 > r.cpus {
+                " (more threads than CPUs: they take turns)"
+            } else {
+                ""
+            },
+            each.join(", ")
+        )?;
+    }
     if r.signal_every > 1 {
         writeln!(
             w,
