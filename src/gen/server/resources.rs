@@ -80,6 +80,17 @@ impl Resources {
         } else {
             0
         };
+        // Fewer receives than the SENDs the flows may have in flight: a burst finds the pool
+        // empty, the sender gets RNR NAKs and retries (throughput dips, nothing is lost).
+        let in_flight = flows * run.depth as usize;
+        if receives && run.mix.contains(Op::Send) && !run.pingpong && pool < in_flight {
+            eprintln!(
+                "ibjitter serve: warning: {pool} receives pooled for {flows} flows x depth {} = \
+                 {in_flight} SENDs in flight (limit: the device's max_srq_wr {} and 256 MiB of \
+                 buffers): senders may be slowed by RNR NAKs (see their port counters)",
+                run.depth, sh.max_srq_wr
+            );
+        }
         let atomic_off = slot * flows;
         let pool_off = atomic_off
             + if atomics {
