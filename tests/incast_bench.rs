@@ -235,7 +235,7 @@ fn alltoall_permutation_and_rotating_incast_across_four_hosts() {
         {a2a} -- --op write --size 4K --duration 3s
         echo "alltoall_rc=$?"
         echo "tx_after $(tx)"
-        {perm} --seed 3 -- --op write --size 4K --duration 2s
+        {perm} --seed 3 -- --mix write:50,read:50 --size 4K --duration 2s
         echo "permutation_rc=$?"
         {rot} -- --op write --size 4K --duration 1s
         echo "rotating_rc=$?""#,
@@ -348,6 +348,19 @@ fn alltoall_permutation_and_rotating_incast_across_four_hosts() {
     assert_eq!(pairs.iter().map(|p| p.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
     assert_eq!(receivers, [0, 1, 2, 3], "{pairs:?}");
     check_pairs("permutation", &perm["pairs"], &pairs);
+    // A mix: the senders' figures by op, merged; their counts and latencies add up.
+    let ops = &perm["ops"];
+    let (w, r) = (&ops["write"], &ops["read"]);
+    for op in [w, r] {
+        assert!(op["count"].as_u64().unwrap() > 0, "{ops}");
+        assert_eq!(op["latency"]["count"], op["count"], "{ops}");
+    }
+    let count = |v: &serde_json::Value| v["count"].as_u64().unwrap();
+    assert_eq!(count(w) + count(r), perm["total"]["ops"].as_u64().unwrap());
+    assert_eq!(
+        count(&w["latency"]) + count(&r["latency"]),
+        perm["total"]["latency"]["count"].as_u64().unwrap()
+    );
     println!("permutation (seed 3): {pairs:?}");
 
     // rotating-incast: four steps, sinks h0..h3 in turn, every ordered pair sent once.

@@ -2,7 +2,10 @@
 //! exactly, time series aligned on the senders' common start, fairness over all flows.
 use crate::gen::stats::new_histogram;
 use crate::report::incast::{IncastFlow, IncastReport, Merged, SenderSummary};
-use crate::report::{hist, jain, spread_us, RunReport, Totals};
+use crate::report::ops::OpReport;
+use crate::report::{hist, jain, spread_us, Latency, RunReport, Totals};
+use hdrhistogram::Histogram;
+use std::collections::BTreeMap;
 
 /// Merges the senders' reports (`None` where a sender produced none). `launch_unix_ns` is when
 /// the first process was launched.
@@ -39,6 +42,7 @@ pub fn merge(
         .unwrap_or(0.0);
     let mut latency_intervals: Vec<hdrhistogram::Histogram<u64>> = Vec::new();
     let mut sender_latency = vec![None; senders.len()];
+    let mut by_op: BTreeMap<String, (OpReport, Histogram<u64>)> = BTreeMap::new();
     for (k, (report, summary)) in reports.iter().zip(senders.iter_mut()).enumerate() {
         let Some(r) = report else { continue };
         summary.flows_requested = r.flows_requested;
@@ -57,6 +61,7 @@ pub fn merge(
                 summary.status = format!("{} (latency histogram unreadable: {e})", summary.status)
             }
         }
+        add_ops(&mut by_op, r, sender_latency[k].as_ref());
         let offset_ns = r.start_unix_ns.saturating_sub(t0);
         duration_s = duration_s.max(offset_ns as f64 / 1e9 + r.duration_s);
         // Latency intervals, shifted onto the common time axis like the series.
@@ -120,6 +125,13 @@ pub fn merge(
         flows,
         pattern: None,
         pairs: None,
+        ops: by_op
+            .into_iter()
+            .map(|(name, (op, h))| {
+                let latency = Latency::of(&h);
+                (name, OpReport { latency, ..op })
+            })
+            .collect(),
     };
     Merged {
         report,
@@ -131,5 +143,32 @@ pub fn merge(
         series_interval_s: interval_s,
         ids,
         series,
+    }
+}
+
+/// Adds a sender's figures by op type: its op's own histogram with a mix, the run's (`all`)
+/// when it ran one op.
+fn add_ops(
+    by_op: &mut BTreeMap<String, (OpReport, Histogram<u64>)>,
+    r: &RunReport,
+    all: Option<&Histogram<u64>>,
+) {
+    for (name, op) in &r.ops {
+        let (sum, h) = by_op
+            .entry(name.clone())
+            .or_insert_with(|| (OpReport::default(), new_histogram()));
+        sum.count += op.count;
+        sum.bytes += op.bytes;
+        if let Some(s) = op.swapped {
+            *sum.swapped.get_or_insert(0) += s;
+        }
+        let own = (!op.histogram.is_empty())
+            .then(|| hist::decode(&op.histogram).ok())
+            .flatten();
+        match (own, all) {
+            (Some(own), _) => h.add(&own).expect("histograms grow to fit"),
+            (None, Some(all)) if r.ops.len() == 1 => h.add(all).expect("histograms grow to fit"),
+            _ => {}
+        }
     }
 }

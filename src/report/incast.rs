@@ -69,6 +69,9 @@ pub struct IncastReport {
     pub pattern: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub pairs: Option<crate::report::pairs::PairMatrix>,
+    /// By op type over every sender ("write", "read", ...), latencies merged exactly.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ops: BTreeMap<String, crate::report::ops::OpReport>,
 }
 
 /// Everything merged, plus the data the exports need.
@@ -289,6 +292,7 @@ mod tests {
                 flows: Vec::new(),
                 pattern: None,
                 pairs: None,
+                ops: BTreeMap::new(),
             },
             latency,
             sender_latency: Vec::new(),

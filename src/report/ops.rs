@@ -17,6 +17,10 @@ pub struct OpReport {
     /// swapped); the others found something else there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swapped: Option<u64>,
+    /// With a mix: this op's latencies as an HdrHistogram (`hist::encode`), so an incast
+    /// merges its senders' per op exactly (a single op's is the run's `histogram`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub histogram: String,
 }
 
 /// One op type at the server.

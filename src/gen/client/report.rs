@@ -173,6 +173,7 @@ pub fn build_report(
 
 /// Every op of the run's mix, by key: an op drawn but never completed shows its zero.
 fn op_reports(cfg: &RunConfig, by_op: &ByOp) -> BTreeMap<String, OpReport> {
+    let mixed = cfg.mix.only().is_none();
     cfg.mix
         .ops()
         .map(|op| {
@@ -182,6 +183,11 @@ fn op_reports(cfg: &RunConfig, by_op: &ByOp) -> BTreeMap<String, OpReport> {
                 bytes: t.bytes,
                 latency: Latency::of(&t.latency),
                 swapped: (op == Op::CmpSwap).then_some(t.swapped),
+                histogram: if mixed {
+                    hist::encode(&t.latency)
+                } else {
+                    String::new()
+                },
             };
             (op.key().to_string(), report)
         })

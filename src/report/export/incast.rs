@@ -113,6 +113,18 @@ pub fn step_summary<W: Write>(r: &IncastReport, report_path: &Path, mut w: W) ->
         r.launch_to_first_byte_s,
         r.start_skew_us / 1e3
     )?;
+    if r.ops.len() > 1 {
+        for (name, op) in &r.ops {
+            writeln!(
+                w,
+                "  {name}: {} ops, {} bytes, latency p50 {:.1} us p99 {:.1} us",
+                op.count,
+                op.bytes,
+                us(op.latency.p50_ns),
+                us(op.latency.p99_ns)
+            )?;
+        }
+    }
     for s in r.senders.iter().filter(|s| s.status != "ok") {
         writeln!(
             w,
