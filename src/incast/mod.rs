@@ -86,7 +86,7 @@ pub fn run_step(
     let receivers_of_step = layout.receivers();
     // With several receivers, each holds its start barrier until all are ready: one start.
     let hold = receivers_of_step.len() > 1;
-    let mut receivers = Vec::new();
+    let mut receivers: Vec<Receiver> = Vec::new();
     for &r in &receivers_of_step {
         let host = &cfg.hosts[r];
         let args: Vec<String> = [cfg.bin.clone(), "serve".into()]
@@ -112,8 +112,20 @@ pub fn run_step(
             Stdio::from(out.try_clone().map_err(|e| e.to_string())?)
         };
         let stdin = if hold { Stdio::piped() } else { Stdio::null() };
-        let mut child = launcher::spawn(&line, stdin, stdio, Stdio::from(err))
-            .map_err(|e| format!("cannot launch the receiver on {} ({line}): {e}", host.name))?;
+        let mut child = match launcher::spawn(&line, stdin, stdio, Stdio::from(err)) {
+            Ok(c) => c,
+            Err(e) => {
+                // The receivers already started would wait for senders that never come.
+                for r in &mut receivers {
+                    launcher::signal_group(&r.child, libc::SIGTERM);
+                    let _ = r.child.wait();
+                }
+                return Err(format!(
+                    "cannot launch the receiver on {} ({line}): {e}",
+                    host.name
+                ));
+            }
+        };
         let ready = Arc::new(AtomicBool::new(false));
         if let Some(stdout) = child.stdout.take() {
             watch_ready(stdout, out, ready.clone());
