@@ -859,3 +859,118 @@ fn ten_thousand_flows_start_move_data_and_take_under_16_kib_each() {
     );
     assert!(ours <= 16 * 1024, "our memory per flow {ours} B: {m}");
 }
+
+/// Flow-level workload: the web-search CDF (scaled to a tenth, 300 B to 3 MB) with Poisson
+/// flow arrivals at load 0.5 of a 200 Mbit bottleneck between two emulated hosts. The report's
+/// FCT and slowdown per size bucket are recomputed from the per-flow CSV and agree (within the
+/// histograms' 3 significant digits); a flow cannot beat the line rate (large buckets'
+/// slowdown at least ~1), and the achieved load is near the one asked for.
+#[test]
+fn websearch_flows_at_half_load_report_slowdown_per_size_bucket() {
+    let bin = ibjitter();
+    let out_dir = scratch_dir("gen-fct");
+    let o = out_dir.display();
+    let out = Vm::new()
+        .hosts(2)
+        .bottleneck("200mbit")
+        .timeout(600)
+        .writable(&out_dir)
+        .run(&format!(
+            r#". tools/vm/lib.sh
+        tools/vm/on-host h0 {bin} serve --once > {o}/serve.log 2>&1 &
+        wait_until 20 tcp_listening 18515
+        tools/vm/on-host h1 {bin} run 10.0.0.1 --no-progress --flows 8 --depth 16 \
+            --flow-sizes distributions/websearch.cdf --size-scale 0.1 --flow-arrival poisson \
+            --load 0.5 --line-rate 200mbit --duration 12s --warmup 1s \
+            --fct {o}/fct.csv --json {o}/fct.json
+        echo "fct_rc=$?"
+        wait"#
+        ));
+    out.assert_success();
+    assert_eq!(field(&out.output, "fct_rc"), Some(0.0), "{}", out.output);
+    let r = read_json(&out_dir.join("fct.json"));
+    let fct = &r["fct"];
+    let line_gbps = fct["line_gbps"].as_f64().unwrap();
+    assert_eq!(line_gbps, 0.2);
+    assert_eq!(fct["base_latency_ns"], 0);
+
+    // Recompute each bucket from the CSV: nearest-rank percentiles, as HdrHistogram ranks.
+    let csv = std::fs::read_to_string(out_dir.join("fct.csv")).unwrap();
+    let mut by_bucket: [Vec<(u64, f64)>; 4] = Default::default();
+    for line in csv.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let (size, fct_ns): (u64, u64) = (f[2].parse().unwrap(), f[3].parse().unwrap());
+        let ideal = size as f64 * 8.0 / line_gbps;
+        let slowdown: f64 = f[5].parse().unwrap();
+        assert!(
+            (slowdown - fct_ns as f64 / ideal).abs() <= 1e-4 * (1.0 + slowdown),
+            "{line}"
+        );
+        let k = [10_000, 100_000, 1_000_000].partition_point(|&b| size >= b);
+        by_bucket[k].push((fct_ns, slowdown));
+    }
+    let rank = |v: &mut Vec<f64>, q: f64| -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[((q * v.len() as f64).ceil() as usize).max(1) - 1]
+    };
+    let close = |ours: f64, theirs: f64, unit: f64| (ours - theirs).abs() <= 0.002 * theirs + unit;
+    let buckets = fct["buckets"].as_array().unwrap();
+    let mut flows = 0;
+    for (k, b) in buckets.iter().enumerate() {
+        let rows = &by_bucket[k];
+        assert_eq!(b["messages"].as_u64().unwrap() as usize, rows.len(), "{b}");
+        flows += rows.len();
+        if rows.is_empty() {
+            continue;
+        }
+        let mut f: Vec<f64> = rows.iter().map(|r| r.0 as f64).collect();
+        let mut s: Vec<f64> = rows.iter().map(|r| r.1).collect();
+        for (q, fct_key, slow_key) in [
+            (0.5, "fct_p50_ns", "slowdown_p50"),
+            (0.99, "fct_p99_ns", "slowdown_p99"),
+        ] {
+            let (fq, sq) = (rank(&mut f, q), rank(&mut s, q));
+            let (fj, sj) = (b[fct_key].as_f64().unwrap(), b[slow_key].as_f64().unwrap());
+            assert!(
+                close(fj, fq, 1.0),
+                "{}: {fct_key} {fj} vs CSV {fq}",
+                b["name"]
+            );
+            assert!(
+                close(sj, sq, 0.001),
+                "{}: {slow_key} {sj} vs CSV {sq}",
+                b["name"]
+            );
+        }
+        println!(
+            "{:>11}: {:>4} flows, FCT p50 {:.0} us p99 {:.0} us, slowdown p50 {:.2} p99 {:.2}",
+            b["name"].as_str().unwrap(),
+            rows.len(),
+            rank(&mut f, 0.5) / 1e3,
+            rank(&mut f, 0.99) / 1e3,
+            rank(&mut s, 0.5),
+            rank(&mut s, 0.99)
+        );
+    }
+    // Every bucket of the scaled web search has flows (>= 1 MB: 3 % of them).
+    assert!(by_bucket.iter().all(|b| !b.is_empty()), "{buckets:?}");
+    assert_eq!(flows as u64, fct["messages"].as_u64().unwrap());
+    // Flows of 100 KB and more cannot beat the 200 Mbit port (htb's burst allowance is a
+    // few KB): their median slowdown is at least ~1.
+    for b in &buckets[2..] {
+        let p50 = b["slowdown_p50"].as_f64().unwrap();
+        assert!(p50 >= 0.95, "{}: slowdown p50 {p50}", b["name"]);
+    }
+    // The offered load: 0.5 of the line, Poisson arrivals of heavy-tailed sizes (the bytes
+    // of 12 s vary by about 10 %): achieved 0.35 to 0.65 in the steady state.
+    let load = r["steady"]["gbps"].as_f64().unwrap() / line_gbps;
+    println!("achieved load {load:.3}, {flows} flows timed");
+    assert!((0.35..=0.65).contains(&load), "load {load}");
+    assert_eq!(r["outcome"], "completed", "{}", out.output);
+    // The bucket figures and the plot beside the CSV.
+    let buckets_csv = std::fs::read_to_string(out_dir.join("fct-buckets.csv")).unwrap();
+    assert_eq!(buckets_csv.lines().count(), 5, "{buckets_csv}");
+    assert!(std::fs::read_to_string(out_dir.join("fct.svg"))
+        .unwrap()
+        .contains("<svg"));
+}

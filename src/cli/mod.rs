@@ -8,6 +8,7 @@ mod inject;
 mod pcap;
 mod run;
 mod serve;
+mod size_spec;
 mod study;
 mod table;
 mod units;

@@ -1,14 +1,16 @@
 //! `ibjitter run`: argument parsing and output files; the generator is `ibjitter::gen`.
+use super::size_spec::{self, SizeSpec};
 use super::{create, exit, units, RdmaArgs};
 use clap::{Args, ValueEnum};
 use ibjitter::gen::client::{self, RunOutput};
 use ibjitter::gen::cpus;
 use ibjitter::gen::intervals::{Outputs, MIN_HDR_INTERVAL_NS, MIN_INTERVAL_NS};
 use ibjitter::gen::pacing::Arrival;
+use ibjitter::gen::sizes::{SizeDist, Sizes};
 use ibjitter::gen::stop::{self, StopToken};
 use ibjitter::gen::wire::{MAX_DEPTH, MAX_SIZE};
 use ibjitter::gen::{Load, Op, OpMix, QpType, RunConfig, StopAt};
-use ibjitter::report::export::{json, text};
+use ibjitter::report::export::{fct as fct_export, json, text};
 use ibjitter::report::Outcome;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -48,9 +50,32 @@ pub struct RunArgs {
     /// Queue pair type: rc, or ud (SEND only, datagrams of at most the path MTU)
     #[arg(long, value_enum, default_value_t = QpTypeArg::Rc)]
     qp_type: QpTypeArg,
-    /// Message size: 65536, 64K, 1M (default 65536; 2 with --pingpong; 8 with atomics)
-    #[arg(long, short = 's', value_parser = units::size)]
-    size: Option<u32>,
+    /// Message size: 65536, 64K, 1M (default 65536; 2 with --pingpong; 8 with atomics), or a
+    /// distribution each message draws from (per flow, seeded): uniform:MIN-MAX,
+    /// lognormal:MEDIAN,SIGMA (clipped at its 99.99th percentile), or a CDF file (cdf:FILE or
+    /// its path; SIZE PROBABILITY per line, e.g. distributions/websearch.cdf)
+    #[arg(long, short = 's', value_parser = size_spec::parse)]
+    size: Option<SizeSpec>,
+    /// Multiply the sizes drawn by this (a workload of the literature on a slower link)
+    #[arg(long)]
+    size_scale: Option<f64>,
+    /// Flow-level workload: every message is a flow, its size drawn from this CDF file, and
+    /// the report has flow completion times and slowdowns by size (as --size cdf:FILE plus
+    /// FCT figures); with --load and --flow-arrival poisson, Poisson flow arrivals at a load
+    #[arg(long, conflicts_with = "size")]
+    flow_sizes: Option<PathBuf>,
+    /// Each message's flow completion time (from when it was due to its completion), ideal
+    /// FCT and slowdown, one CSV row per message, here; the figures by size bucket go to
+    /// FILE's stem + "-buckets.csv" and ".svg", and to the report
+    #[arg(long)]
+    fct: Option<PathBuf>,
+    /// Line rate for --load and the ideal FCT (25G, 200mbit), instead of the port's
+    #[arg(long, value_parser = units::bit_rate)]
+    line_rate: Option<f64>,
+    /// Added to every message's ideal FCT, e.g. the unloaded round trip (default 0: the
+    /// message at line rate alone)
+    #[arg(long, value_parser = units::duration)]
+    base_latency: Option<Duration>,
     /// Operations outstanding per flow
     #[arg(long, default_value_t = 1)]
     depth: u32,
@@ -83,8 +108,8 @@ pub struct RunArgs {
     /// Open loop: this fraction of the port's link rate, shared by all flows
     #[arg(long, value_parser = units::fraction)]
     load: Option<f64>,
-    /// Gaps between open-loop sends
-    #[arg(long, value_enum, default_value_t = ArrivalArg::Fixed)]
+    /// Gaps between open-loop sends (--flow-arrival is the same)
+    #[arg(long, alias = "flow-arrival", value_enum, default_value_t = ArrivalArg::Fixed)]
     arrival: ArrivalArg,
     /// Round trips like ib_write_lat/ib_send_lat instead of throughput
     #[arg(long, conflicts_with_all = ["rate", "load"])]
@@ -190,13 +215,51 @@ impl RunArgs {
             QpTypeArg::Rc => QpType::Rc,
             QpTypeArg::Ud => QpType::Ud,
         };
-        let size = self.size.unwrap_or(if self.pingpong {
-            2
-        } else if mix.has_atomics() {
-            8
-        } else {
-            65536
-        });
+        let spec = match &self.flow_sizes {
+            Some(path) => Some(SizeSpec::Drawn(SizeDist::cdf_file(path)?)),
+            None => self.size.clone(),
+        };
+        let sizes = match spec {
+            Some(SizeSpec::Drawn(dist)) => {
+                if self.pingpong || mix.has_atomics() {
+                    return Err("a size distribution needs WRITE, WRITE_IMM, READ or SEND \
+                        throughput (atomics move 8 bytes; --pingpong one size)"
+                        .into());
+                }
+                let scale = self.size_scale.unwrap_or(1.0);
+                if !(scale > 0.0 && scale.is_finite()) {
+                    return Err(format!("--size-scale must be positive, got {scale}"));
+                }
+                Some(Sizes { dist, scale })
+            }
+            _ if self.size_scale.is_some() => {
+                return Err("--size-scale scales a size distribution: give one with --size".into())
+            }
+            _ => None,
+        };
+        let size = match (&sizes, &self.size) {
+            (Some(d), _) => d.max(),
+            (None, Some(SizeSpec::Fixed(n))) => *n,
+            _ if self.pingpong => 2,
+            _ if mix.has_atomics() => 8,
+            _ => 65536,
+        };
+        let fct = self.fct.is_some() || self.flow_sizes.is_some();
+        if fct && (self.pingpong || self.signal_every > 1) {
+            return Err(
+                "--fct times every message to its own completion: not with --pingpong \
+                or --signal-every"
+                    .into(),
+            );
+        }
+        if self.base_latency.is_some() && !fct {
+            return Err(
+                "--base-latency is part of the ideal FCT: give --fct or --flow-sizes".into(),
+            );
+        }
+        if self.line_rate.is_some() && !fct && self.load.is_none() {
+            return Err("--line-rate is for --load and --fct".into());
+        }
         if size == 0 || size > MAX_SIZE {
             return Err(format!(
                 "--size must be 1 byte to {} MiB (the protocol's limit), got {size}",
@@ -261,6 +324,9 @@ impl RunArgs {
             mix,
             qp_type,
             size,
+            sizes,
+            line_gbps: self.line_rate,
+            fct_base: fct.then(|| self.base_latency.unwrap_or(Duration::ZERO)),
             depth: self.depth,
             threads: match self.threads {
                 Threads::Count(n) => n,
@@ -396,6 +462,10 @@ fn write_files(a: &RunArgs, out: &RunOutput) -> Result<(), String> {
     if let Some(path) = a.json.as_deref().filter(|p| *p != Path::new("-")) {
         json::write(&out.report, create(path)?).map_err(|e| failed(path, e))?;
     }
+    if let (Some(path), Some(f)) = (&a.fct, &out.report.fct) {
+        fct_export::buckets_csv(f, &fct_export::beside(path, "-buckets.csv"))?;
+        fct_export::slowdown_svg(f, &fct_export::beside(path, ".svg"))?;
+    }
     Ok(())
 }
 
@@ -414,6 +484,7 @@ fn open_streams(a: &RunArgs, cfg: &RunConfig) -> Result<Outputs, String> {
         latency_interval: cfg.hdr_interval,
         keep_latency: cfg.json_series,
         counters: open(&a.counters)?,
+        fct: open(&a.fct)?,
     })
 }
 

@@ -47,6 +47,32 @@ pub fn rate(text: &str) -> Result<f64, String> {
     Ok(v * mult)
 }
 
+/// A link rate in Gb/s from `25G`, `25gbit`, `200mbit`, `200M`, `1.5g`.
+pub fn bit_rate(text: &str) -> Result<f64, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("expected a rate like 25G or 200mbit, found {text:?}"))?;
+    let gbps = match unit.trim_end_matches("bps").trim_end_matches("bit") {
+        "g" => v,
+        "m" => v / 1e3,
+        "k" => v / 1e6,
+        _ => {
+            return Err(format!(
+                "expected a rate like 25G or 200mbit (units G, M, K, gbit, mbit), found {text:?}"
+            ))
+        }
+    };
+    if !(gbps > 0.0 && gbps.is_finite()) {
+        return Err(format!("a rate must be positive, found {text:?}"));
+    }
+    Ok(gbps)
+}
+
 /// A positive duration with a unit: `5s`, `250ms`, `10us`.
 pub fn duration(text: &str) -> Result<Duration, String> {
     let ns = parse_duration(text)?;
@@ -80,6 +106,17 @@ mod tests {
         assert!(size("8X").unwrap_err().contains("unit"));
         assert!(size("8G").unwrap_err().contains("too large"));
         assert!(size("big").is_err());
+    }
+
+    #[test]
+    fn bit_rates() {
+        assert_eq!(bit_rate("25G"), Ok(25.0));
+        assert_eq!(bit_rate("200mbit"), Ok(0.2));
+        assert_eq!(bit_rate("1.5gbps"), Ok(1.5));
+        assert_eq!(bit_rate("400M"), Ok(0.4));
+        assert!(bit_rate("fast").is_err());
+        assert!(bit_rate("10").unwrap_err().contains("units G, M, K"));
+        assert!(bit_rate("0G").is_err());
     }
 
     #[test]

@@ -240,6 +240,8 @@ pub mod fake {
             steady_ns: (0, u64::MAX),
             seed: 1,
             stop_token: StopToken::new(),
+            sizes: None,
+            fct: None,
         }
     }
 

@@ -250,6 +250,8 @@ pub struct Outputs {
     /// The port counters' CSV (`--counters`), sampled by a thread of its own (see
     /// [`super::port_counters`]), not by the interval writer.
     pub counters: Option<Box<dyn std::io::Write + Send>>,
+    /// `--fct`: one row per message (see [`super::fct`]), written by a thread of its own.
+    pub fct: Option<Box<dyn std::io::Write + Send>>,
 }
 
 impl Outputs {
@@ -261,6 +263,7 @@ impl Outputs {
             latency_interval: std::time::Duration::ZERO,
             keep_latency: false,
             counters: None,
+            fct: None,
         }
     }
 
@@ -297,6 +300,7 @@ pub fn write(
         latency_interval,
         keep_latency,
         counters: _,
+        fct: _,
     } = outputs;
     let mut kept: Vec<Histogram<u64>> = Vec::new();
     let mut series_out = series.map(std::io::BufWriter::new);

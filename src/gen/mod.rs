@@ -12,6 +12,7 @@ pub mod client;
 pub mod cm;
 pub mod cpus;
 pub mod drive;
+pub mod fct;
 pub mod intervals;
 pub mod ops;
 pub mod pacing;
@@ -20,6 +21,7 @@ pub mod port_counters;
 pub mod progress;
 pub mod server;
 pub mod shard;
+pub mod sizes;
 pub mod stats;
 pub mod stop;
 pub mod wire;
@@ -75,7 +77,14 @@ pub struct RunConfig {
     /// The operations and their weights (`--op` is one op alone).
     pub mix: OpMix,
     pub qp_type: QpType,
+    /// The message size, or with `sizes` the largest one drawn (buffers are sized to it).
     pub size: u32,
+    /// Sizes drawn per message from a distribution.
+    pub sizes: Option<sizes::Sizes>,
+    /// Line rate in Gb/s for `--load` and `--fct`, instead of the port's.
+    pub line_gbps: Option<f64>,
+    /// `--fct`: record each message's completion time; the ideal adds this base latency.
+    pub fct_base: Option<Duration>,
     pub depth: u32,
     pub threads: u32,
     /// Pin thread t to the t-th CPU of the process's affinity mask.
@@ -120,6 +129,9 @@ impl Default for RunConfig {
             mix: OpMix::single(Op::Write),
             qp_type: QpType::Rc,
             size: 65536,
+            sizes: None,
+            line_gbps: None,
+            fct_base: None,
             depth: 1,
             threads: 1,
             pin: false,

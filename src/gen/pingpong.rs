@@ -205,6 +205,7 @@ fn pingpong<T: Transport>(
         latency,
         by_op,
         steady,
+        fct: None,
     }
 }
 

@@ -4,15 +4,18 @@
 //! its op from the flow's [`Picker`]; a cmp_swap compares with the value its flow's previous
 //! swap put in (so each swaps, unless something else changed the word: it is counted).
 use super::drive::{drive, Limits, Pattern, Post, Transport};
+use super::fct::{FctBuckets, FctLog, FctParams, FctRow};
 use super::intervals::Sink;
 use super::ops::Picker;
 use super::pacing::{Arrival, Pacer};
 use super::progress::Counters;
 use super::shard::Shard;
+use super::sizes::{SizeSampler, Sizes};
 use super::stats::{ByOp, FlowStats, Recorder, SteadySpan};
 use super::stop::StopToken;
 use super::{Op, OpMix, StopAt};
 use crate::verbs::{wc_status_str, WorkCompletion};
+use crossbeam::channel::Sender;
 use hdrhistogram::Histogram;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 /// How long outstanding operations may take to complete once posting stops.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct WorkerParams {
     pub mix: OpMix,
     pub size: u32,
@@ -41,6 +44,10 @@ pub struct WorkerParams {
     pub seed: u64,
     /// Ctrl-C or a lost peer: stop posting, drain.
     pub stop_token: StopToken,
+    /// Sizes drawn per message (`--size uniform:…`, a CDF); None: every message is `size`.
+    pub sizes: Option<Sizes>,
+    /// `--fct`: each message's completion time and slowdown, reckoned so.
+    pub fct: Option<FctParams>,
 }
 
 impl WorkerParams {
@@ -73,6 +80,17 @@ pub struct WorkerOutput {
     pub by_op: ByOp,
     /// Its completions in the steady-state window, between completion events.
     pub steady: SteadySpan,
+    /// With `--fct`: the thread's FCT and slowdown histograms by size bucket.
+    pub fct: Option<FctBuckets>,
+}
+
+/// Where a thread sends what it measures as the run goes.
+#[derive(Default)]
+pub struct Streams {
+    /// The time series and latency intervals.
+    pub sink: Option<Sink>,
+    /// `--fct`: every message's row.
+    pub fct_rows: Option<Sender<Vec<FctRow>>>,
 }
 
 struct FlowState {
@@ -82,6 +100,8 @@ struct FlowState {
     slot_ns: Vec<u64>,
     /// Each slot's op, and a cmp_swap's expected value.
     slot_op: Vec<Op>,
+    /// Each slot's message size (drawn, with a size distribution).
+    slot_size: Vec<u32>,
     slot_cmp: Vec<u64>,
     /// cmp_swaps posted: the next one expects the word to hold this (each adds 1).
     swaps: u64,
@@ -91,6 +111,8 @@ struct FlowState {
     /// The busy slots in posting order: a completion covers its slot and every one before it.
     order: VecDeque<u16>,
     pacer: Option<Pacer>,
+    /// With a size distribution: the flow's draws.
+    sampler: Option<SizeSampler>,
 }
 
 fn wr_id(flow: usize, slot: u16) -> u64 {
@@ -112,6 +134,7 @@ struct Throughput<'a, C: Fn() -> u64> {
     max_posts: u64,
     /// The op of a run of one op (no draw).
     only: Op,
+    fct: Option<FctLog>,
 }
 
 impl<C: Fn() -> u64> Throughput<'_, C> {
@@ -134,9 +157,13 @@ impl<C: Fn() -> u64> Throughput<'_, C> {
             Some(picker) => picker.draw(),
             None => self.only,
         };
+        let size = match (&mut st.sampler, &self.p.sizes) {
+            (Some(sampler), Some(sizes)) => sampler.draw(sizes),
+            _ => self.p.size,
+        };
         let req = Post {
             op,
-            size: self.p.size,
+            size,
             wr_id: wr_id(i, slot),
             slot,
             signaled,
@@ -146,6 +173,7 @@ impl<C: Fn() -> u64> Throughput<'_, C> {
             Ok(()) => {
                 st.slot_ns[slot as usize] = when_ns.min(posted_ns);
                 st.slot_op[slot as usize] = op;
+                st.slot_size[slot as usize] = size;
                 st.slot_cmp[slot as usize] = st.swaps;
                 st.swaps += u64::from(op == Op::CmpSwap);
                 st.order.push_back(slot);
@@ -192,7 +220,6 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for Throughput<'_, C> {
     fn completed(&mut self, io: &T, wcs: &[WorkCompletion], now: u64, stopping: bool) {
         self.recorder.tick(now);
         let (mut done_ops, mut done_bytes) = (0, 0);
-        let size = u64::from(self.p.size);
         for wc in wcs {
             let (i, slot) = decode(wc.wr_id);
             // This completion covers its own operation and, unsignaled, every one posted
@@ -210,6 +237,13 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for Throughput<'_, C> {
                     break;
                 }
                 let op = st.slot_op[q as usize];
+                let (size, started) = (st.slot_size[q as usize], st.slot_ns[q as usize]);
+                if let Some(fct) = &mut self.fct {
+                    if started >= self.p.warmup_ns {
+                        fct.record(fs.flow, size, started, now);
+                    }
+                }
+                let size = u64::from(size);
                 if op == Op::CmpSwap && io.atomic_result(i, q) == st.slot_cmp[q as usize] {
                     self.recorder.swapped();
                 }
@@ -275,8 +309,9 @@ fn throughput<T: Transport>(
     limits: Limits,
     now_ns: impl Fn() -> u64,
     counters: &Counters,
-    sink: Option<Sink>,
+    streams: Streams,
 ) -> WorkerOutput {
+    let Streams { sink, fct_rows } = streams;
     let mut pattern = Throughput {
         p,
         state: flow_ids
@@ -286,6 +321,8 @@ fn throughput<T: Transport>(
                 outstanding: 0,
                 slot_ns: vec![0; p.depth as usize],
                 slot_op: vec![Op::Write; p.depth as usize],
+                slot_size: vec![p.size; p.depth as usize],
+                sampler: p.sizes.as_ref().map(|_| SizeSampler::new(p.seed, id)),
                 slot_cmp: vec![0; p.depth as usize],
                 swaps: 0,
                 picker: p
@@ -306,6 +343,7 @@ fn throughput<T: Transport>(
         max_posts: p.max_ops(),
         only: p.mix.ops().next().expect("a mix has an op"),
         now_ns: &now_ns,
+        fct: p.fct.map(|params| FctLog::new(params, fct_rows)),
     };
     drive(io, &mut pattern, limits, &now_ns);
     // Open loop: what the schedule asked for until posting stopped (the deadline, or now if
@@ -323,6 +361,7 @@ fn throughput<T: Transport>(
         latency,
         by_op,
         steady,
+        fct: pattern.fct.map(FctLog::finish),
     }
 }
 
@@ -333,11 +372,11 @@ pub fn run(
     p: &WorkerParams,
     t0: Instant,
     counters: &Counters,
-    sink: Option<Sink>,
+    streams: Streams,
 ) -> WorkerOutput {
     let ids: Vec<u32> = shard.flows.iter().map(|f| f.id).collect();
     let now_ns = || t0.elapsed().as_nanos() as u64;
-    throughput(shard, &ids, p, p.limits(), now_ns, counters, sink)
+    throughput(shard, &ids, p, p.limits(), now_ns, counters, streams)
 }
 
 #[cfg(test)]
@@ -360,7 +399,7 @@ mod tests {
             p.limits(),
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         for (f, id) in out.flows.iter().zip([7, 8, 9]) {
             assert_eq!((f.flow, f.ops, f.bytes), (id, 50, 50 * 64));
@@ -370,6 +409,52 @@ mod tests {
         assert_eq!(fake.posts.get(), 150);
         assert_eq!(*fake.max_outstanding.borrow(), [4, 4, 4]);
         assert_eq!(*fake.outstanding.borrow(), [0, 0, 0]);
+    }
+
+    #[test]
+    fn drawn_sizes_are_counted_as_drawn_and_every_message_gets_its_fct() {
+        use crate::gen::sizes::{SizeDist, SizeSampler, Sizes};
+        let fake = Fake::new(2);
+        let mut p = params(4, 200);
+        let sizes = Sizes {
+            dist: SizeDist::uniform(1, 50_000).unwrap(),
+            scale: 1.0,
+        };
+        p.size = sizes.max();
+        p.sizes = Some(sizes.clone());
+        p.fct = Some(FctParams {
+            line_gbps: 8.0,
+            base_ns: 0,
+        });
+        let (tx, rx) = crossbeam::channel::unbounded();
+        let out = throughput(
+            &fake,
+            &[0, 1],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+            Streams {
+                sink: None,
+                fct_rows: Some(tx),
+            },
+        );
+        let rows: Vec<FctRow> = rx.iter().flatten().collect();
+        assert_eq!(rows.len(), 400);
+        for (f, id) in out.flows.iter().zip([0u32, 1]) {
+            // The flow's bytes are its own seeded draws, in order.
+            let mut draws = SizeSampler::new(p.seed, id);
+            let expect: u64 = (0..200).map(|_| u64::from(draws.draw(&sizes))).sum();
+            assert_eq!((f.ops, f.bytes), (200, expect));
+            let rowed: u64 = (rows.iter().filter(|r| r.flow == id))
+                .map(|r| u64::from(r.size))
+                .sum();
+            assert_eq!(rowed, expect);
+        }
+        let buckets = out.fct.expect("fct histograms");
+        let timed: u64 = buckets.0.iter().map(|b| b.fct.len()).sum();
+        assert_eq!(timed, 400);
+        assert!(!buckets.0[0].fct.is_empty() && !buckets.0[1].fct.is_empty());
     }
 
     #[test]
@@ -391,7 +476,7 @@ mod tests {
             limits,
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         for f in &out.flows {
             assert_eq!((f.ops, f.bytes, f.latency.len()), (101, 101 * 64, 101));
@@ -417,7 +502,7 @@ mod tests {
             p.limits(),
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         assert_eq!(out.flows[0].ops, 40);
         assert!(out.flows[0].error.is_none());
@@ -448,7 +533,7 @@ mod tests {
             limits,
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         for f in &out.flows {
             assert_eq!((f.ops, f.in_flight), (0, 3));
@@ -475,7 +560,7 @@ mod tests {
             limits,
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         for f in &out.flows {
             let posted = f.ops + u64::from(f.in_flight);
@@ -507,7 +592,7 @@ mod tests {
             limits,
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         assert!(out.flows[0].ops >= 49, "{}", out.flows[0].ops);
         assert!(out.flows[0].missed <= 1, "{}", out.flows[0].missed);
@@ -526,7 +611,7 @@ mod tests {
             p.limits(),
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         assert_eq!(out.flows[0].ops, 20);
         assert!(fake.max_outstanding.borrow()[0] <= 2);
@@ -544,7 +629,7 @@ mod tests {
             p.limits(),
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         let posted = *fake.by_op.borrow();
         let mut total = 0;
@@ -587,7 +672,7 @@ mod tests {
             p.limits(),
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         let cs = &out.by_op[Op::CmpSwap.index()];
         assert_eq!((cs.ops, cs.swapped), (602, 602));
@@ -607,7 +692,7 @@ mod tests {
             p.limits(),
             ticking(),
             &Counters::default(),
-            None,
+            Streams::default(),
         );
         let cs = &out.by_op[Op::CmpSwap.index()];
         assert_eq!((cs.ops, cs.swapped), (10, 0));

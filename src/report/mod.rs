@@ -1,6 +1,7 @@
 //! What a run measured, as data: per-flow and total throughput, latency percentiles from
 //! HdrHistograms, fairness. `export/` turns a [`RunReport`] into files, one format per file.
 pub mod export;
+pub mod fct;
 pub mod incast;
 pub mod ops;
 pub mod pairs;
@@ -341,6 +342,12 @@ pub struct RunReport {
     /// rose over the measured phase (retransmissions, out-of-sequence, CNPs, ECN marks, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub port_counters: BTreeMap<String, u64>,
+    /// `--size DIST`: the distribution the sizes were drawn from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizes: Option<fct::SizesReport>,
+    /// `--fct`: completion time and slowdown by size bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fct: Option<fct::FctReport>,
     pub flows: Vec<FlowReport>,
 }
 

@@ -386,6 +386,79 @@ pub fn bar_chart(
     root.present().map_err(|e| failed(path, e))
 }
 
+/// Lines over categories on a logarithmic y axis (values spanning orders of magnitude, such
+/// as slowdowns), written as an SVG to `path`: each series has one value per category
+/// (`points` as (category index, value); values at or below 0 are left out), with a dot at
+/// each.
+pub fn category_log_chart(
+    path: &Path,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    categories: &[String],
+    series: &[Series],
+) -> Result<(), String> {
+    let values = || {
+        series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+            .filter(|v| *v > 0.0)
+    };
+    let lo = values().fold(f64::INFINITY, f64::min);
+    let hi = values().fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = if lo.is_finite() {
+        (lo / 2.0, hi * 2.0)
+    } else {
+        (0.1, 10.0)
+    };
+    let n = categories.len().max(1);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| failed(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, (lo..hi).log_scale())
+        .map_err(|e| failed(path, e))?;
+    let label = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 {
+            categories.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_labels(n * 2 + 1)
+        .x_label_formatter(&label)
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    for (k, s) in series.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(|p| p.1 > 0.0).collect();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| failed(path, e))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(|e| failed(path, e))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| failed(path, e))?;
+    root.present().map_err(|e| failed(path, e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

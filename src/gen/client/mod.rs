@@ -6,6 +6,7 @@ mod setup;
 mod threads;
 
 use super::cpus;
+use super::fct::FctBuckets;
 use super::intervals::Outputs;
 use super::port_counters::PortCounters;
 use super::stats::{new_histogram, ByOp, FlowStats};
@@ -13,6 +14,7 @@ use super::stop::{Reason, StopToken};
 use super::wire::{Control, OpCount};
 use super::worker::WorkerParams;
 use super::{RunConfig, StopAt};
+use crate::report::fct::FctReport;
 use crate::report::{hist, RunReport, ThreadReport};
 use setup::Local;
 use std::path::Path;
@@ -118,6 +120,8 @@ fn worker_params(cfg: &RunConfig, local: &Local, stop: StopToken) -> WorkerParam
         steady_ns: steady_window_ns(cfg),
         seed: cfg.seed,
         stop_token: stop,
+        sizes: cfg.sizes.clone(),
+        fct: local.fct,
     }
 }
 
@@ -155,8 +159,12 @@ fn gather(
     let mut by_op = ByOp::default();
     let mut steady_spans = Vec::with_capacity(outputs.len());
     let mut per_thread = Vec::with_capacity(outputs.len());
+    let mut fct: Option<FctBuckets> = None;
     for (t, (out, cpu)) in outputs.into_iter().zip(pinned).enumerate() {
         steady_spans.push(out.steady);
+        if let Some(b) = &out.fct {
+            fct.get_or_insert_with(FctBuckets::default).add(b);
+        }
         let (ops, bytes) = (out.flows.iter()).fold((0, 0), |(o, b), f| (o + f.ops, b + f.bytes));
         per_thread.push(ThreadReport {
             thread: t as u32,
@@ -219,6 +227,7 @@ fn gather(
             })
             .collect(),
         cpus: cpus::allowed().len() as u32,
+        fct: local.fct.zip(fct).map(|(p, b)| FctReport::of(p, &b)),
     };
     let mut report = report::build_report(
         cfg,

@@ -4,6 +4,7 @@ use super::super::stats::{ByOp, FlowStats, SteadySpan};
 use super::super::stop::{Reason, StopToken};
 use super::super::wire::{CountedAt, ServerCounts};
 use super::super::{Load, QpType, RunConfig};
+use crate::report::fct::{FctReport, SizesReport};
 use crate::report::ops::{CmpSwapCheck, FetchAddCheck, OpReport, ServerOpReport, ServerReport};
 use crate::report::{
     gbps, hist, jain, spread_us, FlowReport, Latency, MemoryPerFlow, OpenLoop, Outcome, RunReport,
@@ -56,6 +57,8 @@ pub struct Measured {
     pub per_thread: Vec<ThreadReport>,
     /// CPUs the process may run on.
     pub cpus: u32,
+    /// `--fct`: the threads' buckets, merged.
+    pub fct: Option<FctReport>,
 }
 
 /// `latency`: every operation's, and by op type.
@@ -167,6 +170,14 @@ pub fn build_report(
         latency_intervals: None,
         latency_interval_s: 0.0,
         port_counters: BTreeMap::new(),
+        sizes: cfg.sizes.as_ref().map(|d| SizesReport {
+            spec: d.dist.describe(),
+            scale: d.scale,
+            mean_bytes: d.mean(),
+            max_bytes: d.max(),
+            drawn_mean_bytes: bytes as f64 / (ops as f64).max(1.0),
+        }),
+        fct: run.fct.clone(),
         flows: per_flow,
     }
 }
@@ -294,6 +305,7 @@ mod tests {
             steady_spans: Vec::new(),
             per_thread: Vec::new(),
             cpus: 1,
+            fct: None,
         };
         let stop = StopToken::new();
         build_report(cfg, "dev", &[], (&new_histogram(), by_op), &measured, stop)

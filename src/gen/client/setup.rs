@@ -2,6 +2,7 @@
 //! [`Shard`] per thread with its flows' QPs (RC not connected yet, UD ready), and with `--cm`
 //! an rdma_cm id per flow, already resolved toward the server.
 use super::super::cm;
+use super::super::fct::FctParams;
 use super::super::pacing::Arrival;
 use super::super::shard::{FlowLayout, Shard};
 use super::super::stop::StopToken;
@@ -35,6 +36,8 @@ pub struct Local {
     pub rate: Option<(f64, Arrival)>,
     /// Resident memory around the making of the flows.
     pub memory: MemoryAtSetup,
+    /// `--fct`: the line rate (`--line-rate`, else the port's) and base latency.
+    pub fct: Option<FctParams>,
 }
 
 /// Flow ids per thread (flow i on thread i mod T), send-queue depth, and the CQ entries each
@@ -91,7 +94,21 @@ impl Local {
                 .map_err(|e| e.to_string())?,
         };
         let gid = ctx.gid(cfg.ib_port, gid_index).map_err(|e| e.to_string())?;
-        let rate = resolve_rate(cfg, port.link_gbps)?;
+        // --line-rate stands in for the port's rate (--load, --fct).
+        let line_gbps = cfg.line_gbps.unwrap_or(port.link_gbps);
+        let rate = resolve_rate(cfg, line_gbps)?;
+        let fct =
+            match cfg.fct_base {
+                None => None,
+                Some(_) if line_gbps <= 0.0 => return Err(
+                    "--fct needs the line rate, which this port does not report: give --line-rate"
+                        .into(),
+                ),
+                Some(base) => Some(FctParams {
+                    line_gbps,
+                    base_ns: base.as_nanos() as u64,
+                }),
+            };
         let Sizing { ids, sq, cqe } = sizing(cfg, limits.max_cqe)?;
         let (max_rd_atomic, max_dest_rd_atomic) = limits.rd_atomic();
         let qp_cfg = QpConfig {
@@ -171,6 +188,7 @@ impl Local {
             rate,
             ctx,
             pd,
+            fct,
         })
     }
 
@@ -357,11 +375,12 @@ fn resolve_rate(cfg: &RunConfig, link_gbps: f64) -> Result<Option<(f64, Arrival)
         Load::LinkFraction { fraction, arrival } => {
             if link_gbps <= 0.0 {
                 return Err(
-                    "--load needs the link rate, which this port does not report: use --rate"
+                    "--load needs the link rate, which this port does not report: use --rate or --line-rate"
                         .into(),
                 );
             }
-            let total_ops = fraction * link_gbps * 1e9 / 8.0 / f64::from(cfg.size);
+            let mean_size = cfg.sizes.as_ref().map_or(f64::from(cfg.size), |s| s.mean());
+            let total_ops = fraction * link_gbps * 1e9 / 8.0 / mean_size;
             Some((total_ops / f64::from(cfg.flows), arrival))
         }
     })

@@ -2,6 +2,7 @@
 //! all at once, and this thread watches the control connection (and draws progress) until
 //! every worker has returned.
 use super::super::cpus;
+use super::super::fct;
 use super::super::intervals::{self, Outputs, Sink};
 use super::super::port_counters::{self, PortCounters};
 use super::super::progress::{self, Counters};
@@ -68,6 +69,14 @@ pub fn start_and_watch(
     let mut go_error = None;
     let mut written = intervals::Written::default();
     let cpus = cpus::allowed();
+    // --fct: every message's row, from the workers to a writer thread (bounded).
+    let fct_stream = outputs
+        .fct
+        .take()
+        .zip(params.fct)
+        .map(|(w, p)| (crossbeam::channel::bounded(16), w, p));
+    let fct_tx = fct_stream.as_ref().map(|((tx, _), _, _)| tx.clone());
+    let mut fct_written = None;
     let outputs_of_threads: Vec<(WorkerOutput, Option<usize>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = shards
             .iter()
@@ -76,6 +85,7 @@ pub fn start_and_watch(
             .enumerate()
             .map(|(t, ((shard, c), sink))| {
                 let (release, t0, cpus) = (&release, &t0, &cpus);
+                let rows = fct_tx.clone();
                 scope.spawn(move || {
                     // Pinned before the start: a syscall once, never on the post path.
                     let pinned = cfg.pin.then(|| cpus::for_thread(cpus, t)).filter(|&cpu| {
@@ -90,18 +100,29 @@ pub fn start_and_watch(
                             latency: new_histogram(),
                             by_op: Default::default(),
                             steady: Default::default(),
+                            fct: None,
                         };
                         return (nothing, pinned);
                     };
                     let out = if cfg.pingpong {
                         pingpong::run(shard, params, start, c, sink)
                     } else {
-                        worker::run(shard, params, start, c, sink)
+                        let streams = worker::Streams {
+                            sink,
+                            fct_rows: rows,
+                        };
+                        worker::run(shard, params, start, c, streams)
                     };
                     (out, pinned)
                 })
             })
             .collect();
+        // The writer ends when the last worker drops its sender.
+        drop(fct_tx);
+        let fct_writer = fct_stream.map(|((tx, rx), w, p)| {
+            drop(tx);
+            scope.spawn(move || fct::write_rows(rx, p, w))
+        });
         match control.await_go(cfg.start_timeout) {
             Ok(()) => {
                 let _ = t0.set((Instant::now(), SystemTime::now()));
@@ -132,10 +153,12 @@ pub fn start_and_watch(
                 release.wait(); // t0 unset: the threads return at once
             }
         }
-        handles
+        let outputs = handles
             .into_iter()
             .map(|h| h.join().expect("worker thread panicked"))
-            .collect()
+            .collect();
+        fct_written = fct_writer.map(|w| w.join().expect("FCT writer panicked"));
+        outputs
     });
     if let Some(e) = go_error {
         return Err(e);
@@ -147,7 +170,10 @@ pub fn start_and_watch(
         pinned,
         start,
         start_time,
-        stream_error: written.error.or(counters_error),
+        stream_error: written
+            .error
+            .or(counters_error)
+            .or(fct_written.and_then(Result::err)),
         latency_intervals: written.latency_intervals,
     })
 }

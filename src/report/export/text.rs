@@ -52,6 +52,34 @@ pub fn write<W: Write>(r: &RunReport, per_flow: bool, mut w: W) -> io::Result<()
             each.join(", ")
         )?;
     }
+    if let Some(d) = &r.sizes {
+        writeln!(
+            w,
+            " sizes drawn from {} (x{}): mean {:.0} B, at most {} B; completed messages' mean {:.0} B",
+            d.spec, d.scale, d.mean_bytes, d.max_bytes, d.drawn_mean_bytes
+        )?;
+    }
+    if let Some(f) = &r.fct {
+        writeln!(
+            w,
+            " flow completion, {} flows; slowdown = FCT / ({:.1} us + size at {} Gb/s):",
+            f.messages,
+            f.base_latency_ns as f64 / 1e3,
+            f.line_gbps
+        )?;
+        for b in f.buckets.iter().filter(|b| b.messages > 0) {
+            writeln!(
+                w,
+                "   {:>11} {:>8} flows  FCT p50 {:>10.1} us p99 {:>10.1} us  slowdown p50 {:>7.2} p99 {:>7.2}",
+                b.name,
+                b.messages,
+                b.fct_p50_ns as f64 / 1e3,
+                b.fct_p99_ns as f64 / 1e3,
+                b.slowdown_p50,
+                b.slowdown_p99
+            )?;
+        }
+    }
     if r.signal_every > 1 {
         writeln!(
             w,
