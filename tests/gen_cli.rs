@@ -22,6 +22,37 @@ fn refused(args: &[&str], says: &str) {
 
 #[test]
 fn run_refuses_bad_arguments() {
+    // Size distributions and flow completion times.
+    refused(&["run", "h", "--size", "uniform:64K-4K"], "1 <= MIN <= MAX");
+    refused(&["run", "h", "--size", "lognormal:4K"], "MEDIAN,SIGMA");
+    refused(
+        &["run", "h", "--size", "cdf:/no/such.cdf"],
+        "cannot read the size CDF",
+    );
+    refused(
+        &["run", "h", "--size-scale", "0.5"],
+        "--size-scale scales a size distribution",
+    );
+    refused(
+        &["run", "h", "--size", "uniform:1-8", "--op", "fetch_add"],
+        "atomics move 8 bytes",
+    );
+    refused(
+        &["run", "h", "--fct", "f.csv", "--signal-every", "4"],
+        "not with --pingpong or --signal-every",
+    );
+    refused(
+        &["run", "h", "--base-latency", "10us"],
+        "give --fct or --flow-sizes",
+    );
+    refused(
+        &["run", "h", "--line-rate", "fast"],
+        "expected a rate like 25G",
+    );
+    refused(
+        &["run", "h", "--line-rate", "25G"],
+        "--line-rate is for --load and --fct",
+    );
     refused(&["run", "h", "--threads", "0"], "at least 1 thread");
     refused(
         &["run", "h", "--threads", "many"],
