@@ -68,6 +68,20 @@ fn axes<'a, 'b>(
     Ok(chart)
 }
 
+/// The x-axis label at `x` of a chart with a category at each whole number: its name there,
+/// nothing between.
+fn category_at(names: &[&str], x: f64) -> String {
+    let i = x.round();
+    if (x - i).abs() < 1e-6 && i >= 0.0 {
+        names
+            .get(i as usize)
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    } else {
+        String::new()
+    }
+}
+
 /// The legend of what was drawn with labels, in the upper right corner.
 fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, path: &Path) -> Result<(), String> {
     chart
@@ -282,17 +296,8 @@ pub fn strip_chart(
         .y_label_area_size(64)
         .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), ys.0..ys.1)
         .map_err(|e| failed(path, e))?;
-    let label = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 1e-6 && i >= 0.0 {
-            categories
-                .get(i as usize)
-                .map(|c| c.0.clone())
-                .unwrap_or_default()
-        } else {
-            String::new()
-        }
-    };
+    let names: Vec<&str> = categories.iter().map(|c| c.0.as_str()).collect();
+    let label = |x: &f64| category_at(&names, *x);
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -420,14 +425,8 @@ pub fn category_log_chart(
         .y_label_area_size(64)
         .build_cartesian_2d(-0.5f64..n as f64 - 0.5, (lo..hi).log_scale())
         .map_err(|e| failed(path, e))?;
-    let label = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 1e-6 && i >= 0.0 {
-            categories.get(i as usize).cloned().unwrap_or_default()
-        } else {
-            String::new()
-        }
-    };
+    let names: Vec<&str> = categories.iter().map(String::as_str).collect();
+    let label = |x: &f64| category_at(&names, *x);
     chart
         .configure_mesh()
         .disable_x_mesh()
