@@ -109,7 +109,13 @@ pub fn stream(
                 writeln!(out, "{:.6},{name},{d}", t.as_secs_f64()).map_err(fail)?;
             }
         }
-        prev = now;
+        // A counter that could not be read this time keeps its last value, so its increase
+        // shows up at the next good read instead of being lost.
+        for (p, n) in prev.iter_mut().zip(now) {
+            if n.is_some() {
+                *p = n;
+            }
+        }
         if last {
             return out.flush().map_err(fail);
         }
@@ -121,11 +127,15 @@ pub fn stream(
 mod tests {
     use super::*;
 
+    /// Sets counter files as sysfs shows them: a reader sees the old value or the new one
+    /// (written aside, then renamed over).
     fn fake_port(root: &Path, values: &[(&str, u64)]) {
         for (name, v) in values {
             let p = root.join("class/infiniband/rxe9/ports/1").join(name);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, format!("{v}\n")).unwrap();
+            let tmp = root.join("next");
+            std::fs::write(&tmp, format!("{v}\n")).unwrap();
+            std::fs::rename(tmp, p).unwrap();
         }
     }
 
@@ -193,6 +203,45 @@ mod tests {
             .map(|l| l.rsplit(',').next().unwrap().parse::<u64>().unwrap())
             .sum();
         assert_eq!(sent, 300 - 160, "{text}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_counter_unreadable_for_a_while_loses_nothing() {
+        let root =
+            std::env::temp_dir().join(format!("ibjitter-counters-gap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        fake_port(&root, &[("hw_counters/sent_pkts", 160)]);
+        let pc = PortCounters::open(&root, "rxe9", 1);
+        let file = root.join("class/infiniband/rxe9/ports/1/hw_counters/sent_pkts");
+        let done = AtomicBool::new(false);
+        let mut out = Vec::new();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(5));
+                std::fs::remove_file(&file).unwrap();
+                // Several 10 ms samples find no file.
+                std::thread::sleep(Duration::from_millis(35));
+                fake_port(&root, &[("hw_counters/sent_pkts", 260)]);
+                std::thread::sleep(Duration::from_millis(15));
+                done.store(true, Ordering::Relaxed);
+            });
+            stream(
+                &pc,
+                Duration::from_millis(10),
+                Instant::now(),
+                &done,
+                &mut out,
+            )
+            .unwrap();
+        });
+        let text = String::from_utf8(out).unwrap();
+        let sent: u64 = text
+            .lines()
+            .skip(1)
+            .map(|l| l.rsplit(',').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(sent, 100, "{text}");
         let _ = std::fs::remove_dir_all(&root);
     }
 }
