@@ -8,7 +8,7 @@ use super::shard::Shard;
 use super::stats::FlowStats;
 use super::stop::{Reason, StopToken};
 use super::{ops, Op};
-use crate::verbs::{AtomicOp, AtomicTarget, WorkCompletion};
+use crate::verbs::{AtomicOp, AtomicTarget, SendKind, SendWr, WorkCompletion};
 
 /// One work request of a flow, as a pattern asks for it.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +44,14 @@ impl Post {
 pub trait Transport {
     /// Posts flow `i`'s work request.
     fn post(&self, i: usize, req: &Post) -> Result<(), String>;
+    /// Posts flow `i`'s work requests in order, 1 to [`crate::verbs::POST_LIST_MAX`] of them, as one list
+    /// where the device takes lists (one doorbell). On failure: how many went in first.
+    fn post_list(&self, i: usize, reqs: &[Post]) -> Result<(), (usize, String)> {
+        for (k, req) in reqs.iter().enumerate() {
+            self.post(i, req).map_err(|e| (k, e))?;
+        }
+        Ok(())
+    }
     /// The 8-byte word an atomic of flow `i` in `slot` brought back (the target's value
     /// before it), once its completion (or a later one covering it) was seen.
     fn atomic_result(&self, i: usize, slot: u16) -> u64;
@@ -57,14 +65,14 @@ pub trait Transport {
     fn echoed(&self, i: usize, size: u32) -> u8;
 }
 
-impl Transport for Shard {
+impl Shard {
+    /// Flow `i`'s request as the verbs layer takes it.
     #[inline]
-    fn post(&self, i: usize, req: &Post) -> Result<(), String> {
+    fn send_wr(&self, i: usize, req: &Post) -> SendWr<'_> {
         let f = &self.flows[i];
         let remote = f.remote.expect("flow connected before the start");
-        let (addr, rkey) = (remote.buf.addr, remote.buf.rkey);
+        let (remote_addr, rkey) = (remote.buf.addr, remote.buf.rkey);
         let out = self.mr.sge(f.send_off, req.size);
-        let (wr_id, sig) = (req.wr_id, req.signaled);
         let atomic = |offset: u64, op| {
             let target = AtomicTarget {
                 addr: remote.atomic_addr + offset,
@@ -72,19 +80,29 @@ impl Transport for Shard {
                 op,
             };
             let result = self.mr.sge(f.atomic_off + 8 * req.slot as usize, 8);
-            f.qp.post_atomic(wr_id, result, target, sig)
+            (result, SendKind::Atomic(target))
         };
-        match req.op {
-            Op::Write => f.qp.post_write(wr_id, out, addr, rkey, sig),
+        let (local, kind) = match req.op {
+            Op::Write => (out, SendKind::Write { remote_addr, rkey }),
             // The immediate says which flow wrote (the server counts by completion, not by it).
-            Op::WriteImm => f.qp.post_write_imm(wr_id, out, addr, rkey, f.id, sig),
+            Op::WriteImm => {
+                let kind = SendKind::WriteImm {
+                    remote_addr,
+                    rkey,
+                    imm: f.id,
+                };
+                (out, kind)
+            }
             Op::Read => {
                 let into = self.mr.sge(f.recv_off, req.size);
-                f.qp.post_read(wr_id, into, addr, rkey, sig)
+                (into, SendKind::Read { remote_addr, rkey })
             }
             Op::Send => match &f.ah {
-                Some(ah) => f.qp.post_send_ud(wr_id, out, ah, remote.qp.qpn, sig),
-                None => f.qp.post_send(wr_id, out, sig),
+                Some(ah) => {
+                    let remote_qpn = remote.qp.qpn;
+                    (out, SendKind::SendUd { ah, remote_qpn })
+                }
+                None => (out, SendKind::Send),
             },
             Op::FetchAdd => atomic(0, AtomicOp::FetchAdd(ops::FETCH_ADD_ADDEND)),
             Op::CmpSwap => atomic(
@@ -94,8 +112,25 @@ impl Transport for Shard {
                     swap: req.compare + 1,
                 },
             ),
-        }
-        .map_err(|e| format!("post failed: {e}"))
+        };
+        SendWr::new(req.wr_id, local, req.signaled, kind)
+    }
+}
+
+impl Transport for Shard {
+    #[inline]
+    fn post(&self, i: usize, req: &Post) -> Result<(), String> {
+        self.post_list(i, std::slice::from_ref(req))
+            .map_err(|(_, e)| e)
+    }
+
+    #[inline]
+    fn post_list(&self, i: usize, reqs: &[Post]) -> Result<(), (usize, String)> {
+        let wrs = reqs.iter().map(|req| self.send_wr(i, req));
+        self.flows[i]
+            .qp
+            .post_list(wrs)
+            .map_err(|(k, e)| (k, format!("post failed: {e}")))
     }
 
     #[inline]
@@ -257,6 +292,10 @@ pub mod fake {
         pub posts: Cell<u64>,
         /// (flow, nth post of that flow counting from 1) that completes with an error.
         pub fail: Option<(usize, u64)>,
+        /// (flow, nth post of that flow counting from 1) that the device refuses at the post.
+        pub refuse: Option<(usize, u64)>,
+        /// The length of each list of posts handed over in one call.
+        pub lists: RefCell<Vec<usize>>,
         /// Posts never complete (to test the drain limit).
         pub silent: bool,
         /// Ping-pong: the peer echoes (WRITE: the stamped byte; SEND: a receive completes).
@@ -281,6 +320,8 @@ pub mod fake {
                 max_outstanding: RefCell::new(vec![0; flows]),
                 posts: Cell::new(0),
                 fail: None,
+                refuse: None,
+                lists: RefCell::new(Vec::new()),
                 silent: false,
                 echo: false,
                 per_flow_posts: RefCell::new(vec![0; flows]),
@@ -306,8 +347,21 @@ pub mod fake {
     }
 
     impl Transport for Fake {
+        fn post_list(&self, i: usize, reqs: &[Post]) -> Result<(), (usize, String)> {
+            assert!((1..=crate::verbs::POST_LIST_MAX).contains(&reqs.len()));
+            self.lists.borrow_mut().push(reqs.len());
+            for (k, req) in reqs.iter().enumerate() {
+                self.post(i, req).map_err(|e| (k, e))?;
+            }
+            Ok(())
+        }
+
         fn post(&self, i: usize, req: &Post) -> Result<(), String> {
             let (op, wr_id, signaled) = (req.op, req.wr_id, req.signaled);
+            let nth = self.per_flow_posts.borrow()[i] + 1;
+            if self.refuse == Some((i, nth)) {
+                return Err("post failed: Cannot allocate memory".into());
+            }
             self.posts.set(self.posts.get() + 1);
             self.by_op.borrow_mut()[op.index()] += 1;
             let n = {

@@ -14,7 +14,7 @@ use super::sizes::{SizeSampler, Sizes};
 use super::stats::{ByOp, FlowStats, Recorder, SteadySpan};
 use super::stop::StopToken;
 use super::{Op, OpMix, StopAt};
-use crate::verbs::{wc_status_str, WorkCompletion};
+use crate::verbs::{wc_status_str, WorkCompletion, POST_LIST_MAX};
 use crossbeam::channel::Sender;
 use hdrhistogram::Histogram;
 use std::collections::VecDeque;
@@ -115,6 +115,18 @@ struct FlowState {
     sampler: Option<SizeSampler>,
 }
 
+impl FlowState {
+    /// Undoes [`Throughput::take_slot`] for the latest request taken, which did not go in.
+    fn give_back(&mut self, req: &Post) {
+        debug_assert_eq!(self.order.back(), Some(&req.slot));
+        self.order.pop_back();
+        self.free.push(req.slot);
+        self.swaps -= u64::from(req.op == Op::CmpSwap);
+        self.posted -= 1;
+        self.outstanding -= 1;
+    }
+}
+
 fn wr_id(flow: usize, slot: u16) -> u64 {
     ((flow as u64) << 16) | u64::from(slot)
 }
@@ -141,11 +153,57 @@ impl<C: Fn() -> u64> Throughput<'_, C> {
     /// Posts one operation of flow i if it has a free slot; false when the flow failed.
     /// `when_ns`: when it was due (open loop), or 0 (closed loop: the latency starts now).
     fn post<T: Transport>(&mut self, io: &T, i: usize, when_ns: u64) -> bool {
-        let (st, fs) = (&mut self.state[i], &mut self.stats[i]);
-        let Some(slot) = st.free.pop() else {
-            return true;
-        };
-        let posted_ns = (self.now_ns)();
+        self.post_some(io, i, 1, when_ns)
+    }
+
+    /// Posts up to `n` operations of flow i, as many as it has free slots and may still post,
+    /// in lists of up to [`POST_LIST_MAX`] (one doorbell each: on rxe a system call per list
+    /// instead of per operation); false when the flow failed.
+    fn post_some<T: Transport>(&mut self, io: &T, i: usize, mut n: usize, when_ns: u64) -> bool {
+        let mut reqs = [Post::message(Op::Write, 0, 0); POST_LIST_MAX];
+        while n > 0 && self.may_post(i) {
+            let room = self.max_posts - self.state[i].posted;
+            let k = n
+                .min(POST_LIST_MAX)
+                .min(self.state[i].free.len())
+                .min(usize::try_from(room).unwrap_or(usize::MAX));
+            if k == 0 {
+                break;
+            }
+            for req in &mut reqs[..k] {
+                *req = self.take_slot(i);
+            }
+            let posted_ns = (self.now_ns)();
+            let went_in = match io.post_list(i, &reqs[..k]) {
+                Ok(()) => k,
+                Err((went_in, e)) => {
+                    self.stats[i].error.get_or_insert(e);
+                    went_in
+                }
+            };
+            let (st, fs) = (&mut self.state[i], &mut self.stats[i]);
+            for req in reqs[..k].iter().rev().take(k - went_in) {
+                st.give_back(req);
+            }
+            for req in &reqs[..went_in] {
+                st.slot_ns[req.slot as usize] = when_ns.min(posted_ns);
+            }
+            if went_in > 0 {
+                fs.posted(posted_ns);
+            }
+            if went_in < k {
+                return false;
+            }
+            n -= k;
+        }
+        true
+    }
+
+    /// Takes a free slot of flow i for its next operation (draws its op and size, counts it
+    /// posted); the flow has a free slot.
+    fn take_slot(&mut self, i: usize) -> Post {
+        let st = &mut self.state[i];
+        let slot = st.free.pop().expect("a free slot");
         let every = u64::from(self.p.signal_every.max(1));
         // Signaled: every Nth, the one that fills the depth (else nothing would ever complete
         // visibly), and the flow's last.
@@ -169,25 +227,14 @@ impl<C: Fn() -> u64> Throughput<'_, C> {
             signaled,
             compare: st.swaps,
         };
-        match io.post(i, &req) {
-            Ok(()) => {
-                st.slot_ns[slot as usize] = when_ns.min(posted_ns);
-                st.slot_op[slot as usize] = op;
-                st.slot_size[slot as usize] = size;
-                st.slot_cmp[slot as usize] = st.swaps;
-                st.swaps += u64::from(op == Op::CmpSwap);
-                st.order.push_back(slot);
-                st.posted += 1;
-                st.outstanding += 1;
-                fs.posted(posted_ns);
-                true
-            }
-            Err(e) => {
-                st.free.push(slot);
-                fs.error.get_or_insert(e);
-                false
-            }
-        }
+        st.slot_op[slot as usize] = op;
+        st.slot_size[slot as usize] = size;
+        st.slot_cmp[slot as usize] = st.swaps;
+        st.swaps += u64::from(op == Op::CmpSwap);
+        st.order.push_back(slot);
+        st.posted += 1;
+        st.outstanding += 1;
+        req
     }
 
     fn may_post(&self, i: usize) -> bool {
@@ -255,10 +302,8 @@ impl<T: Transport, C: Fn() -> u64> Pattern<T> for Throughput<'_, C> {
                     break;
                 }
             }
-            for _ in 0..freed {
-                if self.p.rate.is_none() && !stopping && self.may_post(i) {
-                    self.post(io, i, now);
-                }
+            if self.p.rate.is_none() && !stopping {
+                self.post_some(io, i, freed, now);
             }
         }
         if done_ops > 0 {
@@ -488,6 +533,59 @@ mod tests {
         assert_eq!(*fake.outstanding.borrow(), [0, 0]);
         // Every silent completion was covered by a later signaled one.
         assert!(fake.unreported.borrow().iter().all(|&u| u == 0));
+    }
+
+    #[test]
+    fn the_slots_a_completion_frees_go_out_as_one_list() {
+        let fake = Fake::new(1);
+        let mut p = params(8, 40);
+        p.signal_every = 8;
+        let out = throughput(
+            &fake,
+            &[0],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+            Streams::default(),
+        );
+        assert_eq!(out.flows[0].ops, 40);
+        // The start posts one at a time (every flow's first before any flow's second); each
+        // completion then covers 8 and frees 8 slots: one list of 8.
+        assert_eq!(*fake.lists.borrow(), [1, 1, 1, 1, 1, 1, 1, 1, 8, 8, 8, 8]);
+    }
+
+    #[test]
+    fn a_post_refused_within_a_list_fails_its_flow_and_keeps_what_went_in() {
+        let mut fake = Fake::new(2);
+        // Flow 1's 12th post: the 4th of the list of 8 that follows its first completion.
+        fake.refuse = Some((1, 12));
+        let mut p = params(8, 40);
+        p.signal_every = 8;
+        // The 3 that went in are unsignaled and nothing later covers them: they stay in
+        // flight until the drain limit (a device flushes them with an error completion when
+        // its QP fails; the fake does not).
+        let limits = Limits {
+            deadline_ns: Some(1_000_000_000),
+            ..p.limits()
+        };
+        let out = throughput(
+            &fake,
+            &[0, 1],
+            &p,
+            limits,
+            ticking(),
+            &Counters::default(),
+            Streams::default(),
+        );
+        assert_eq!(out.flows[0].ops, 40);
+        assert!(out.flows[0].error.is_none());
+        // The first 8 completed; the 3 of the list that went in are accounted in flight, the
+        // 5 refused nowhere.
+        assert_eq!((out.flows[1].ops, out.flows[1].in_flight), (8, 3));
+        assert_eq!(fake.posts.get(), 40 + 11);
+        let err = out.flows[1].error.as_deref().unwrap_or("");
+        assert!(err.contains("Cannot allocate memory"), "{err}");
     }
 
     #[test]

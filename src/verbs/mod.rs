@@ -22,7 +22,10 @@ pub use cq::{CompletionQueue, WorkCompletion};
 pub use device::{device_names, open_device};
 pub use mr::{MemoryRegion, Sge};
 pub use pd::ProtectionDomain;
-pub use qp::{AtomicOp, AtomicTarget, Endpoint, QpConfig, QueuePair, RemoteBuffer, UD_QKEY};
+pub use qp::{
+    AtomicOp, AtomicTarget, Endpoint, QpConfig, QueuePair, RemoteBuffer, SendKind, SendWr,
+    POST_LIST_MAX, UD_QKEY,
+};
 pub use srq::SharedReceiveQueue;
 
 use std::fmt;

@@ -314,115 +314,116 @@ impl QueuePair {
         rkey: u32,
         signaled: bool,
     ) -> Result<()> {
-        self.post(wr_id, Opcode::IBV_WR_RDMA_WRITE, local, signaled, |wr| {
-            wr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
-        })
-    }
-
-    /// Posts one RDMA WRITE with immediate: as a WRITE, and the peer's receive queue gives up
-    /// one receive for it, completing with `imm`.
-    pub fn post_write_imm(
-        &self,
-        wr_id: u64,
-        local: Sge,
-        remote_addr: u64,
-        rkey: u32,
-        imm: u32,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(
-            wr_id,
-            Opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-            local,
-            signaled,
-            |wr| {
-                wr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
-                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-            },
-        )
-    }
-
-    /// Posts one RDMA READ of the peer's `remote_addr` into `local`.
-    pub fn post_read(
-        &self,
-        wr_id: u64,
-        local: Sge,
-        remote_addr: u64,
-        rkey: u32,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(wr_id, Opcode::IBV_WR_RDMA_READ, local, signaled, |wr| {
-            wr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
-        })
-    }
-
-    /// Posts one 8-byte atomic at the peer's `remote_addr` (8-aligned): fetch-and-add of
-    /// `compare_add` (`swap` unused), or compare-and-swap (`swap` where `compare_add` was).
-    /// The word's value before it lands in `local` (8 bytes).
-    pub fn post_atomic(
-        &self,
-        wr_id: u64,
-        local: Sge,
-        remote: AtomicTarget,
-        signaled: bool,
-    ) -> Result<()> {
-        let (opcode, compare_add, swap) = match remote.op {
-            AtomicOp::FetchAdd(add) => (Opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, add, 0),
-            AtomicOp::CmpSwap { compare, swap } => {
-                (Opcode::IBV_WR_ATOMIC_CMP_AND_SWP, compare, swap)
-            }
-        };
-        self.post(wr_id, opcode, local, signaled, |wr| {
-            wr.wr.atomic = rdma_sys::atomic_t {
-                remote_addr: remote.addr,
-                compare_add,
-                swap,
-                rkey: remote.rkey,
-            };
-        })
+        let kind = SendKind::Write { remote_addr, rkey };
+        self.post_one(SendWr::new(wr_id, local, signaled, kind))
     }
 
     /// Posts one SEND of `local` (an RC QP: to its peer).
     pub fn post_send(&self, wr_id: u64, local: Sge, signaled: bool) -> Result<()> {
-        self.post(wr_id, Opcode::IBV_WR_SEND, local, signaled, |_| {})
+        self.post_one(SendWr::new(wr_id, local, signaled, SendKind::Send))
     }
 
-    /// Posts one SEND of `local` from a UD QP to QP `remote_qpn` behind `ah` (Q_Key
-    /// [`UD_QKEY`]); `local` is at most the path MTU.
-    pub fn post_send_ud(
+    fn post_one(&self, wr: SendWr) -> Result<()> {
+        self.post_list(std::iter::once(wr)).map_err(|(_, e)| e)
+    }
+
+    /// Posts `wrs` as one linked list: one call into the provider, so one doorbell (on rxe,
+    /// one system call, where a call per request costs one each). 1 to [`POST_LIST_MAX`]
+    /// requests. On failure: how many went in before the one refused.
+    pub fn post_list<'a>(
         &self,
-        wr_id: u64,
-        local: Sge,
-        ah: &AddressHandle,
-        remote_qpn: u32,
-        signaled: bool,
-    ) -> Result<()> {
-        self.post(wr_id, Opcode::IBV_WR_SEND, local, signaled, |wr| {
-            wr.wr.ud = rdma_sys::ud_t {
-                ah: ah.as_raw(),
-                remote_qpn,
-                remote_qkey: UD_QKEY,
+        wrs: impl ExactSizeIterator<Item = SendWr<'a>>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        let n = wrs.len();
+        assert!(
+            (1..=POST_LIST_MAX).contains(&n),
+            "post_list takes 1..={POST_LIST_MAX} requests"
+        );
+        // Only the first n entries are written and used (zeroing all 32 would cost every
+        // single post).
+        let mut sges = [const { MaybeUninit::<rdma_sys::ibv_sge>::uninit() }; POST_LIST_MAX];
+        let mut list = [const { MaybeUninit::<rdma_sys::ibv_send_wr>::uninit() }; POST_LIST_MAX];
+        for (k, req) in wrs.enumerate() {
+            let sge = sges[k].write(rdma_sys::ibv_sge {
+                addr: req.local.addr,
+                length: req.local.len,
+                lkey: req.local.lkey,
+            });
+            // SAFETY: an all-zero ibv_send_wr is valid; fill sets the fields used.
+            let wr = list[k].write(unsafe { MaybeUninit::zeroed().assume_init() });
+            self.fill(wr, &req, sge);
+        }
+        let first = list[0].as_mut_ptr();
+        for k in 1..n {
+            let next = list[k].as_mut_ptr();
+            // SAFETY: entries 0..n were written above.
+            unsafe { (*list[k - 1].as_mut_ptr()).next = next };
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the list's n entries and their scatter entries live across the call; the
+        // provider copies them. On failure `bad` points at the refused entry.
+        let rc = unsafe { rdma_sys::ibv_post_send(self.raw, first, &mut bad) };
+        if rc != 0 {
+            let went_in = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: bad and first point into the same array.
+                let k = unsafe { bad.cast_const().offset_from(first) };
+                k.clamp(0, n as isize) as usize
             };
-        })
+            return Err((went_in, Error::code("ibv_post_send", rc)));
+        }
+        Ok(())
     }
 
-    /// One work request of `opcode` over `local`; `fill` sets its opcode-specific part.
+    /// Sets `wr` (all zero) from `req`, its one scatter entry `sge`.
     #[inline]
-    fn post(
-        &self,
-        wr_id: u64,
-        opcode: rdma_sys::ibv_wr_opcode::Type,
-        local: Sge,
-        signaled: bool,
-        fill: impl FnOnce(&mut rdma_sys::ibv_send_wr),
-    ) -> Result<()> {
-        let mut sge = rdma_sys::ibv_sge {
-            addr: local.addr,
-            length: local.len,
-            lkey: local.lkey,
+    fn fill(&self, wr: &mut rdma_sys::ibv_send_wr, req: &SendWr, sge: &mut rdma_sys::ibv_sge) {
+        let opcode = match req.kind {
+            SendKind::Write { remote_addr, rkey } => {
+                wr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
+                Opcode::IBV_WR_RDMA_WRITE
+            }
+            SendKind::WriteImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => {
+                wr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
+                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                Opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+            }
+            SendKind::Read { remote_addr, rkey } => {
+                wr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
+                Opcode::IBV_WR_RDMA_READ
+            }
+            SendKind::Atomic(target) => {
+                let (opcode, compare_add, swap) = match target.op {
+                    AtomicOp::FetchAdd(add) => (Opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, add, 0),
+                    AtomicOp::CmpSwap { compare, swap } => {
+                        (Opcode::IBV_WR_ATOMIC_CMP_AND_SWP, compare, swap)
+                    }
+                };
+                wr.wr.atomic = rdma_sys::atomic_t {
+                    remote_addr: target.addr,
+                    compare_add,
+                    swap,
+                    rkey: target.rkey,
+                };
+                opcode
+            }
+            SendKind::Send => Opcode::IBV_WR_SEND,
+            SendKind::SendUd { ah, remote_qpn } => {
+                wr.wr.ud = rdma_sys::ud_t {
+                    ah: ah.as_raw(),
+                    remote_qpn,
+                    remote_qkey: UD_QKEY,
+                };
+                Opcode::IBV_WR_SEND
+            }
         };
         let mut flags = 0;
-        if signaled {
+        if req.signaled {
             flags |= rdma_sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         }
         // Inline data is for what we send (a READ or an atomic brings data back).
@@ -430,24 +431,15 @@ impl QueuePair {
             opcode,
             Opcode::IBV_WR_SEND | Opcode::IBV_WR_RDMA_WRITE | Opcode::IBV_WR_RDMA_WRITE_WITH_IMM
         );
-        if sends_data && local.len <= self.cfg.max_inline && local.len > 0 {
+        let len = req.local.len;
+        if sends_data && len <= self.cfg.max_inline && len > 0 {
             flags |= rdma_sys::ibv_send_flags::IBV_SEND_INLINE.0;
         }
-        // SAFETY: an all-zero ibv_send_wr is valid; the fields used are set below.
-        let mut wr: rdma_sys::ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = if local.len == 0 { 0 } else { 1 };
+        wr.wr_id = req.wr_id;
+        wr.sg_list = sge;
+        wr.num_sge = i32::from(len != 0);
         wr.opcode = opcode;
         wr.send_flags = flags;
-        fill(&mut wr);
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: wr and sge live across the call; the provider copies them.
-        let rc = unsafe { rdma_sys::ibv_post_send(self.raw, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(Error::code("ibv_post_send", rc));
-        }
-        Ok(())
     }
 
     /// Posts one receive buffer on this QP's own receive queue (QPs without an SRQ).
@@ -484,6 +476,57 @@ pub struct AtomicTarget {
 pub enum AtomicOp {
     FetchAdd(u64),
     CmpSwap { compare: u64, swap: u64 },
+}
+
+/// The most work requests [`QueuePair::post_list`] takes in one call.
+pub const POST_LIST_MAX: usize = 32;
+
+/// One send-queue work request, as [`QueuePair::post_list`] takes them.
+#[derive(Clone, Copy)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    /// What it sends, or where a READ's or atomic's data lands (an atomic: 8 bytes).
+    pub local: Sge,
+    /// Unless set, it completes without a completion of its own (except on an error).
+    pub signaled: bool,
+    pub kind: SendKind<'a>,
+}
+
+impl<'a> SendWr<'a> {
+    pub fn new(wr_id: u64, local: Sge, signaled: bool, kind: SendKind<'a>) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            local,
+            signaled,
+            kind,
+        }
+    }
+}
+
+/// A work request's verb and where it goes.
+#[derive(Clone, Copy)]
+pub enum SendKind<'a> {
+    /// RDMA WRITE to the peer's `remote_addr` (registered under `rkey`).
+    Write { remote_addr: u64, rkey: u32 },
+    /// As a WRITE, and the peer's receive queue gives up one receive for it, completing with
+    /// `imm`.
+    WriteImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+    /// RDMA READ of the peer's `remote_addr` into `local`.
+    Read { remote_addr: u64, rkey: u32 },
+    /// An 8-byte atomic at the peer's word; the word's value before it lands in `local`.
+    Atomic(AtomicTarget),
+    /// SEND on an RC QP: to its peer.
+    Send,
+    /// SEND from a UD QP to QP `remote_qpn` behind the address handle `ah` (Q_Key
+    /// [`UD_QKEY`]); `local` is at most the path MTU.
+    SendUd {
+        ah: &'a AddressHandle,
+        remote_qpn: u32,
+    },
 }
 
 /// The address vector toward `remote` from `port`: its LID, and with a GID (RoCE, or IB
