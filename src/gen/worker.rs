@@ -127,6 +127,12 @@ impl FlowState {
     }
 }
 
+/// The most payload one posted list carries (READ: asks for). On rxe a longer list of large
+/// messages goes out as one burst that its queues drop (a list of four 64 KiB READs: 400 retries
+/// in 5 s and 0.4x the throughput; 64 KiB WRITEs: 3x the retries); within this, lists of
+/// small messages keep their gain (4,000 flows of 4 KiB: 1.06-1.18x).
+const LIST_BYTES_MAX: u64 = 64 << 10;
+
 fn wr_id(flow: usize, slot: u16) -> u64 {
     ((flow as u64) << 16) | u64::from(slot)
 }
@@ -157,21 +163,25 @@ impl<C: Fn() -> u64> Throughput<'_, C> {
     }
 
     /// Posts up to `n` operations of flow i, as many as it has free slots and may still post,
-    /// in lists of up to [`POST_LIST_MAX`] (one doorbell each: on rxe a system call per list
-    /// instead of per operation); false when the flow failed.
+    /// in lists of up to [`POST_LIST_MAX`] requests and [`LIST_BYTES_MAX`] bytes (one doorbell
+    /// each: on rxe a system call per list instead of per operation); false when the flow
+    /// failed.
     fn post_some<T: Transport>(&mut self, io: &T, i: usize, mut n: usize, when_ns: u64) -> bool {
         let mut reqs = [Post::message(Op::Write, 0, 0); POST_LIST_MAX];
         while n > 0 && self.may_post(i) {
             let room = self.max_posts - self.state[i].posted;
-            let k = n
+            let most = n
                 .min(POST_LIST_MAX)
                 .min(self.state[i].free.len())
                 .min(usize::try_from(room).unwrap_or(usize::MAX));
-            if k == 0 {
+            if most == 0 {
                 break;
             }
-            for req in &mut reqs[..k] {
-                *req = self.take_slot(i);
+            let (mut k, mut bytes) = (0, 0);
+            while k < most && bytes < LIST_BYTES_MAX {
+                reqs[k] = self.take_slot(i);
+                bytes += u64::from(reqs[k].size);
+                k += 1;
             }
             let posted_ns = (self.now_ns)();
             let went_in = match io.post_list(i, &reqs[..k]) {
@@ -553,6 +563,28 @@ mod tests {
         // The start posts one at a time (every flow's first before any flow's second); each
         // completion then covers 8 and frees 8 slots: one list of 8.
         assert_eq!(*fake.lists.borrow(), [1, 1, 1, 1, 1, 1, 1, 1, 8, 8, 8, 8]);
+    }
+
+    #[test]
+    fn a_list_stops_at_its_byte_budget() {
+        // 24 KiB messages: a list ends with the one that reaches 64 KiB (3 of them).
+        let fake = Fake::new(1);
+        let mut p = fake::params(Op::Read, 24 << 10, 8, 24);
+        p.signal_every = 8;
+        let out = throughput(
+            &fake,
+            &[0],
+            &p,
+            p.limits(),
+            ticking(),
+            &Counters::default(),
+            Streams::default(),
+        );
+        assert_eq!(out.flows[0].ops, 24);
+        assert_eq!(
+            *fake.lists.borrow(),
+            [1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 2, 3, 3, 2]
+        );
     }
 
     #[test]
