@@ -443,19 +443,24 @@ mod tests {
         fake::params(Op::Write, 64, depth, ops)
     }
 
+    /// The throughput pattern over `fake` on its ticking clock, without counters or streams.
+    fn run(fake: &Fake, flow_ids: &[u32], p: &WorkerParams, limits: Limits) -> WorkerOutput {
+        throughput(
+            fake,
+            flow_ids,
+            p,
+            limits,
+            ticking(),
+            &Counters::default(),
+            Streams::default(),
+        )
+    }
+
     #[test]
     fn closed_loop_keeps_depth_outstanding_and_completes_every_operation() {
         let fake = Fake::new(3);
         let p = params(4, 50);
-        let out = throughput(
-            &fake,
-            &[7, 8, 9],
-            &p,
-            p.limits(),
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[7, 8, 9], &p, p.limits());
         for (f, id) in out.flows.iter().zip([7, 8, 9]) {
             assert_eq!((f.flow, f.ops, f.bytes), (id, 50, 50 * 64));
             assert!(f.error.is_none(), "{:?}", f.error);
@@ -524,15 +529,7 @@ mod tests {
             deadline_ns: Some(1_000_000_000),
             ..p.limits()
         };
-        let out = throughput(
-            &fake,
-            &[0, 1],
-            &p,
-            limits,
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0, 1], &p, limits);
         for f in &out.flows {
             assert_eq!((f.ops, f.bytes, f.latency.len()), (101, 101 * 64, 101));
             assert!(f.error.is_none(), "{:?}", f.error);
@@ -550,15 +547,7 @@ mod tests {
         let fake = Fake::new(1);
         let mut p = params(8, 40);
         p.signal_every = 8;
-        let out = throughput(
-            &fake,
-            &[0],
-            &p,
-            p.limits(),
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0], &p, p.limits());
         assert_eq!(out.flows[0].ops, 40);
         // The start posts one at a time (every flow's first before any flow's second); each
         // completion then covers 8 and frees 8 slots: one list of 8.
@@ -571,15 +560,7 @@ mod tests {
         let fake = Fake::new(1);
         let mut p = fake::params(Op::Read, 24 << 10, 8, 24);
         p.signal_every = 8;
-        let out = throughput(
-            &fake,
-            &[0],
-            &p,
-            p.limits(),
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0], &p, p.limits());
         assert_eq!(out.flows[0].ops, 24);
         assert_eq!(
             *fake.lists.borrow(),
@@ -601,15 +582,7 @@ mod tests {
             deadline_ns: Some(1_000_000_000),
             ..p.limits()
         };
-        let out = throughput(
-            &fake,
-            &[0, 1],
-            &p,
-            limits,
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0, 1], &p, limits);
         assert_eq!(out.flows[0].ops, 40);
         assert!(out.flows[0].error.is_none());
         // The first 8 completed; the 3 of the list that went in are accounted in flight, the
@@ -625,15 +598,7 @@ mod tests {
         let mut fake = Fake::new(2);
         fake.fail = Some((1, 5));
         let p = params(2, 40);
-        let out = throughput(
-            &fake,
-            &[0, 1],
-            &p,
-            p.limits(),
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0, 1], &p, p.limits());
         assert_eq!(out.flows[0].ops, 40);
         assert!(out.flows[0].error.is_none());
         // Four completed before the failed fifth; the one posted beside it drained.
@@ -656,15 +621,7 @@ mod tests {
             drain_ns: 50_000,
             stop: StopToken::new(),
         };
-        let out = throughput(
-            &fake,
-            &[0, 1],
-            &p,
-            limits,
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0, 1], &p, limits);
         for f in &out.flows {
             assert_eq!((f.ops, f.in_flight), (0, 3));
             assert!(f.error.is_none(), "{:?}", f.error);
@@ -683,15 +640,7 @@ mod tests {
             drain_ns: 50_000,
             stop: StopToken::new(),
         };
-        let out = throughput(
-            &fake,
-            &[0, 1],
-            &p,
-            limits,
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0, 1], &p, limits);
         for f in &out.flows {
             let posted = f.ops + u64::from(f.in_flight);
             // About 2,000 sends were due per flow by the deadline.
@@ -715,15 +664,7 @@ mod tests {
             drain_ns: 50_000,
             stop: StopToken::new(),
         };
-        let out = throughput(
-            &fake,
-            &[0],
-            &p,
-            limits,
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0], &p, limits);
         assert!(out.flows[0].ops >= 49, "{}", out.flows[0].ops);
         assert!(out.flows[0].missed <= 1, "{}", out.flows[0].missed);
     }
@@ -734,15 +675,7 @@ mod tests {
         let mut p = params(2, 20);
         // 1e5 ops/s = one every 10 µs of a clock that ticks 1 µs per reading.
         p.rate = Some((1e5, Arrival::Fixed));
-        let out = throughput(
-            &fake,
-            &[0],
-            &p,
-            p.limits(),
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0], &p, p.limits());
         assert_eq!(out.flows[0].ops, 20);
         assert!(fake.max_outstanding.borrow()[0] <= 2);
     }
@@ -752,15 +685,7 @@ mod tests {
         let fake = Fake::new(4);
         let mut p = fake::params(Op::Write, 8, 4, 2_000);
         p.mix = OpMix::parse("write:50,read:20,send:10,fetch_add:10,cmp_swap:10").unwrap();
-        let out = throughput(
-            &fake,
-            &[0, 1, 2, 3],
-            &p,
-            p.limits(),
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0, 1, 2, 3], &p, p.limits());
         let posted = *fake.by_op.borrow();
         let mut total = 0;
         for (op, share) in [
@@ -795,15 +720,7 @@ mod tests {
         let fake = Fake::new(2);
         let mut p = fake::params(Op::CmpSwap, 8, 8, 301);
         p.signal_every = 4;
-        let out = throughput(
-            &fake,
-            &[0, 1],
-            &p,
-            p.limits(),
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0, 1], &p, p.limits());
         let cs = &out.by_op[Op::CmpSwap.index()];
         assert_eq!((cs.ops, cs.swapped), (602, 602));
         assert_eq!(*fake.words.borrow(), [[0, 301], [0, 301]]);
@@ -815,15 +732,7 @@ mod tests {
         // Something else moved the word: the flow's swaps expect 0..9 and find 1000.
         fake.words.borrow_mut()[0][1] = 1_000;
         let p = fake::params(Op::CmpSwap, 8, 1, 10);
-        let out = throughput(
-            &fake,
-            &[0],
-            &p,
-            p.limits(),
-            ticking(),
-            &Counters::default(),
-            Streams::default(),
-        );
+        let out = run(&fake, &[0], &p, p.limits());
         let cs = &out.by_op[Op::CmpSwap.index()];
         assert_eq!((cs.ops, cs.swapped), (10, 0));
         assert_eq!(fake.words.borrow()[0][1], 1_000, "nothing swapped in");
