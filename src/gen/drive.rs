@@ -44,14 +44,9 @@ impl Post {
 pub trait Transport {
     /// Posts flow `i`'s work request.
     fn post(&self, i: usize, req: &Post) -> Result<(), String>;
-    /// Posts flow `i`'s work requests in order, 1 to [`crate::verbs::POST_LIST_MAX`] of them, as one list
-    /// where the device takes lists (one doorbell). On failure: how many went in first.
-    fn post_list(&self, i: usize, reqs: &[Post]) -> Result<(), (usize, String)> {
-        for (k, req) in reqs.iter().enumerate() {
-            self.post(i, req).map_err(|e| (k, e))?;
-        }
-        Ok(())
-    }
+    /// Posts flow `i`'s work requests in order, 1 to [`crate::verbs::POST_LIST_MAX`] of them, as
+    /// one list (one doorbell). On failure: how many went in first.
+    fn post_list(&self, i: usize, reqs: &[Post]) -> Result<(), (usize, String)>;
     /// The 8-byte word an atomic of flow `i` in `slot` brought back (the target's value
     /// before it), once its completion (or a later one covering it) was seen.
     fn atomic_result(&self, i: usize, slot: u16) -> u64;
