@@ -1370,8 +1370,9 @@ fn median(x: &[f64]) -> f64 {
 /// unmodified ib_write_lat (started under the shim without a table) to +200 us per post
 /// mid-run, `pause` restores it, `status` reports the counts. Each switch is applied within
 /// 100 ms of the request; ib_write_lat's own per-iteration latencies (`-U`, half a round
-/// trip) show three phases: clean, +100 us (±25 %), clean; the delayed phase is as long as
-/// the count of delayed posts the shim reports.
+/// trip) show three phases: clean, +100 us (±50 us: the bench's speed step and noise), back
+/// without the delay; the delayed phase is as long as the count of delayed posts the shim
+/// reports.
 #[test]
 fn inject_set_and_pause_switch_a_running_ib_write_lat() {
     let so = shim_so();
@@ -1451,14 +1452,19 @@ fn inject_set_and_pause_switch_a_running_ib_write_lat() {
         set_ms < 100.0 && pause_ms < 100.0,
         "set {set_ms} ms, pause {pause_ms} ms"
     );
+    // The bench flips between two speeds (ib_write_lat's median 19 or 44 us) at any moment,
+    // so each phase may sit at either: the growth allows that step (±25 us) on top of its
+    // noise (four runs grew +82, +126, +101, +116), and after the pause the latency only has
+    // to shed the delay, not match the clean phase's speed (a CI run went 44.6 clean -> 126.5
+    // delayed -> 19.4 after).
     let grew = during - clean;
     assert!(
-        (75.0..=125.0).contains(&grew),
-        "+{grew:.1} us, not ~+100 (half of 200 us)"
+        (50.0..=150.0).contains(&grew),
+        "+{grew:.1} us, not ~+100 (half of 200 us, ±25 for the bench's speed step, ±25 noise)"
     );
     assert!(
-        (after - clean).abs() < 25.0,
-        "after pause {after:.1} us vs {clean:.1} clean"
+        after - clean < 50.0,
+        "after pause {after:.1} us vs {clean:.1} clean: the delay is still there"
     );
     let phase = (stop - start) as f64;
     assert!(
