@@ -3,7 +3,7 @@
 //! inside a `verbs_context`, QPs with `ibv_qp_ex`) whose functions are trivial.
 #![allow(dead_code)]
 
-#[path = "../../src/verbs_abi.rs"]
+#[path = "../../src/abi/verbs.rs"]
 pub mod verbs_abi;
 
 use std::ffi::{c_int, c_void, CString};

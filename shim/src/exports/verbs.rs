@@ -1,0 +1,210 @@
+//! The exported symbols that LD_PRELOAD interposes (the real ones: [`crate::sys::symbols`]).
+//!
+//! `ibv_post_send` is a static inline, so there is nothing to interpose for it: instead the
+//! functions that hand out contexts are interposed, and the returned context is patched
+//! (see [`crate::wrappers::patch`]). With `dlsym`/`dlvsym` ([`crate::exports::dl`]), these are the only symbols
+//! libibjitter.so exports; [`hook_for`] says which hook stands for which real function.
+use crate::abi::verbs::*;
+use crate::exports::ucp;
+use crate::modes::{cq, cq_ex, line, select};
+use crate::registry;
+use crate::report::ports;
+use crate::runtime::lifecycle;
+use crate::state;
+use crate::sys::symbols::{self, address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP};
+use crate::sys::symbols::{CloseDeviceFn, CreateQpFn, DestroyQpFn, ImportDeviceFn, OpenDeviceFn};
+use crate::sys::symbols::{CreateCqFn, DestroyCqFn, CREATE_CQ, DESTROY_CQ, IMPORT_DEVICE};
+use crate::sys::symbols::{ModifyQpFn, MODIFY_QP, OPEN_DEVICE};
+use crate::wrappers::patch;
+use std::ffi::{c_int, c_void, CStr};
+use std::ptr::null_mut;
+
+/// The hook that stands for `found`, the function a lookup of `name` through a handle
+/// returned, if the shim wraps that very function (the address its own lookup of the real
+/// symbol finds: not a compat version, another library's namesake or a `dlmopen` copy).
+pub fn hook_for(name: &CStr, found: *mut c_void) -> Option<*mut c_void> {
+    fn same<F: Copy>(real: &Real<F>, found: *mut c_void, hook: F) -> Option<*mut c_void> {
+        (real.find() == found).then(|| address(hook))
+    }
+    match name.to_bytes() {
+        b"ibv_open_device" => same(&OPEN_DEVICE, found, ibv_open_device as OpenDeviceFn),
+        b"ibv_import_device" => same(&IMPORT_DEVICE, found, ibv_import_device as ImportDeviceFn),
+        b"ibv_close_device" => same(&CLOSE_DEVICE, found, ibv_close_device as CloseDeviceFn),
+        b"ibv_create_qp" => same(&CREATE_QP, found, ibv_create_qp as CreateQpFn),
+        b"ibv_destroy_qp" => same(&DESTROY_QP, found, ibv_destroy_qp as DestroyQpFn),
+        b"ibv_modify_qp" => same(&MODIFY_QP, found, ibv_modify_qp as ModifyQpFn),
+        b"ibv_create_cq" => same(&CREATE_CQ, found, ibv_create_cq as CreateCqFn),
+        b"ibv_destroy_cq" => same(&DESTROY_CQ, found, ibv_destroy_cq as DestroyCqFn),
+        _ => None,
+    }
+}
+
+fn fail_enosys<T>() -> *mut T {
+    // SAFETY: errno is thread-local and always writable.
+    unsafe { *libc::__errno_location() = libc::ENOSYS };
+    null_mut()
+}
+
+/// Interposed `ibv_open_device@IBVERBS_1.1`.
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_open_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    let Some(real) = OPEN_DEVICE.get() else {
+        return fail_enosys();
+    };
+    let ctx = real(device);
+    opened(ctx);
+    ctx
+}
+
+/// A context came back from the real open or import: say the startup line, patch it
+/// (unless UCX opened it and its messages are delayed at UCP).
+unsafe fn opened(ctx: *mut ibv_context) {
+    lifecycle::first_use();
+    if ctx.is_null() {
+        return;
+    }
+    state::note_context_opened();
+    let device = (*ctx).device;
+    if !device.is_null() {
+        let path = std::ffi::CStr::from_ptr((*device).ibdev_path.as_ptr());
+        ports::device_opened(std::path::Path::new(&*path.to_string_lossy()));
+    }
+    if symbols::libucp_loaded() {
+        state::note_ucx_seen();
+        // IBJITTER_LAYER=auto|ucp: UCX's own contexts carry UCP messages, delayed at UCP;
+        // the process's other contexts (NCCL's, the program's) keep the verbs delay.
+        if state::ucx_contexts_at_ucp() && ucp::opened_by_ucx() {
+            ucp::add_ucx_context(ctx.cast());
+            return;
+        }
+    }
+    patch::patch_context(ctx);
+}
+
+/// Interposed `ibv_import_device@IBVERBS_1.10`.
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_import_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    let Some(real) = IMPORT_DEVICE.get() else {
+        return fail_enosys();
+    };
+    let ctx = real(cmd_fd);
+    opened(ctx);
+    ctx
+}
+
+/// Interposed `ibv_close_device@IBVERBS_1.1`: restore the provider's pointers first.
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_close_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    let Some(real) = CLOSE_DEVICE.get() else {
+        *libc::__errno_location() = libc::ENOSYS;
+        return -1;
+    };
+    patch::unpatch_context(ctx);
+    ucp::forget_ucx_context(ctx.cast());
+    real(ctx)
+}
+
+/// Interposed `ibv_create_qp@IBVERBS_1.1`: a provider may give legacy QPs an `ibv_qp_ex`
+/// too, reachable through `ibv_qp_to_qp_ex`; patch it where it exists.
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_create_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    let Some(real) = CREATE_QP.get() else {
+        return fail_enosys();
+    };
+    let qp = real(pd, attr);
+    if qp.is_null() {
+        return qp;
+    }
+    state::note_qp_created();
+    if !ucp::is_ucx_context((*qp).context.cast()) {
+        patch::patch_qp_ex_of(qp);
+    }
+    qp
+}
+
+/// Interposed `ibv_destroy_qp@IBVERBS_1.1`: the QP's registry entry is released first (its
+/// address may come back for another QP).
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_destroy_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    let Some(real) = DESTROY_QP.get() else {
+        return libc::ENOSYS;
+    };
+    registry::forget_qp(qp);
+    select::qp_destroyed(qp);
+    line::qp_destroyed(qp);
+    real(qp)
+}
+
+/// Interposed `ibv_modify_qp@IBVERBS_1.1`: a QP being connected to a destination that
+/// `IBJITTER_DEST` selects joins the selected QPs ([`select::qp_modified`]).
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_modify_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    attr_mask: c_int,
+) -> c_int {
+    let Some(real) = MODIFY_QP.get() else {
+        return libc::ENOSYS;
+    };
+    let rc = real(qp, attr, attr_mask);
+    if rc == 0 {
+        select::qp_modified(qp, attr, attr_mask);
+    }
+    rc
+}
+
+/// Interposed `ibv_create_cq@IBVERBS_1.1`: with a completion table, the new CQ gets its
+/// holding ring ([`crate::modes::cq`]).
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_create_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    let Some(real) = CREATE_CQ.get() else {
+        return fail_enosys();
+    };
+    let cq = real(ctx, cqe, cq_context, channel, comp_vector);
+    cq::cq_created(cq);
+    cq
+}
+
+/// Interposed `ibv_destroy_cq@IBVERBS_1.1`: its ring goes first.
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_destroy_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    let Some(real) = DESTROY_CQ.get() else {
+        return libc::ENOSYS;
+    };
+    cq::cq_destroyed(cq);
+    cq_ex::destroyed(cq);
+    real(cq)
+}

@@ -1,0 +1,232 @@
+//! Completion-side delay (`IBJITTER_CQ_TABLE`, `IBJITTER_CQ_DELAY`): completions that
+//! `ibv_poll_cq` would hand the program are held until their own drawn delay has passed
+//! since the shim first saw them. Receive-side latency, which no post-side delay models:
+//! the receiver of a SEND sees it late.
+//!
+//! - `ibv_poll_cq` is a static inline through `ctx->ops.poll_cq`, patched with the context
+//!   ([`crate::wrappers::patch`]). CQs made by the exported `ibv_create_cq` get a holding ring
+//!   ([`CAP`] completions, allocated there, freed by `ibv_destroy_cq`); CQs made by
+//!   `ibv_create_cq_ex` get theirs in [`crate::modes::cq_ex`], which holds the extended poll API's
+//!   completions. A CQ without a ring (the table of CQs full) passes through, its
+//!   completions counted apart (`cq.unheld`).
+//! - A CQ keeps its order: a completion is due at its own delay or its predecessor's due
+//!   time, whichever is later (completions of one QP are ordered, as on the wire).
+//! - Several threads may poll one CQ: the ring is taken with a try-lock; a thread that finds
+//!   it taken sees no completion this time (a poll may always return 0), never waits.
+//! - A CQ with a completion channel (event-driven programs arm it, sleep, then poll until
+//!   empty) would sleep on held completions: there the polling thread waits for the next one
+//!   instead of returning without it.
+use crate::abi::verbs::*;
+use crate::sys::clock::{self, WaitKind};
+use crate::sys::{addr_table, rng};
+use ibjitter_table::ENTRIES;
+use std::ffi::c_int;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+
+/// Completions a CQ's ring holds (completions beyond wait in the provider's CQ).
+pub const CAP: usize = 1024;
+/// Completions taken from the provider per poll.
+const BATCH: usize = 32;
+
+/// The table in wait units, and in ns (for exact sums in the stats).
+static WAITS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
+static NS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
+static ON: AtomicBool = AtomicBool::new(false);
+/// Completions handed over, how many of them were held, their delays' sum (ns), and the
+/// completions of CQs without a ring.
+static PASSED: AtomicU64 = AtomicU64::new(0);
+static HELD: AtomicU64 = AtomicU64::new(0);
+static SUM_NS: AtomicU64 = AtomicU64::new(0);
+static UNHELD: AtomicU64 = AtomicU64::new(0);
+
+struct Ring {
+    head: usize,
+    len: usize,
+    last_due: u64,
+    wc: [ibv_wc; CAP],
+    due: [u64; CAP],
+    ns: [u64; CAP],
+}
+
+struct CqEntry {
+    key: AtomicUsize,
+    busy: AtomicBool,
+    ring: AtomicPtr<Ring>,
+}
+
+const CQ_SLOTS: usize = 4096;
+#[allow(clippy::declare_interior_mutable_const)]
+const CQ_EMPTY: CqEntry = CqEntry {
+    key: AtomicUsize::new(0),
+    busy: AtomicBool::new(false),
+    ring: AtomicPtr::new(null_mut()),
+};
+static CQS: [CqEntry; CQ_SLOTS] = [CQ_EMPTY; CQ_SLOTS];
+/// Probes of the CQ table before a CQ is taken as absent (or the table as full).
+const PROBES: usize = 256;
+
+fn find(cq: *mut ibv_cq) -> Option<&'static CqEntry> {
+    addr_table::find(&CQS, cq as usize, PROBES, |e| &e.key)
+}
+
+/// Activates the completion table (ns values, converted with the wait clock in use).
+pub fn activate(values: &[u64], kind: WaitKind) {
+    for ((w, n), &v) in WAITS.iter().zip(&NS).zip(values) {
+        w.store(clock::ns_to_units(v, kind), Relaxed);
+        n.store(v, Relaxed);
+    }
+    ON.store(true, Release);
+}
+
+/// Whether completions are delayed.
+pub fn on() -> bool {
+    ON.load(Acquire)
+}
+
+/// After the exported `ibv_create_cq`: a ring for the new CQ (off any data path).
+///
+/// # Safety
+/// `cq` null or a CQ just created.
+pub unsafe fn cq_created(cq: *mut ibv_cq) {
+    if cq.is_null() || !on() {
+        return;
+    }
+    let key = cq as usize;
+    // SAFETY: all-zero is a valid Ring (integers and ibv_wc, integers only); made on the
+    // heap (65 KiB), never on the caller's stack.
+    let layout = std::alloc::Layout::new::<Ring>();
+    let p = std::alloc::alloc_zeroed(layout) as *mut Ring;
+    if p.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    let ring: Box<Ring> = Box::from_raw(p);
+    if let Some(e) = addr_table::claim(&CQS, key, PROBES, |e| &e.key) {
+        e.ring.store(Box::into_raw(ring), Release);
+        return;
+    }
+    crate::sys::say::warn_once("IBJITTER_CQ_TABLE: too many CQs; later ones are not delayed");
+}
+
+/// Before `ibv_destroy_cq`: its ring goes (completions still held are the program's loss,
+/// as the provider's own would be).
+///
+/// # Safety
+/// `cq` null or a CQ about to be destroyed, polled by no thread.
+pub unsafe fn cq_destroyed(cq: *mut ibv_cq) {
+    if let Some(e) = find(cq) {
+        // The ring first, then the slot: a CQ created meanwhile never has its ring taken.
+        let r = e.ring.swap(null_mut(), AcqRel);
+        e.key.store(addr_table::REMOVED, Release);
+        if !r.is_null() {
+            drop(Box::from_raw(r));
+        }
+    }
+}
+
+pub(crate) use clock::now_units;
+
+/// One draw from the completion table: (wait units, ns).
+pub(crate) fn draw() -> (u64, u64) {
+    let pick = |r: &mut rand_pcg::Pcg32, _: &mut u32, _: u32| {
+        let i = rng::next_index(r);
+        (WAITS[i].load(Relaxed), NS[i].load(Relaxed))
+    };
+    match rng::with_thread(pick) {
+        Some(d) => d,
+        None => {
+            rng::init_current_thread();
+            rng::with_thread(pick).unwrap_or((0, 0))
+        }
+    }
+}
+
+/// Our `ctx->ops.poll_cq` while completions are delayed: `orig` is the provider's.
+///
+/// # Safety
+/// The arguments of `ibv_poll_cq`.
+pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -> c_int {
+    let Some(e) = find(cq) else {
+        let got = orig(cq, n, wc);
+        if got > 0 {
+            UNHELD.fetch_add(got as u64, Relaxed);
+        }
+        return got;
+    };
+    if e.busy.swap(true, Acquire) {
+        return 0;
+    }
+    let r = e.ring.load(Acquire);
+    if r.is_null() {
+        e.busy.store(false, Release);
+        return orig(cq, n, wc);
+    }
+    let ring = &mut *r;
+    // Take what the provider has, as far as the ring has room.
+    let room = (CAP - ring.len).min(BATCH);
+    if room > 0 {
+        let mut fresh: [std::mem::MaybeUninit<ibv_wc>; BATCH] =
+            [const { std::mem::MaybeUninit::uninit() }; BATCH];
+        let got = orig(cq, room as c_int, fresh.as_mut_ptr().cast());
+        if got < 0 {
+            e.busy.store(false, Release);
+            return got;
+        }
+        let now = now_units();
+        for f in fresh.iter().take(got as usize) {
+            let (units, ns) = draw();
+            let due = (now + units).max(ring.last_due);
+            ring.last_due = due;
+            let slot = (ring.head + ring.len) % CAP;
+            ring.wc[slot] = f.assume_init_read();
+            ring.due[slot] = due;
+            ring.ns[slot] = ns;
+            ring.len += 1;
+        }
+    }
+    // An event-driven program would sleep on what is held: wait for the head here instead.
+    if ring.len > 0 && !(*cq).channel.is_null() {
+        while now_units() < ring.due[ring.head] {
+            std::hint::spin_loop();
+        }
+    }
+    let now = now_units();
+    let mut k = 0usize;
+    while k < n.max(0) as usize && ring.len > 0 && ring.due[ring.head] <= now {
+        *wc.add(k) = ring.wc[ring.head];
+        handed_over(ring.ns[ring.head]);
+        ring.head = (ring.head + 1) % CAP;
+        ring.len -= 1;
+        k += 1;
+    }
+    e.busy.store(false, Release);
+    k as c_int
+}
+
+/// Counts a completion handed to the program after `ns` held.
+pub(crate) fn handed_over(ns: u64) {
+    PASSED.fetch_add(1, Relaxed);
+    if ns > 0 {
+        HELD.fetch_add(1, Relaxed);
+        SUM_NS.fetch_add(ns, Relaxed);
+    }
+}
+
+/// The stats' `cq` object.
+pub fn stats_json() -> serde_json::Value {
+    serde_json::json!({
+        "completions": PASSED.load(Relaxed),
+        "held": HELD.load(Relaxed),
+        "sum_ns": SUM_NS.load(Relaxed),
+        "unheld": UNHELD.load(Relaxed),
+    })
+}
+
+/// (completions handed over, held ones, their sum in ns) for the exit line.
+pub fn counts() -> (u64, u64, u64) {
+    (
+        PASSED.load(Relaxed),
+        HELD.load(Relaxed),
+        SUM_NS.load(Relaxed),
+    )
+}

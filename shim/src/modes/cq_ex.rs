@@ -1,0 +1,300 @@
+//! Completion-side delay for the extended poll API: CQs made by `ibv_create_cq_ex` (through
+//! `verbs_context.create_cq_ex`, patched with the context) are polled with `ibv_start_poll`,
+//! `ibv_next_poll`, `ibv_end_poll` and read with `ibv_wc_read_*`, all calls through the CQ's
+//! own pointers. The shim swaps them for its own: `start_poll` takes what the provider has
+//! (provider polls of one completion each: start, read, end), capturing every field the
+//! provider can read into the CQ's ring with a due time; then it and `next_poll` present the ring's due head
+//! (`status`, `wr_id` and the read calls answer from it), and `end_poll` releases the CQ.
+//! Order, try-lock and completion-channel rules are [`crate::modes::cq`]'s.
+use crate::abi::verbs::*;
+use crate::modes::cq;
+use crate::sys::addr_table;
+use std::ffi::{c_int, c_uint};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+
+/// Completions taken from the provider per `start_poll`.
+const BATCH: usize = 32;
+
+type StartPollFn = unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int;
+type EndPollFn = unsafe extern "C" fn(*mut ibv_cq_ex);
+type ReadTmFn = unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_wc_tm_info);
+
+/// For each `ibv_wc_read_*` pointer of `ibv_cq_ex`: the captured field, the original, and
+/// our reader.
+macro_rules! reads {
+    ($($f:ident: $t:ty),* $(,)?) => {
+        /// One captured completion.
+        #[derive(Clone, Copy)]
+        struct Fields {
+            status: ibv_wc_status,
+            wr_id: u64,
+            tm: ibv_wc_tm_info,
+            $($f: $t,)*
+        }
+
+        /// The provider's pointers of one CQ.
+        #[derive(Clone, Copy)]
+        struct Originals {
+            start_poll: Option<StartPollFn>,
+            end_poll: Option<EndPollFn>,
+            read_tm_info: Option<ReadTmFn>,
+            $($f: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> $t>,)*
+        }
+
+        /// Reads the provider's current completion through its own calls.
+        unsafe fn capture(cq: *mut ibv_cq_ex, o: &Originals) -> Fields {
+            let mut tm = ibv_wc_tm_info { tag: 0, priv_: 0 };
+            if let Some(g) = o.read_tm_info {
+                g(cq, &mut tm);
+            }
+            Fields {
+                status: (*cq).status,
+                wr_id: (*cq).wr_id,
+                tm,
+                $($f: match o.$f { Some(g) => g(cq), None => Default::default() },)*
+            }
+        }
+
+        /// Our readers: the presented completion's fields.
+        mod readers {
+            use super::*;
+            $(
+                pub unsafe extern "C" fn $f(cq: *mut ibv_cq_ex) -> $t {
+                    current(cq).map_or(Default::default(), |c| c.$f)
+                }
+            )*
+            pub unsafe extern "C" fn read_tm_info(cq: *mut ibv_cq_ex, out: *mut ibv_wc_tm_info) {
+                if let Some(c) = current(cq) {
+                    *out = c.tm;
+                }
+            }
+        }
+
+        /// Records the CQ's pointers and points them at ours (those the provider has).
+        unsafe fn swap_pointers(cq: *mut ibv_cq_ex) -> Originals {
+            let o = Originals {
+                start_poll: (*cq).start_poll,
+                end_poll: (*cq).end_poll,
+                read_tm_info: (*cq).read_tm_info,
+                $($f: (*cq).$f,)*
+            };
+            (*cq).start_poll = Some(start_poll);
+            (*cq).next_poll = Some(next_poll);
+            (*cq).end_poll = Some(end_poll);
+            if o.read_tm_info.is_some() {
+                (*cq).read_tm_info = Some(readers::read_tm_info);
+            }
+            $(
+                if o.$f.is_some() {
+                    (*cq).$f = Some(readers::$f);
+                }
+            )*
+            o
+        }
+    };
+}
+
+reads! {
+    read_opcode: ibv_wc_opcode,
+    read_vendor_err: u32,
+    read_byte_len: u32,
+    read_imm_data: __be32,
+    read_qp_num: u32,
+    read_src_qp: u32,
+    read_wc_flags: c_uint,
+    read_slid: u32,
+    read_sl: u8,
+    read_dlid_path_bits: u8,
+    read_completion_ts: u64,
+    read_cvlan: u16,
+    read_flow_tag: u32,
+    read_completion_wallclock_ns: u64,
+}
+
+/// One extended CQ: its provider's pointers and its ring.
+struct ExCq {
+    orig: Originals,
+    head: usize,
+    len: usize,
+    last_due: u64,
+    /// A completion is presented (between a successful start/next poll and the next call).
+    presented: bool,
+    entries: Box<[(Fields, u64, u64)]>,
+}
+
+struct Entry {
+    key: AtomicUsize,
+    busy: AtomicBool,
+    cq: AtomicPtr<ExCq>,
+}
+
+const SLOTS: usize = 1024;
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Entry = Entry {
+    key: AtomicUsize::new(0),
+    busy: AtomicBool::new(false),
+    cq: AtomicPtr::new(null_mut()),
+};
+static TABLE: [Entry; SLOTS] = [EMPTY; SLOTS];
+
+/// Probes of the table before a CQ is taken as absent (or the table as full).
+const PROBES: usize = 256;
+
+fn find(key: usize) -> Option<&'static Entry> {
+    addr_table::find(&TABLE, key, PROBES, |e| &e.key)
+}
+
+/// The completion presented on `cq` now.
+unsafe fn current(cq: *mut ibv_cq_ex) -> Option<Fields> {
+    let e = find(cq as usize)?;
+    let x = e.cq.load(Acquire).as_ref()?;
+    (x.presented && x.len > 0).then(|| x.entries[x.head].0)
+}
+
+/// After the provider's `create_cq_ex`: ring and pointer swap (off any data path).
+///
+/// # Safety
+/// `cq` null or a CQ just created, not yet polled.
+pub unsafe fn created(cq: *mut ibv_cq_ex) {
+    if cq.is_null() || !cq::on() {
+        return;
+    }
+    let key = cq as usize;
+    let Some(slot) = addr_table::claim(&TABLE, key, PROBES, |e| &e.key) else {
+        crate::sys::say::warn_once(
+            "IBJITTER_CQ_TABLE: too many extended CQs; later ones are not delayed",
+        );
+        return;
+    };
+    // SAFETY: all-zero is a valid Fields (integers only).
+    let blank: Fields = std::mem::zeroed();
+    let x = Box::new(ExCq {
+        orig: swap_pointers(cq),
+        head: 0,
+        len: 0,
+        last_due: 0,
+        presented: false,
+        entries: vec![(blank, 0, 0); cq::CAP].into_boxed_slice(),
+    });
+    slot.cq.store(Box::into_raw(x), Release);
+}
+
+/// Before `ibv_destroy_cq`: the ring goes.
+///
+/// # Safety
+/// `cq` null or a CQ about to be destroyed.
+pub unsafe fn destroyed(cq: *mut ibv_cq) {
+    if let Some(e) = find(cq as usize) {
+        // The ring first, then the slot: a CQ created meanwhile never has its ring taken.
+        let x = e.cq.swap(null_mut(), AcqRel);
+        e.key.store(addr_table::REMOVED, Release);
+        if !x.is_null() {
+            drop(Box::from_raw(x));
+        }
+    }
+}
+
+/// Presents the ring's head if it is due (sets `status` and `wr_id` as a provider does).
+unsafe fn present(cq: *mut ibv_cq_ex, x: &mut ExCq) -> c_int {
+    if x.len > 0 && x.entries[x.head].1 <= cq::now_units() {
+        let f = x.entries[x.head].0;
+        (*cq).status = f.status;
+        (*cq).wr_id = f.wr_id;
+        x.presented = true;
+        0
+    } else {
+        x.presented = false;
+        libc::ENOENT
+    }
+}
+
+/// Consumes the presented completion (counted as handed over).
+fn consume(x: &mut ExCq) {
+    if x.presented && x.len > 0 {
+        cq::handed_over(x.entries[x.head].2);
+        x.head = (x.head + 1) % cq::CAP;
+        x.len -= 1;
+    }
+    x.presented = false;
+}
+
+unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    let Some(e) = find(cq as usize) else {
+        return libc::ENOENT;
+    };
+    if e.busy.swap(true, Acquire) {
+        return libc::ENOENT;
+    }
+    let Some(x) = e.cq.load(Acquire).as_mut() else {
+        e.busy.store(false, Release);
+        return libc::ENOENT;
+    };
+    let o = x.orig;
+    let (Some(sp), Some(ep)) = (o.start_poll, o.end_poll) else {
+        e.busy.store(false, Release);
+        return libc::ENOENT;
+    };
+    // Take what the provider has, as far as the ring has room: one completion per provider
+    // poll (start, read, end). Not start/next.../end: rxe's next_poll releases the CQ when it
+    // finds it empty and its end_poll then advances past the producer, so a loop to ENOENT
+    // corrupts its queue; start+end with one completion is right on every provider.
+    let now = cq::now_units();
+    for _ in 0..BATCH {
+        if x.len == cq::CAP {
+            break;
+        }
+        let rc = sp(cq, attr);
+        if rc == libc::ENOENT {
+            break;
+        }
+        if rc != 0 {
+            if x.len == 0 {
+                e.busy.store(false, Release);
+                return rc;
+            }
+            break;
+        }
+        let (units, ns) = cq::draw();
+        let due = (now + units).max(x.last_due);
+        x.last_due = due;
+        let slot = (x.head + x.len) % cq::CAP;
+        x.entries[slot] = (capture(cq, &o), due, ns);
+        x.len += 1;
+        ep(cq);
+    }
+    // An event-driven program would sleep on what is held: wait for the head instead.
+    if x.len > 0 && !(*cq).channel.is_null() {
+        while cq::now_units() < x.entries[x.head].1 {
+            std::hint::spin_loop();
+        }
+    }
+    let rc = present(cq, x);
+    if rc != 0 {
+        // No end_poll follows a start_poll that found nothing.
+        e.busy.store(false, Release);
+    }
+    rc
+}
+
+unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    let Some(x) = find(cq as usize).and_then(|e| e.cq.load(Acquire).as_mut()) else {
+        return libc::ENOENT;
+    };
+    consume(x);
+    // As in start_poll: an event-driven program would sleep on what is held.
+    if x.len > 0 && !(*cq).channel.is_null() {
+        while cq::now_units() < x.entries[x.head].1 {
+            std::hint::spin_loop();
+        }
+    }
+    present(cq, x)
+}
+
+unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
+    let Some(e) = find(cq as usize) else { return };
+    if let Some(x) = e.cq.load(Acquire).as_mut() {
+        consume(x);
+    }
+    e.busy.store(false, Release);
+}

@@ -1,0 +1,8 @@
+//! Layer 7: the modes that act on posts and completions beyond the draw's busy-wait:
+//! selection ([`select`]), the injection window ([`window`]), the delay line ([`line`]),
+//! completion-side delay ([`cq`], [`cq_ex`] for the extended poll API).
+pub mod cq;
+pub mod cq_ex;
+pub mod line;
+pub mod select;
+pub mod window;

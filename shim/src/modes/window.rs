@@ -1,0 +1,36 @@
+//! `IBJITTER_START`/`IBJITTER_STOP`: a thread of the shim opens the window at the start and
+//! closes it at the stop ([`crate::state::set_in_window`]); the post path only reads the
+//! mode. Started when the process first uses verbs or UCP: programs that never do get no
+//! thread. A fork child keeps the mode it was forked with (it has no window thread).
+use crate::state;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+
+/// Starts the window thread, once, if the settings have a window.
+pub fn start() {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    let Some((start, stop, t0)) = state::window() else {
+        return;
+    };
+    if STARTED.swap(true, AcqRel) {
+        return;
+    }
+    let until = move |ns: u64| {
+        let at = t0 + std::time::Duration::from_nanos(ns);
+        let now = std::time::Instant::now();
+        if at > now {
+            std::thread::sleep(at - now);
+        }
+    };
+    let _ = std::thread::Builder::new()
+        .name("ibjitter-window".into())
+        .spawn(move || {
+            if start > 0 {
+                until(start);
+                state::set_in_window(true);
+            }
+            if stop != u64::MAX {
+                until(stop);
+                state::set_in_window(false);
+            }
+        });
+}

@@ -1,0 +1,339 @@
+//! The stats file when SIGINT, SIGTERM or SIGHUP ends the process (Ctrl-C, `mpirun` or Slurm
+//! stopping a job), where no destructor runs. The handler writes it with async-signal-safe
+//! calls only (open, write, close: no allocation, no lock) from what [`arm`] prepared at load,
+//! then does what the signal did before: the program's earlier handler, or the default action
+//! (the process still dies of the signal). A signal the program ignores stays ignored, and a
+//! handler the program installs later replaces ours (its exit() then writes the full file).
+//!
+//! The document has the exit-time file's counters and exact percentiles (walking the table in
+//! sorted order with its hit counts); only HdrHistogram's bucket list is left out.
+use crate::config::Unit;
+use crate::draw::counts::{self, Hook};
+use ibjitter_table::ENTRIES;
+use std::cell::UnsafeCell;
+use std::ffi::{c_int, c_void, CString};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+
+const SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// What the handler reads, prepared at load (and the path again in a forked child).
+static PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+/// The table in its unit ([`TABLE_LEN`] values: ENTRIES, or two tables' with episodes), or
+/// null when not injecting.
+static TABLE: AtomicPtr<u64> = AtomicPtr::new(std::ptr::null_mut());
+static TABLE_LEN: AtomicUsize = AtomicUsize::new(0);
+/// Table indices sorted by value, for exact percentiles.
+static ORDER: AtomicPtr<u16> = AtomicPtr::new(std::ptr::null_mut());
+static SEED: AtomicU64 = AtomicU64::new(0);
+static UNIT_LOOPS: AtomicBool = AtomicBool::new(false);
+static ARMED: AtomicBool = AtomicBool::new(false);
+/// Set by the first signal: one file per process.
+static WRITTEN: AtomicU8 = AtomicU8::new(0);
+
+/// The actions the signals had before ours.
+struct Previous(UnsafeCell<[libc::sigaction; 3]>);
+// SAFETY: written only in `arm`, before the handlers that read it are installed.
+unsafe impl Sync for Previous {}
+// SAFETY: an all-zero sigaction is SIG_DFL with no flags.
+static PREVIOUS: Previous = Previous(UnsafeCell::new(unsafe { std::mem::zeroed() }));
+
+/// Prepares the signal-time file at `path` and installs the handlers (once per process;
+/// never over a signal the program ignores). `table`: the delays in `unit`, if injecting.
+pub fn arm(path: &str, table: Option<&[u64]>, unit: Unit, seed: u64) {
+    set_path(path);
+    if let Some(t) = table.filter(|t| t.len() == ENTRIES || t.len() == counts::INDICES) {
+        let values: Box<[u64]> = t.into();
+        let mut order: Vec<u16> = (0..t.len() as u16).collect();
+        order.sort_by_key(|&i| t[usize::from(i)]);
+        TABLE_LEN.store(t.len(), Release);
+        TABLE.store(Box::leak(values).as_mut_ptr(), Release);
+        ORDER.store(Box::leak(order.into_boxed_slice()).as_mut_ptr(), Release);
+    }
+    SEED.store(seed, Relaxed);
+    UNIT_LOOPS.store(unit == Unit::Loops, Relaxed);
+    if ARMED.swap(true, AcqRel) {
+        return;
+    }
+    // SAFETY: plain sigaction calls; PREVIOUS is filled before our handler can run.
+    unsafe {
+        let prev = &mut *PREVIOUS.0.get();
+        for (k, &sig) in SIGNALS.iter().enumerate() {
+            if libc::sigaction(sig, std::ptr::null(), &mut prev[k]) != 0
+                || prev[k].sa_sigaction == libc::SIG_IGN
+            {
+                continue;
+            }
+            let mut ours: libc::sigaction = std::mem::zeroed();
+            let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = on_signal;
+            ours.sa_sigaction = handler as *const () as usize;
+            ours.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut ours.sa_mask);
+            libc::sigaction(sig, &ours, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The file the handler writes (a forked child calls this again with its own name).
+pub fn set_path(path: &str) {
+    if let Ok(c) = CString::new(path) {
+        // The old string is leaked: a handler may be reading it.
+        PATH.store(c.into_raw(), Release);
+    }
+}
+
+extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
+    // SAFETY: errno is thread-local; restored before returning to the interrupted code.
+    let errno = unsafe { *libc::__errno_location() };
+    if WRITTEN.swap(1, AcqRel) == 0 && crate::state::in_use() {
+        write_document(sig);
+    }
+    let Some(k) = SIGNALS.iter().position(|&s| s == sig) else {
+        return;
+    };
+    // SAFETY: PREVIOUS was filled in `arm`; the calls are async-signal-safe.
+    unsafe {
+        let prev = &(*PREVIOUS.0.get())[k];
+        match prev.sa_sigaction {
+            libc::SIG_DFL => {
+                // The default action, once this handler returns (the signal is blocked now).
+                libc::sigaction(sig, prev, std::ptr::null_mut());
+                libc::raise(sig);
+            }
+            libc::SIG_IGN => {}
+            h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+                let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+                    std::mem::transmute(h);
+                f(sig, info, uctx);
+            }
+            h => {
+                let f: extern "C" fn(c_int) = std::mem::transmute(h);
+                f(sig);
+            }
+        }
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// A buffered writer to a file descriptor, with integer formatting, allocation-free.
+struct Out {
+    fd: c_int,
+    buf: [u8; 4096],
+    len: usize,
+}
+
+impl Out {
+    fn s(&mut self, text: &str) {
+        for &b in text.as_bytes() {
+            if self.len == self.buf.len() {
+                self.flush();
+            }
+            self.buf[self.len] = b;
+            self.len += 1;
+        }
+    }
+
+    fn u(&mut self, mut v: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        // SAFETY: ASCII digits.
+        self.s(unsafe { std::str::from_utf8_unchecked(&digits[i..]) });
+    }
+
+    fn flush(&mut self) {
+        let mut done = 0;
+        while done < self.len {
+            // SAFETY: writes initialized bytes of our buffer.
+            let n =
+                unsafe { libc::write(self.fd, self.buf[done..].as_ptr().cast(), self.len - done) };
+            if n <= 0 {
+                break;
+            }
+            done += n as usize;
+        }
+        self.len = 0;
+    }
+}
+
+fn write_document(sig: c_int) {
+    let path = PATH.load(Acquire);
+    if path.is_null() {
+        return;
+    }
+    // SAFETY: a NUL-terminated path that is never freed.
+    let fd = unsafe {
+        libc::open(
+            path,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+            0o644,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    let mut o = Out {
+        fd,
+        buf: [0; 4096],
+        len: 0,
+    };
+    let u = if UNIT_LOOPS.load(Relaxed) {
+        "loops"
+    } else {
+        "ns"
+    };
+    let name = match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "SIGHUP",
+    };
+    let counts = counts::signal_safe_counts();
+    o.s("{\n  \"pid\": ");
+    // SAFETY: getpid is async-signal-safe.
+    o.u(unsafe { libc::getpid() } as u64);
+    o.s(",\n  \"ended_by\": \"");
+    o.s(name);
+    o.s("\",\n  \"injecting\": ");
+    o.s(if TABLE.load(Acquire).is_null() {
+        "false"
+    } else {
+        "true"
+    });
+    o.s(",\n  \"unit\": \"");
+    o.s(u);
+    o.s("\",\n  \"seed\": ");
+    o.u(SEED.load(Relaxed));
+    o.s(",\n  \"per\": \"");
+    o.s(if crate::state::per_wr() { "wr" } else { "post" });
+    o.s("\"");
+    o.s(",\n  \"layer_used\": \"");
+    o.s(crate::state::layer_used(
+        counts.posts[Hook::PostSend as usize] + counts.posts[Hook::WrBatch as usize],
+        counts.posts[Hook::Ucp as usize],
+    ));
+    o.s("\"");
+    o.s(",\n  \"posts\": { \"post_send\": ");
+    o.u(counts.posts[Hook::PostSend as usize]);
+    o.s(", \"wr_complete\": ");
+    o.u(counts.posts[Hook::WrBatch as usize]);
+    o.s(", \"ucp\": ");
+    o.u(counts.posts[Hook::Ucp as usize]);
+    o.s(" },\n  \"posts_total\": ");
+    o.u(counts.posts.iter().sum());
+    o.s(",\n  \"threads\": [");
+    let mut first = true;
+    counts::for_each_thread(|p| {
+        o.s(if first { "" } else { ", " });
+        first = false;
+        o.s("{\"post_send\": ");
+        o.u(p[0]);
+        o.s(", \"wr_complete\": ");
+        o.u(p[1]);
+        o.s(", \"ucp\": ");
+        o.u(p[2]);
+        o.s("}");
+    });
+    o.s("]");
+    write_delays(&mut o, u);
+    o.s("\n}\n");
+    o.flush();
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+}
+
+/// draws, delays_injected, sum, index_hits and exact percentiles of the delays drawn.
+fn write_delays(o: &mut Out, u: &str) {
+    let (table, order) = (TABLE.load(Acquire), ORDER.load(Acquire));
+    if table.is_null() || order.is_null() {
+        return;
+    }
+    let len = TABLE_LEN.load(Acquire);
+    // SAFETY: leaked arrays of `len` elements, never freed.
+    let (table, order) = unsafe {
+        (
+            std::slice::from_raw_parts(table, len),
+            std::slice::from_raw_parts(order, len),
+        )
+    };
+    let (mut draws, mut injected, mut sum) = (0u64, 0u64, 0u128);
+    for (i, &v) in table.iter().enumerate() {
+        let n = counts::signal_safe_hits(i);
+        draws += n;
+        injected += if v > 0 { n } else { 0 };
+        sum += u128::from(v) * u128::from(n);
+    }
+    o.s(",\n  \"draws\": ");
+    o.u(draws);
+    o.s(",\n  \"delays_injected\": ");
+    o.u(injected);
+    o.s(",\n  \"sum_");
+    o.s(u);
+    o.s("\": ");
+    o.u(sum.min(u128::from(u64::MAX)) as u64);
+    o.s(",\n  \"index_hits\": [");
+    let mut first = true;
+    for i in 0..len {
+        let n = counts::signal_safe_hits(i);
+        if n > 0 {
+            o.s(if first { "[" } else { ", [" });
+            first = false;
+            o.u(i as u64);
+            o.s(", ");
+            o.u(n);
+            o.s("]");
+        }
+    }
+    o.s("]");
+    if draws == 0 {
+        return;
+    }
+    o.s(",\n  \"delay_");
+    o.s(u);
+    o.s("\": { \"count\": ");
+    o.u(draws);
+    o.s(", \"mean\": ");
+    o.u((sum / u128::from(draws)) as u64);
+    o.s(", \"percentiles\": {");
+    // Walk the table in value order: the q-quantile is the first value whose cumulative
+    // count reaches q × draws.
+    const QS: [(&str, u64); 13] = [
+        ("p0", 0),
+        ("p1", 100),
+        ("p5", 500),
+        ("p10", 1000),
+        ("p25", 2500),
+        ("p50", 5000),
+        ("p75", 7500),
+        ("p90", 9000),
+        ("p95", 9500),
+        ("p99", 9900),
+        ("p99.9", 9990),
+        ("p99.99", 9999),
+        ("p100", 10000),
+    ];
+    let (mut cum, mut next) = (0u128, 0);
+    for &i in order {
+        let n = counts::signal_safe_hits(usize::from(i));
+        if n == 0 {
+            continue;
+        }
+        cum += u128::from(n);
+        // p0 is the smallest value drawn at all (a threshold of one draw).
+        while next < QS.len()
+            && cum * 10000 >= (u128::from(draws) * u128::from(QS[next].1)).max(10000)
+        {
+            o.s(if next == 0 { " \"" } else { ", \"" });
+            o.s(QS[next].0);
+            o.s("\": ");
+            o.u(table[usize::from(i)]);
+            next += 1;
+        }
+    }
+    o.s(" } }");
+}

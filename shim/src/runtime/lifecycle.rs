@@ -1,0 +1,256 @@
+//! The injector's life in a process, in order: load ([`at_load`]: settings applied, nothing
+//! started), first use ([`first_use`]: the process opened a device or sent through UCP: the
+//! start-up line, the shim's threads, live control), fork ([`before_fork`],
+//! [`after_fork_child`]) and exit ([`at_exit`]: the exit lines, the delay line drained, the
+//! stats and trace files). Each step changes the state through [`crate::state`]'s writers.
+use crate::config::{self, Settings};
+use crate::draw::{self, counts, episodes, trace};
+use crate::modes::{cq, line, select, window};
+use crate::registry;
+use crate::report::stats::{self, path_for};
+use crate::report::{coverage, lines, ports, sigstats};
+use crate::runtime::{control, loaded};
+use crate::state;
+use crate::sys::{libc_dl, rng, say};
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+
+/// The `IBJITTER_STATS` pattern, readable without a lock (a fork child needs it).
+static PATTERN: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
+/// Set by the first process that loads the shim with a `%p`-less `IBJITTER_STATS`, inherited
+/// by everything it execs: those write `NAME.<pid>.EXT`, never over the owner's file.
+const OWNER_VAR: &str = "IBJITTER_STATS_OWNER";
+
+/// The load constructor's work: libc's `dlsym` first (before anything may look a symbol up
+/// through the shim's exports), then the settings.
+pub fn at_load() {
+    libc_dl::resolve();
+    claim_stats_path();
+    install(Settings::from_vars(|k| std::env::var(k).ok()));
+}
+
+/// Applies `settings`: the draw, the selection, the modes, then the state's mode; prepares
+/// the start-up line and the signal-time stats.
+pub fn install(settings: Settings) {
+    let selective = select::activate(&settings.select);
+    let (mode, clock) = draw::prepare(&settings, selective);
+    state::configure(
+        mode,
+        settings.layer,
+        settings.window,
+        settings.control,
+        settings.per == config::Per::Wr,
+    );
+    if settings.line && (settings.delays.is_some() || settings.control) {
+        state::set_line(true);
+    }
+    let clock = match &settings.cq {
+        Some(cq_table) => {
+            // The completion table uses the send table's clock, or chooses it.
+            let desc = if settings.delays.is_none() {
+                draw::table::choose_clock(cq_table, settings.unit, settings.spin)
+            } else {
+                clock
+            };
+            cq::activate(&cq_table.values, crate::sys::clock::kind());
+            desc
+        }
+        None => clock,
+    };
+    say::set_startup(lines::startup(&settings, &clock));
+    if settings.warning.is_some() {
+        say::show_startup_now();
+    }
+    if let Some(pattern) = &settings.stats {
+        PATTERN.store(Box::into_raw(Box::new(pattern.clone())), Release);
+        sigstats::arm(
+            &path_for(pattern),
+            settings.delays.as_ref().map(|d| d.values.as_slice()),
+            settings.unit,
+            settings.seed,
+        );
+    }
+    loaded::set(loaded::Loaded { settings, clock });
+}
+
+/// The process first opened a device or sent through UCP: say the start-up line, start the
+/// threads the settings need (window, episodes, delay line) and live control. Once.
+pub fn first_use() {
+    if !state::first_use() {
+        return;
+    }
+    say::show_startup_now();
+    window::start();
+    episodes::start();
+    if state::line_mode() && !line::start() {
+        state::set_line(false);
+    }
+    control::arm();
+}
+
+/// Claims a `%p`-less stats path for this process, or notes that an ancestor did.
+fn claim_stats_path() {
+    match std::env::var("IBJITTER_STATS") {
+        Ok(p) if !p.trim().is_empty() && !p.contains("%p") => {}
+        _ => return,
+    }
+    // Ranks of a launcher are siblings: none inherits another's claim.
+    if config::LAUNCHER_RANK_VARS
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
+        state::stats_path_not_owned();
+        return;
+    }
+    let me = std::process::id().to_string();
+    match std::env::var(OWNER_VAR) {
+        Ok(owner) if owner != me => state::stats_path_not_owned(),
+        Ok(_) => {}
+        // SAFETY (set_var): the load constructor runs before main, while no other thread
+        // of the program reads the environment.
+        Err(_) => std::env::set_var(OWNER_VAR, &me),
+    }
+}
+
+/// fork() prepare handler (the forking thread, in the parent).
+pub fn before_fork() {
+    rng::atfork_prepare();
+    registry::lock_for_fork();
+}
+
+/// fork() parent handler.
+pub fn after_fork_parent() {
+    registry::unlock_after_fork();
+}
+
+/// fork() child handler: what the parent counted, opened and started is not the child's.
+pub fn after_fork_child() {
+    registry::unlock_after_fork();
+    state::forked_child();
+    rng::atfork_child();
+    state::reset_seen_after_fork();
+    ports::reset_after_fork();
+    counts::reset();
+    trace::reset();
+    line::after_fork_child();
+    // SAFETY: PATTERN is leaked, never freed. (glibc lets the forking thread allocate.)
+    if let Some(p) = unsafe { PATTERN.load(Acquire).as_ref() } {
+        sigstats::set_path(&path_for(p));
+    }
+}
+
+/// The exit handler's work.
+pub fn at_exit() {
+    state::exiting();
+    let nothing_delayed = coverage::nothing_delayed();
+    if let Some(why) = &nothing_delayed {
+        say::warn(why);
+    } else if let Some(line) = exit_sends() {
+        say::line(&line);
+    }
+    let quiet = loaded::get()
+        .and_then(|g| g.as_ref().map(|l| l.settings.quiet))
+        .unwrap_or(true);
+    if let Some(line) = lines::exit_completions(quiet) {
+        say::line(&line);
+    }
+    // What is still in the delay line goes out before the process does (what a wire
+    // would do), then the stats count it.
+    line::drain(2_000_000_000);
+    write_stats(nothing_delayed);
+    write_trace();
+    control::remove_file();
+}
+
+fn exit_sends() -> Option<String> {
+    let snap = counts::snapshot();
+    let guard = loaded::get()?;
+    let s = &guard.as_ref()?.settings;
+    let drawn = loaded::drawn_in_all(s.delays.as_ref().map(|d| d.values.as_slice()), &snap.hits);
+    lines::exit_sends(s, &snap, drawn)
+}
+
+/// Writes the `IBJITTER_TRACE` file, if asked for, of a process that drew.
+fn write_trace() {
+    let Some(guard) = loaded::get() else { return };
+    let Some(l) = guard.as_ref() else { return };
+    let (Some((pattern, _)), Some(d)) = (&l.settings.shape.trace, &l.settings.delays) else {
+        return;
+    };
+    if rng::threads_posted() == 0 {
+        return;
+    }
+    let path = path_for(pattern);
+    if let Err(e) = trace::write(&path, &d.values, l.settings.unit.name()) {
+        say::warn_once(&format!("cannot write trace file {path}: {e}"));
+    }
+}
+
+/// The stats document now (None when stats are off).
+pub fn stats_json() -> Option<serde_json::Value> {
+    let guard = loaded::get()?;
+    let l = guard.as_ref()?;
+    l.settings.stats.as_ref()?;
+    let s = &l.settings;
+    let ctx = stats::Context {
+        table: s.delays.as_ref().map(|d| d.values.as_slice()),
+        table_source: s.delays.as_ref().map(|d| d.source.as_str()),
+        unit: s.unit,
+        per: s.per,
+        layer: s.layer,
+        seed: s.seed,
+        seed_source: &s.seed_source,
+        clock: l.clock.clone(),
+        disabled_reason: s.warning.as_deref().or(s.not_this_process.as_deref()),
+    };
+    let mut snap = counts::snapshot();
+    let all = loaded::drawn_in_all(ctx.table, &snap.hits);
+    // Index hits, the histogram and percentiles: the draws since the last live set (of the
+    // table now in use); the totals: every table's.
+    snap.hits = loaded::hits_since_set(&snap.hits);
+    let mut doc = stats::to_json(&snap, &ctx);
+    let sets = state::epoch();
+    if sets > 0 {
+        doc["draws"] = all.draws.into();
+        doc["delays_injected"] = all.injected.into();
+        doc[format!("sum_{}", s.unit.name())] = (all.sum.min(u128::from(u64::MAX)) as u64).into();
+        doc["live_sets"] = sets.into();
+    }
+    Some(doc)
+}
+
+/// Writes the stats file if `IBJITTER_STATS` asked for one and the process used verbs or
+/// UCP, or loaded libibverbs and delayed nothing (shells and launchers under `LD_PRELOAD`
+/// leave no empty files behind). `nothing_delayed`: why nothing was delayed, if so.
+fn write_stats(nothing_delayed: Option<String>) {
+    if !state::in_use() && nothing_delayed.is_none() {
+        return;
+    }
+    let path = {
+        let Some(guard) = loaded::get() else { return };
+        match guard.as_ref().and_then(|l| l.settings.stats.clone()) {
+            Some(p) => path_for(&p),
+            None => return,
+        }
+    };
+    let Some(mut doc) = stats_json() else { return };
+    doc["nothing_delayed"] = serde_json::json!(nothing_delayed);
+    if state::line_mode() {
+        doc["line"] = line::stats_json();
+    }
+    if cq::on() {
+        doc["cq"] = cq::stats_json();
+    }
+    if let Some((changes, calm, congested)) = episodes::summary() {
+        doc["episodes"] = serde_json::json!({
+            "mean_calm_ns": calm, "mean_congested_ns": congested, "state_changes": changes,
+            // index_hits from 4096 on are the congested table's.
+            "congested_indices_from": ibjitter_table::ENTRIES,
+        });
+    }
+    // What the ports sent meanwhile (all processes' traffic on them), beside posts_total.
+    doc["ports_sent"] = ports::sent_since_open();
+    let text = format!("{doc:#}\n");
+    if let Err(e) = std::fs::write(&path, text) {
+        say::warn_once(&format!("cannot write stats file {path}: {e}"));
+    }
+}

@@ -1,0 +1,96 @@
+//! `ibjitter inject`'s requests, applied: a new table (`set`), and what the answers say
+//! (counts, the table in force). The control thread ([`crate::runtime::control`]) calls these.
+use crate::config::Settings;
+use crate::draw::{counts, episodes, table};
+use crate::report::sigstats;
+use crate::report::stats::path_for;
+use crate::runtime::loaded;
+use crate::state;
+
+/// For live control's answers: sends that passed a hook, delayed ones, their sum in ns.
+pub fn live_counts() -> (u64, u64, u64) {
+    let snap = counts::snapshot();
+    let guard = loaded::get();
+    let table = guard
+        .as_ref()
+        .and_then(|g| g.as_ref())
+        .and_then(|l| l.settings.delays.as_ref())
+        .map(|d| d.values.as_slice());
+    let d = loaded::drawn_in_all(table, &snap.hits);
+    (
+        snap.post_send + snap.wr_complete + snap.ucp,
+        d.injected,
+        d.sum.min(u128::from(u64::MAX)) as u64,
+    )
+}
+
+/// What is injected now, for live control's answers.
+pub fn table_now() -> String {
+    let guard = loaded::get();
+    match guard
+        .as_ref()
+        .and_then(|g| g.as_ref())
+        .and_then(|l| l.settings.delays.as_ref())
+    {
+        Some(d) if state::paused() => format!("paused (table {})", d.source),
+        Some(d) => format!("table {}", d.source),
+        None => "no table (pass-through)".into(),
+    }
+}
+
+/// The variables `ibjitter inject set` may change.
+const LIVE_VARS: [&str; 5] = [
+    "IBJITTER_TABLE",
+    "IBJITTER_DIST",
+    "IBJITTER_DELAY",
+    "IBJITTER_JITTER",
+    "IBJITTER_PROB",
+];
+
+/// `ibjitter inject set`: `IBJITTER_*=value` lines, read with the grammar of the launch
+/// environment (the unit and seed the process started with); on success the new table is
+/// injected from now on. Returns what is injected now, or why nothing changed.
+pub fn apply_live_set(text: &str) -> Result<String, String> {
+    let mut vars = std::collections::HashMap::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (k, v) = line
+            .split_once('=')
+            .ok_or_else(|| format!("\"{line}\": expected IBJITTER_NAME=value"))?;
+        if !LIVE_VARS.contains(&k) {
+            return Err(format!(
+                "{k} cannot change while the process runs (live: {})",
+                LIVE_VARS.join(", ")
+            ));
+        }
+        vars.insert(k.to_string(), v.to_string());
+    }
+    let mut guard = loaded::get().ok_or("the shim is busy (its settings are locked)")?;
+    let l = guard.as_mut().ok_or("the shim has no configuration")?;
+    let unit = l.settings.unit;
+    vars.insert("IBJITTER_UNIT".into(), unit.name().into());
+    vars.insert("IBJITTER_SEED".into(), l.settings.seed.to_string());
+    let s = Settings::from_vars(|k| vars.get(k).cloned());
+    if let Some(w) = s.warning {
+        return Err(w
+            .trim_end_matches("; injection disabled (pass-through)")
+            .to_string());
+    }
+    let mut d = s
+        .delays
+        .ok_or("no table given (IBJITTER_TABLE, _DIST or _DELAY)")?;
+    if episodes::summary().is_some() {
+        // Both states' halves now hold the one table.
+        d.values = d.values.repeat(2);
+    }
+    loaded::carry(l.settings.delays.as_ref());
+    if let Some(clock) = table::replace(&d, unit, l.settings.spin, state::injecting()) {
+        l.clock = clock;
+    }
+    state::table_replaced();
+    if let Some(pattern) = &l.settings.stats {
+        sigstats::arm(&path_for(pattern), Some(&d.values), unit, l.settings.seed);
+    }
+    let now = format!("table {}", d.source);
+    l.settings.delays = Some(d);
+    Ok(now)
+}

@@ -1,0 +1,370 @@
+//! Layer 4: the one owner of the injector's lifecycle and mode. Every other module reads the
+//! state through the functions here, and changes it only through the writers here
+//! ([`configure`], [`set_paused`], [`set_in_window`], [`set_line`], [`table_replaced`],
+//! [`first_use`], [`forked_child`], [`exiting`]), whichever thread they run in: the load
+//! constructor, the control thread, the window thread, the first device open, a fork child,
+//! the exit handler.
+//!
+//! The post path reads one byte ([`mode`] or [`ucp_mode`]): what the wrappers must do now,
+//! published under a fork-safe spin lock from the parts below (the configured mode, the
+//! layer, the window, pause). Reading it takes no lock.
+use crate::config::{Layer, Window};
+use crate::sys::spin_lock::SpinLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::OnceLock;
+
+/// Mode bit: draw and wait.
+pub const INJECT: u8 = 1;
+/// Mode bit: count (IBJITTER_STATS, or any table: the coverage line at exit).
+pub const STATS: u8 = 2;
+/// Mode bit: one draw per work request (`IBJITTER_PER=wr`), not per call or batch.
+pub const PER_WR: u8 = 4;
+/// Mode bit: only some sends are delayed ([`crate::modes::select`]); the others are counted.
+pub const SELECT: u8 = 8;
+/// Mode bits that shape the index drawn (out of line): two-state episodes, correlation, trace.
+pub const EPISODES: u8 = 16;
+pub const CORRELATED: u8 = 32;
+pub const TRACE: u8 = 64;
+pub const SHAPED: u8 = EPISODES | CORRELATED | TRACE;
+/// Mode bit: `IBJITTER_MODE=line` (the delay line takes `ibv_post_send` calls; kept outside
+/// a window or a pause too, so that a direct post never overtakes the line).
+pub const LINE: u8 = 128;
+/// Modes the default post wrappers hand to an out-of-line path, so that their own path stays
+/// frameless.
+pub const SLOW: u8 = SELECT | SHAPED | LINE;
+
+/// Where the process is in its life with the shim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// Loaded, settings not applied yet: the wrappers pass through.
+    StartUp = 0,
+    /// Settings applied (at load): nothing opened yet, no thread of the shim started.
+    Configured = 1,
+    /// The exit handler runs.
+    Exiting = 2,
+}
+
+static PHASE: AtomicU8 = AtomicU8::new(Phase::StartUp as u8);
+/// The process opened a device or sent through UCP: start-up line said, threads started.
+static IN_USE: AtomicBool = AtomicBool::new(false);
+/// This process is a fork child of the one that loaded the shim (it has no shim threads).
+static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
+/// This process must not write the stats path as given (no `%p` in it): a fork child, or an
+/// exec'd descendant of the process that claimed it.
+static STATS_PATH_NOT_OWNED: AtomicBool = AtomicBool::new(false);
+
+/// The verbs wrappers' mode: 0 until load finished (and whenever there is nothing to do):
+/// they pass through. Without INJECT when UCP is the only layer (they may still count).
+static MODE: AtomicU8 = AtomicU8::new(0);
+/// The UCP wrappers' mode: 0 while verbs is the layer.
+static UCP_MODE: AtomicU8 = AtomicU8::new(0);
+/// The configured mode (both layers' bits), and the layer asked for (a `Layer` as u8).
+static FULL_MODE: AtomicU8 = AtomicU8::new(0);
+static LAYER: AtomicU8 = AtomicU8::new(Layer::Auto as u8);
+/// The verbs and UCP modes while injecting (MODE and UCP_MODE hold them, or the same without
+/// INJECT outside an `IBJITTER_START`/`STOP` window or while paused).
+static VERBS_ON: AtomicU8 = AtomicU8::new(0);
+static UCP_ON: AtomicU8 = AtomicU8::new(0);
+/// Inside the `IBJITTER_START`/`STOP` window (always, without one); paused by
+/// `ibjitter inject pause`; live control is on (`IBJITTER_CONTROL`, default); one draw per
+/// work request was asked for (kept for a live `set` in a process that had no table).
+static IN_WINDOW: AtomicBool = AtomicBool::new(true);
+static PAUSED: AtomicBool = AtomicBool::new(false);
+static CONTROLLED: AtomicBool = AtomicBool::new(false);
+static PER_WR_ASKED: AtomicBool = AtomicBool::new(false);
+/// The window, in ns after [`configure`] (u64::MAX: none), and when that was.
+static WINDOW_START: AtomicU64 = AtomicU64::new(u64::MAX);
+static WINDOW_STOP: AtomicU64 = AtomicU64::new(u64::MAX);
+static CONFIGURED_AT: OnceLock<std::time::Instant> = OnceLock::new();
+/// Live tables applied (`ibjitter inject set`): the table epoch.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+/// Serializes mode changes (the window thread, the control thread, load, fork child).
+/// Never taken on a post path.
+static MODE_LOCK: SpinLock = SpinLock::new();
+
+/// What the post wrappers must do: 0 = pass through (also before load finished).
+#[inline(always)]
+pub fn mode() -> u8 {
+    MODE.load(Acquire)
+}
+
+/// What the UCP wrappers must do: 0 = pass through.
+#[inline(always)]
+pub fn ucp_mode() -> u8 {
+    UCP_MODE.load(Acquire)
+}
+
+pub fn phase() -> Phase {
+    match PHASE.load(Acquire) {
+        0 => Phase::StartUp,
+        1 => Phase::Configured,
+        _ => Phase::Exiting,
+    }
+}
+
+/// Writer: the settings were applied. `mode` holds the bits the configuration asks for;
+/// the window is in ns from now. Called at load (and by tests) while no thread is posting.
+pub fn configure(mode: u8, layer: Layer, window: Option<Window>, controlled: bool, per_wr: bool) {
+    MODE.store(0, Release);
+    UCP_MODE.store(0, Release);
+    let _ = CONFIGURED_AT.set(std::time::Instant::now());
+    CONTROLLED.store(controlled, Release);
+    PER_WR_ASKED.store(per_wr, Release);
+    LAYER.store(layer as u8, Release);
+    let (start, stop) = match window {
+        Some(w) => (w.start_ns, w.stop_ns.unwrap_or(u64::MAX)),
+        None => (0, u64::MAX),
+    };
+    WINDOW_START.store(start, Release);
+    WINDOW_STOP.store(stop, Release);
+    // Before a window opens the wrappers only count (the window thread turns injection on).
+    IN_WINDOW.store(start == 0, Release);
+    PAUSED.store(false, Release);
+    set_full_mode(mode);
+    PHASE.store(Phase::Configured as u8, Release);
+}
+
+/// Writer: the process first opened a device or sent through UCP. True the first time (the
+/// caller then says the start-up line and starts the shim's threads); a fork child of a
+/// process in use is in use (its parent's threads are not restarted in it).
+pub fn first_use() -> bool {
+    !IN_USE.swap(true, AcqRel)
+}
+
+/// Whether the process has opened a device or sent through UCP (shells and launchers under
+/// `LD_PRELOAD` never do: they stay silent and write no files).
+pub fn in_use() -> bool {
+    IN_USE.load(Acquire)
+}
+
+/// Writer: the exit handler starts.
+pub fn exiting() {
+    PHASE.store(Phase::Exiting as u8, Release);
+}
+
+/// Writer (fork child handler): no mode change of another thread is in progress here, the
+/// parent's threads are gone (so no delay line), the stats path is the parent's.
+pub fn forked_child() {
+    MODE_LOCK.force_unlock();
+    FORKED_CHILD.store(true, Release);
+    STATS_PATH_NOT_OWNED.store(true, Release);
+    set_line(false);
+}
+
+pub fn is_forked_child() -> bool {
+    FORKED_CHILD.load(Acquire)
+}
+
+/// Writer: the `%p`-less stats path belongs to another process (at load).
+pub fn stats_path_not_owned() {
+    STATS_PATH_NOT_OWNED.store(true, Release);
+}
+
+pub fn owns_stats_path() -> bool {
+    !STATS_PATH_NOT_OWNED.load(Acquire)
+}
+
+/// What passed the hooks: contexts opened and QPs created (in this process: reset in a
+/// fork child), and whether UCX's libucp was loaded when a device was opened (Open MPI
+/// unloads it again at MPI_Finalize, before the exit check runs). Read by coverage.
+static CONTEXTS_OPENED: AtomicU64 = AtomicU64::new(0);
+static QPS_CREATED: AtomicU64 = AtomicU64::new(0);
+static UCX_SEEN: AtomicBool = AtomicBool::new(false);
+
+pub fn note_context_opened() {
+    CONTEXTS_OPENED.fetch_add(1, Relaxed);
+}
+
+pub fn note_qp_created() {
+    QPS_CREATED.fetch_add(1, Relaxed);
+}
+
+pub fn note_ucx_seen() {
+    UCX_SEEN.store(true, Relaxed);
+}
+
+/// (contexts opened, QPs created, UCX seen) through the hooks.
+pub fn seen() -> (u64, u64, bool) {
+    (
+        CONTEXTS_OPENED.load(Relaxed),
+        QPS_CREATED.load(Relaxed),
+        UCX_SEEN.load(Relaxed),
+    )
+}
+
+/// Fork child: what the parent opened is not this process's.
+pub fn reset_seen_after_fork() {
+    CONTEXTS_OPENED.store(0, Relaxed);
+    QPS_CREATED.store(0, Relaxed);
+    UCX_SEEN.store(false, Relaxed);
+}
+
+/// Whether contexts that UCX opens stay unpatched (`IBJITTER_LAYER=auto|ucp`): their sends
+/// carry UCP messages, delayed at UCP; other contexts of the process (NCCL's, the program's
+/// own) keep the verbs delay in `auto`.
+pub fn ucx_contexts_at_ucp() -> bool {
+    LAYER.load(Acquire) != Layer::Verbs as u8
+}
+
+/// Whether the layer asked for is `verbs`.
+pub fn layer_is_verbs() -> bool {
+    LAYER.load(Acquire) == Layer::Verbs as u8
+}
+
+/// Which layers delayed, from the counts (posts through verbs wrappers, UCP messages):
+/// "verbs", "ucp", "verbs+ucp" or "none". Allocation-free (the signal handler uses it).
+pub fn layer_used(verbs_posts: u64, ucp_messages: u64) -> &'static str {
+    let verbs = verbs_posts > 0 && MODE.load(Acquire) & INJECT != 0;
+    let ucp = ucp_messages > 0 && UCP_MODE.load(Acquire) & INJECT != 0;
+    match (verbs, ucp) {
+        (true, true) => "verbs+ucp",
+        (true, false) => "verbs",
+        (false, true) => "ucp",
+        (false, false) => "none",
+    }
+}
+
+/// Whether a table is active (draws and waits; it may hold zeros), at either layer.
+pub fn injecting() -> bool {
+    FULL_MODE.load(Acquire) & INJECT != 0
+}
+
+/// Whether the verbs wrappers inject now (not when UCP took over).
+pub fn injecting_at_verbs() -> bool {
+    mode() & INJECT != 0
+}
+
+/// Whether each work request waits its own draw (`IBJITTER_PER=wr`).
+pub fn per_wr() -> bool {
+    mode() & PER_WR != 0
+}
+
+/// Whether `IBJITTER_PER=wr` was asked for (contexts get the per-request wrapper from the
+/// start, so that a live `set` in a process without a table at load has it too).
+pub fn per_wr_asked() -> bool {
+    PER_WR_ASKED.load(Acquire)
+}
+
+/// Whether live control is on (`IBJITTER_CONTROL`).
+pub fn controlled() -> bool {
+    CONTROLLED.load(Acquire)
+}
+
+pub fn paused() -> bool {
+    PAUSED.load(Acquire)
+}
+
+/// The configured mode bits (both layers).
+pub fn full_mode() -> u8 {
+    FULL_MODE.load(Acquire)
+}
+
+/// Whether the delay line is the mode.
+pub fn line_mode() -> bool {
+    FULL_MODE.load(Acquire) & LINE != 0
+}
+
+/// Whether new contexts need patching by what the send side asks for: not when the
+/// configuration is loaded and asks for nothing (no table, no stats, no control): then posts
+/// go straight to the provider at no cost. Before the configuration is loaded, patch (the
+/// wrappers pass through until it is).
+pub fn send_side_wants_patching() -> bool {
+    phase() == Phase::StartUp || VERBS_ON.load(Acquire) != 0 || CONTROLLED.load(Acquire)
+}
+
+/// The `IBJITTER_START`/`STOP` window in ns after [`configure`] (None: no window), and when
+/// [`configure`] ran.
+pub fn window() -> Option<(u64, u64, std::time::Instant)> {
+    let (start, stop) = (WINDOW_START.load(Acquire), WINDOW_STOP.load(Acquire));
+    if start == 0 && stop == u64::MAX {
+        return None;
+    }
+    Some((start, stop, *CONFIGURED_AT.get()?))
+}
+
+/// Writer (window thread): the window opened or closed.
+pub fn set_in_window(inside: bool) {
+    IN_WINDOW.store(inside, Release);
+    publish();
+}
+
+/// Writer (`ibjitter inject pause|resume`): sends are counted, not delayed, while paused.
+pub fn set_paused(paused: bool) {
+    PAUSED.store(paused, Release);
+    publish();
+}
+
+/// Writer: `IBJITTER_MODE=line` on (at load), or off (a fork child, or a line that could
+/// not start): back to waiting in the posting thread.
+pub fn set_line(on: bool) {
+    let _l = MODE_LOCK.lock();
+    let full = FULL_MODE.load(Acquire);
+    set_full_mode_locked(if on { full | LINE } else { full & !LINE });
+}
+
+/// Writer (`ibjitter inject set`): a new table is injected from now on: injection and
+/// counting on (with the per-request draw if it was asked for at load). Returns the epoch.
+pub fn table_replaced() -> u64 {
+    let _l = MODE_LOCK.lock();
+    let mut mode = FULL_MODE.load(Acquire) | INJECT | STATS;
+    if PER_WR_ASKED.load(Acquire) {
+        mode |= PER_WR;
+    }
+    set_full_mode_locked(mode);
+    EPOCH.fetch_add(1, AcqRel) + 1
+}
+
+/// How many live tables were applied.
+pub fn epoch() -> u64 {
+    EPOCH.load(Acquire)
+}
+
+fn set_full_mode(mode: u8) {
+    let _l = MODE_LOCK.lock();
+    set_full_mode_locked(mode);
+}
+
+/// Sets the full mode and each layer's, and publishes them (window, pause).
+fn set_full_mode_locked(mode: u8) {
+    FULL_MODE.store(mode, Release);
+    // `ucp`: verbs wrappers only count (they are patched only on contexts UCX did not open).
+    let (verbs, ucp) = match LAYER.load(Acquire) {
+        l if l == Layer::Verbs as u8 => (mode, 0),
+        // The UCP layer waits in the calling thread (UCP calls are not work requests).
+        l if l == Layer::Ucp as u8 => (outside(mode) & !LINE, mode & !LINE),
+        _ => (mode, mode & !LINE),
+    };
+    VERBS_ON.store(verbs, Release);
+    UCP_ON.store(ucp, Release);
+    publish_locked();
+}
+
+fn publish() {
+    let _l = MODE_LOCK.lock();
+    publish_locked();
+}
+
+/// What the wrappers do now: injecting inside the window unless paused, else counting only.
+fn publish_locked() {
+    let on = IN_WINDOW.load(Acquire) && !PAUSED.load(Acquire);
+    let (verbs, ucp) = (VERBS_ON.load(Acquire), UCP_ON.load(Acquire));
+    let (verbs, ucp) = if on {
+        (verbs, ucp)
+    } else {
+        (outside(verbs), outside(ucp))
+    };
+    UCP_MODE.store(ucp, Release);
+    MODE.store(verbs, Release);
+}
+
+/// A mode outside the window: counting only.
+fn outside(mode: u8) -> u8 {
+    mode & !INJECT & !PER_WR & !SELECT & !SHAPED
+}
+
+/// The mode for a send that the selection leaves out: counted, not delayed.
+#[inline(always)]
+pub fn unselected(mode: u8) -> u8 {
+    mode & !INJECT
+}
