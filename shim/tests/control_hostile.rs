@@ -267,3 +267,65 @@ fn a_segment_left_by_an_exec_is_said_not_served_at_once() {
     assert!(e.contains("not serving") && e.contains("exec'd"), "{e}");
     assert!(took < Duration::from_millis(1000), "{took:?}");
 }
+
+/// A `set` whose settings fill the text without a terminator (a request cut to fit, or
+/// written by something else) is refused by the process, not applied as far as it reads.
+#[test]
+fn a_set_without_its_terminator_is_refused_by_the_process() {
+    use ctl::Segment;
+    use std::mem::offset_of;
+    use std::os::unix::fs::FileExt;
+    const NAME: &str = "a_set_without_its_terminator_is_refused_by_the_process";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "1m");
+    }
+    let (child, pid) = spawn_child(NAME, "open", 400);
+    // Valid settings, then blank lines up to the last byte: no NUL anywhere.
+    let mut text = b"IBJITTER_DELAY=1ms".to_vec();
+    text.resize(ctl::TEXT, b'\n');
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(ctl::path(pid))
+        .unwrap();
+    let u64_at = |off: usize| {
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, off as u64).unwrap();
+        u64::from_ne_bytes(b)
+    };
+    f.write_all_at(&text, offset_of!(Segment, text) as u64)
+        .unwrap();
+    f.write_all_at(
+        &(Request::Set as u32).to_ne_bytes(),
+        offset_of!(Segment, command) as u64,
+    )
+    .unwrap();
+    let request = u64_at(offset_of!(Segment, request)) + 1;
+    f.write_all_at(&request.to_ne_bytes(), offset_of!(Segment, request) as u64)
+        .unwrap();
+    let t0 = Instant::now();
+    while u64_at(offset_of!(Segment, done)) != request {
+        assert!(t0.elapsed() < Duration::from_secs(2), "no answer");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b, offset_of!(Segment, result) as u64)
+        .unwrap();
+    let mut answer = vec![0u8; ctl::TEXT];
+    f.read_exact_at(&mut answer, offset_of!(Segment, answer) as u64)
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..answer.iter().position(|&c| c == 0).unwrap()])
+        .into_owned();
+    assert_eq!(u32::from_ne_bytes(b), 1, "refused: {answer}");
+    assert!(answer.contains("no terminator"), "{answer}");
+    let a = ctl::send(pid, Request::Status, "", Duration::from_secs(2)).unwrap();
+    assert!(
+        a.ok && a.state & ctl::STATE_INJECTING == 0,
+        "nothing applied: {a:?}"
+    );
+    let (status, _, lines) = finish(child);
+    assert!(status.success(), "{status}: {lines:?}");
+}
