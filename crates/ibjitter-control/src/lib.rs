@@ -14,6 +14,7 @@
 //! writes its answer (result, counts, the state) and then sets [`Segment::done`] to the
 //! request's number.
 use std::fs::{File, OpenOptions};
+use std::mem::offset_of;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -100,8 +101,6 @@ pub struct Segment {
 pub const SIZE: usize = std::mem::size_of::<Segment>();
 // Every byte is a field's: the byte views below never expose padding.
 const _: () = assert!(SIZE == 11 * 8 + 4 * 4 + 2 * TEXT);
-
-use std::mem::offset_of;
 
 impl Segment {
     fn zeroed() -> Segment {
@@ -427,7 +426,7 @@ impl OpenError {
             ),
             OpenError::NotServing => format!(
                 "process {pid} has a control file but is not serving it (exec'd without the \
-                 shim, or stopped): no heartbeat for {} ms",
+                 shim, or stopped): no heartbeat for at least {} ms",
                 SILENT_POLLS * POLL_MS
             ),
             OpenError::Io(e) => format!("{p}: {e}"),
