@@ -3,24 +3,51 @@
 //! own side (the shim's control thread) applies it within [`ibjitter_control::POLL_MS`] ms.
 use ibjitter_control::{self as ctl, OpenError};
 
-pub use ibjitter_control::{send, Answer, Command, STATE_INJECTING, STATE_PAUSED};
+pub use ibjitter_control::{check_text, send, Answer, Command, STATE_INJECTING, STATE_PAUSED};
 
-/// The processes to address: `pids`, or with `all` every live segment of this user (stale
-/// files of processes that are gone are removed, and named in the second list).
-pub fn targets(pids: &[u32], all: bool) -> (Vec<u32>, Vec<u32>) {
+/// The processes `--all` addresses, and the files it did not.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// Live processes serving their segment.
+    pub live: Vec<u32>,
+    /// Stale files removed: their process is gone, as this pid namespace proves.
+    pub removed: Vec<u32>,
+    /// Files left alone, and why (another pid namespace, not served, another version...).
+    pub skipped: Vec<(u32, String)>,
+}
+
+/// The processes to address: `pids`, or with `all` every live segment of this user. Stale
+/// files are removed only when this pid namespace proves their process gone; every other
+/// file that cannot be addressed is named with the reason. An error when the directory is not
+/// this user's own and private.
+pub fn targets(pids: &[u32], all: bool) -> Result<Found, String> {
     if !all {
-        return (pids.to_vec(), Vec::new());
+        return Ok(Found {
+            live: pids.to_vec(),
+            ..Found::default()
+        });
     }
-    let (mut live, mut stale) = (Vec::new(), Vec::new());
+    match ctl::check_dir(&ctl::dir()) {
+        Ok(()) | Err(OpenError::Missing) => {}
+        Err(OpenError::Unsafe(why)) => {
+            return Err(format!(
+                "{why}: refused (another user could answer for your processes)"
+            ))
+        }
+        Err(OpenError::Io(e)) => return Err(format!("{}: {e}", ctl::dir().display())),
+        Err(e) => return Err(format!("{}: {e:?}", ctl::dir().display())),
+    }
+    let mut found = Found::default();
     for pid in ctl::listed() {
         match ctl::open(pid) {
-            Ok(_) => live.push(pid),
+            Ok(_) => found.live.push(pid),
             Err(OpenError::Stale) => {
                 let _ = std::fs::remove_file(ctl::path(pid));
-                stale.push(pid);
+                found.removed.push(pid);
             }
-            Err(_) => {}
+            Err(OpenError::Missing) => {}
+            Err(e) => found.skipped.push((pid, e.describe(pid))),
         }
     }
-    (live, stale)
+    Ok(found)
 }

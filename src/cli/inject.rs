@@ -11,8 +11,10 @@ use std::time::Duration;
     after_help = "Each process under libibjitter.so that opened an RDMA device serves \
 a control file, /dev/shm/ibjitter.<uid>/<pid> (unless started with IBJITTER_CONTROL=0); its \
 shim applies a request within about 10 ms, off the post path.\n\n\
-Exit status: 0 every process applied the request; 1 one refused it or could not be reached; \
-2 no process to address."
+Exit status: 0 every process applied the request; 1 one refused it or could not be reached \
+(with --all: a control file left alone, e.g. of another pid namespace or not served); 2 no \
+process to address, or the request cannot be sent (too long, a control directory that is not \
+the caller's own)."
 )]
 pub struct InjectArgs {
     #[command(subcommand)]
@@ -120,10 +122,25 @@ pub fn run(args: InjectArgs) -> i32 {
             }
         },
     };
-    let (pids, stale) = control::targets(&targets.pids, targets.all);
-    for pid in stale {
+    // Text that does not fit a request is refused here, before any process is addressed.
+    if let Err(e) = control::check_text(&settings) {
+        eprintln!("ibjitter inject: {e}");
+        return 2;
+    }
+    let found = match control::targets(&targets.pids, targets.all) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("ibjitter inject: {e}");
+            return 2;
+        }
+    };
+    for pid in &found.removed {
         eprintln!("ibjitter inject: removed the stale control file of {pid} (process gone)");
     }
+    for (pid, why) in &found.skipped {
+        eprintln!("ibjitter inject: {pid}: {why}");
+    }
+    let pids = found.live;
     if pids.is_empty() {
         eprintln!(
             "ibjitter inject: no process to address ({})",
@@ -135,7 +152,8 @@ pub fn run(args: InjectArgs) -> i32 {
         );
         return 2;
     }
-    let mut failed = false;
+    // A file --all could not address is a process the request did not reach.
+    let mut failed = !found.skipped.is_empty();
     for pid in pids {
         match control::send(pid, command, &settings, TIMEOUT) {
             Ok(a) => {

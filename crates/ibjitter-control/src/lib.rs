@@ -1,24 +1,37 @@
-//! The live-control segment: one small shared file per injected process,
-//! `/dev/shm/ibjitter.<uid>/<pid>`, mapped by `libibjitter.so` (which serves it) and by
-//! `ibjitter inject` (which sends it requests). Everything in it is an atomic, so neither
-//! side needs a lock to read it; requests from concurrent `ibjitter inject` runs are
-//! serialized by an `flock` on the file.
+//! The live-control segment: one small file per injected process,
+//! `/dev/shm/ibjitter.<uid>/<pid>`, served by `libibjitter.so` ([`Server`]) and sent requests
+//! by `ibjitter inject` ([`send`]).
+//!
+//! Neither side maps the file: both read and write it with `pread`/`pwrite` at the fixed
+//! offsets of [`Segment`]. A mapping of a file that someone truncates faults (SIGBUS) on the
+//! next touch, and the shim lives in other people's processes: a short read is "no request",
+//! never a crash. Requests from concurrent `ibjitter inject` runs are serialized by an `flock`
+//! on the file, taken without blocking and retried within the request's timeout.
 //!
 //! A request: the client writes its fields ([`Segment::command`], the settings text), then
-//! bumps [`Segment::request`]; the process's control thread (polling every
-//! [`POLL_MS`] ms, never on a post path) applies it, writes its answer (result, counts, the
-//! state) and sets [`Segment::done`] to the request's number.
+//! bumps [`Segment::request`]; the process's control thread (polling every [`POLL_MS`] ms,
+//! never on a post path) stamps [`Segment::heartbeat_ns`] at each poll, applies the request,
+//! writes its answer (result, counts, the state) and then sets [`Segment::done`] to the
+//! request's number.
 use std::fs::{File, OpenOptions};
+use std::mem::offset_of;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 use std::time::{Duration, Instant};
 
-/// "IBJCTL01".
-pub const MAGIC: u64 = u64::from_le_bytes(*b"IBJCTL01");
+/// "IBJCTL" and the layout's version: 02 read and wrote the file with pread/pwrite and added
+/// the creator's pid namespace and the heartbeat.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"IBJCTL02");
+/// The first bytes of every layout's magic: a file that starts so but differs in the version
+/// was made by another ibjitter version.
+const MAGIC_FAMILY: &[u8; 6] = b"IBJCTL";
 /// How often the process looks for a request.
 pub const POLL_MS: u64 = 10;
-/// Bytes of text each way (the settings of a `set`, the answer's message, the table's name).
+/// A heartbeat that has not moved for this many polls: nobody serves the segment.
+pub const SILENT_POLLS: u64 = 10;
+/// Bytes of text each way (the settings of a `set`, the answer's message, the table's name),
+/// its NUL terminator included.
 pub const TEXT: usize = 1024;
 
 /// What a request asks.
@@ -49,63 +62,101 @@ impl Command {
 pub const STATE_INJECTING: u32 = 1;
 pub const STATE_PAUSED: u32 = 2;
 
-/// The shared layout (`repr(C)`, atomics only; both sides are built from this crate).
+/// The file's layout (`repr(C)`, integers and bytes only, no padding; both sides are built
+/// from this crate and the file never leaves the host).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Segment {
-    pub magic: AtomicU64,
-    pub pid: AtomicU64,
+    pub magic: u64,
+    pub pid: u64,
     /// The process's start time (`/proc/PID/stat` field 22): a reused pid does not match.
-    pub start_time: AtomicU64,
+    pub start_time: u64,
+    /// The inode of the creator's `/proc/self/ns/pid` (0: unknown): its pid and start time
+    /// mean something only in that pid namespace.
+    pub pid_ns: u64,
+    /// CLOCK_MONOTONIC ns of the control thread's last poll.
+    pub heartbeat_ns: u64,
     /// The last request's number (the client bumps it), and the last one applied.
-    pub request: AtomicU64,
-    pub done: AtomicU64,
-    pub command: AtomicU32,
+    pub request: u64,
+    pub done: u64,
+    pub command: u32,
     /// 0: applied; 1: refused (the reason in `answer`).
-    pub result: AtomicU32,
+    pub result: u32,
     /// [`STATE_INJECTING`], [`STATE_PAUSED`].
-    pub state: AtomicU32,
-    pub _pad: AtomicU32,
+    pub state: u32,
+    pub _pad: u32,
     /// Counts at the answer: sends that passed a hook, delayed ones, their delays' sum (ns).
-    pub posts: AtomicU64,
-    pub delayed: AtomicU64,
-    pub sum_ns: AtomicU64,
+    pub posts: u64,
+    pub delayed: u64,
+    pub sum_ns: u64,
     /// When the request was applied (CLOCK_MONOTONIC ns, for the switch latency).
-    pub applied_ns: AtomicU64,
-    /// The request's text (settings), the answer's text (an error, or the table now in use).
-    pub text: [AtomicU8; TEXT],
-    pub answer: [AtomicU8; TEXT],
+    pub applied_ns: u64,
+    /// The request's text (settings), the answer's text (an error, or the table now in use),
+    /// each NUL-terminated.
+    pub text: [u8; TEXT],
+    pub answer: [u8; TEXT],
 }
 
 /// Size of the file.
 pub const SIZE: usize = std::mem::size_of::<Segment>();
+// Every byte is a field's: the byte views below never expose padding.
+const _: () = assert!(SIZE == 11 * 8 + 4 * 4 + 2 * TEXT);
 
 impl Segment {
-    /// Writes `s` (truncated to fit) into `buf`, NUL-terminated.
-    pub fn put(buf: &[AtomicU8; TEXT], s: &str) {
-        let b = s.as_bytes();
-        let n = b.len().min(TEXT - 1);
-        for (slot, &c) in buf.iter().zip(&b[..n]) {
-            slot.store(c, Relaxed);
-        }
-        buf[n].store(0, Release);
+    fn zeroed() -> Segment {
+        Segment::from_bytes(&[0; SIZE])
     }
 
-    /// The NUL-terminated text in `buf`.
-    pub fn get(buf: &[AtomicU8; TEXT]) -> String {
-        let bytes: Vec<u8> = buf
-            .iter()
-            .map(|c| c.load(Acquire))
-            .take_while(|&c| c != 0)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
+    fn from_bytes(b: &[u8; SIZE]) -> Segment {
+        // SAFETY: SIZE bytes; every bit pattern is a valid Segment (integers and bytes).
+        unsafe { std::ptr::read_unaligned(b.as_ptr().cast()) }
     }
+
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: a Segment is SIZE initialized bytes (no padding, asserted above).
+        unsafe { std::slice::from_raw_parts((self as *const Segment).cast(), SIZE) }
+    }
+
+    /// Writes `s` into `buf`, NUL-terminated, truncated to `TEXT - 1` bytes; says whether it
+    /// fitted whole.
+    pub fn put(buf: &mut [u8; TEXT], s: &str) -> bool {
+        let b = s.as_bytes();
+        let n = b.len().min(TEXT - 1);
+        buf[..n].copy_from_slice(&b[..n]);
+        buf[n..].fill(0);
+        n == b.len()
+    }
+
+    /// The NUL-terminated text in `buf`; `None` when it has no terminator.
+    pub fn get(buf: &[u8; TEXT]) -> Option<String> {
+        let n = buf.iter().position(|&c| c == 0)?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+}
+
+/// Why `text` cannot be a request's text: longer than a segment holds, or with a NUL in it.
+pub fn check_text(text: &str) -> Result<(), String> {
+    if text.len() > TEXT - 1 {
+        return Err(format!(
+            "the request is {} bytes; a control request holds at most {} bytes",
+            text.len(),
+            TEXT - 1
+        ));
+    }
+    if text.contains('\0') {
+        return Err("the request contains a NUL byte".into());
+    }
+    Ok(())
+}
+
+fn uid() -> u32 {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() }
 }
 
 /// The directory of this user's segments.
 pub fn dir() -> PathBuf {
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    PathBuf::from(format!("/dev/shm/ibjitter.{uid}"))
+    PathBuf::from(format!("/dev/shm/ibjitter.{}", uid()))
 }
 
 /// The segment file of `pid`.
@@ -115,79 +166,125 @@ pub fn path(pid: u32) -> PathBuf {
 
 /// Field 22 of `/proc/PID/stat` (start time in clock ticks since boot), if readable.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    proc_start_time(pid).ok()
+}
+
+fn proc_start_time(pid: u32) -> std::io::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name (field 2) may hold spaces and parentheses: count after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let bad = || std::io::Error::other(format!("/proc/{pid}/stat: no start time"));
+    let rest = &stat[stat.rfind(')').ok_or_else(bad)? + 1..];
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(bad)
 }
 
-/// A mapped segment (unmapped on drop; the file stays).
-pub struct Mapping {
-    ptr: *mut Segment,
-    pub file: File,
+/// This process's pid namespace (the inode of `/proc/self/ns/pid`), if `/proc` says.
+pub fn pid_ns() -> Option<u64> {
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
 }
 
-// SAFETY: the mapping holds atomics only.
-unsafe impl Send for Mapping {}
-unsafe impl Sync for Mapping {}
-
-impl std::ops::Deref for Mapping {
-    type Target = Segment;
-    fn deref(&self) -> &Segment {
-        // SAFETY: a live shared mapping of SIZE bytes, atomics only.
-        unsafe { &*self.ptr }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our mapping of SIZE bytes.
-        unsafe { libc::munmap(self.ptr.cast(), SIZE) };
-    }
-}
-
-fn map(file: File) -> std::io::Result<Mapping> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a shared read-write mapping of a file at least SIZE bytes long.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
+/// Checks that `d` is a directory (not a link) of this user, private to it.
+pub fn check_dir(d: &Path) -> Result<(), OpenError> {
+    let meta = match std::fs::symlink_metadata(d) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Missing),
+        Err(e) => return Err(OpenError::Io(e)),
     };
-    if p == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
+    let uid = uid();
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(OpenError::Unsafe(format!(
+            "{} is not a private directory of uid {uid} (a {}, owner uid {}, mode {:o}; \
+             expected a directory of uid {uid}, mode 700)",
+            d.display(),
+            kind(&meta),
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
     }
-    Ok(Mapping {
-        ptr: p.cast(),
-        file,
-    })
+    Ok(())
 }
 
-/// Creates (or replaces) this process's segment, marked with its pid and start time. The
-/// directory must be this user's own and private (not a symlink); the file is made under a
-/// temporary name without following links and renamed into place once complete, so a
-/// reader never sees a half-made segment and nobody else's file is ever written.
-pub fn create(pid: u32) -> std::io::Result<(Mapping, PathBuf)> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+fn kind(meta: &std::fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_symlink() {
+        "symbolic link"
+    } else if t.is_dir() {
+        "directory"
+    } else if t.is_file() {
+        "file"
+    } else {
+        "special file"
+    }
+}
+
+/// Reads the whole segment; `None` when the file is shorter (truncated under us).
+fn read(file: &File) -> std::io::Result<Option<Segment>> {
+    let mut b = [0u8; SIZE];
+    match file.read_exact_at(&mut b, 0) {
+        Ok(()) => Ok(Some(Segment::from_bytes(&b))),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes bytes `range` of `seg` at their offsets.
+fn write(file: &File, seg: &Segment, range: std::ops::Range<usize>) -> std::io::Result<()> {
+    file.write_all_at(&seg.as_bytes()[range.clone()], range.start as u64)
+}
+
+/// The field `$f`'s byte range in the file.
+macro_rules! field {
+    ($f:ident) => {{
+        let start = offset_of!(Segment, $f);
+        let s = Segment::zeroed();
+        start..start + std::mem::size_of_val(&s.$f)
+    }};
+}
+
+/// The process's side: the segment it made, served by its control thread.
+pub struct Server {
+    file: File,
+    pid: u64,
+}
+
+/// A request read from the segment.
+#[derive(Debug)]
+pub struct Request {
+    /// Its number ([`Server::answer`] marks it done).
+    pub number: u64,
+    /// `Err(raw value)` for a command this version does not know.
+    pub command: Result<Command, u32>,
+    /// The settings; `None` when the text has no terminator (not a whole request).
+    pub text: Option<String>,
+}
+
+/// What the process answers.
+#[derive(Debug, Clone, Default)]
+pub struct Reply {
+    pub ok: bool,
+    pub text: String,
+    pub state: u32,
+    pub posts: u64,
+    pub delayed: u64,
+    pub sum_ns: u64,
+    pub applied_ns: u64,
+}
+
+/// Creates (or replaces) this process's segment, marked with its pid, start time and pid
+/// namespace. The directory must be this user's own and private (not a symlink); the file is
+/// made under a temporary name without following links, its space reserved for real (a full
+/// `/dev/shm` is an error here, not a fault later), and renamed into place once complete, so
+/// a reader never sees a half-made segment and nobody else's file is ever written.
+pub fn create(pid: u32) -> std::io::Result<(Server, PathBuf)> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let d = dir();
     std::fs::DirBuilder::new()
         .mode(0o700)
         .recursive(true)
         .create(&d)?;
-    let meta = std::fs::symlink_metadata(&d)?;
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
-        return Err(std::io::Error::other(format!(
-            "{} is not a private directory of uid {uid}",
-            d.display()
-        )));
-    }
+    check_dir(&d).map_err(|e| std::io::Error::other(e.describe(pid)))?;
     let tmp = d.join(format!("{pid}.new"));
     let _ = std::fs::remove_file(&tmp);
     let file = OpenOptions::new()
@@ -197,14 +294,87 @@ pub fn create(pid: u32) -> std::io::Result<(Mapping, PathBuf)> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
-    file.set_len(SIZE as u64)?;
-    let m = map(file)?;
-    m.pid.store(u64::from(pid), Relaxed);
-    m.start_time.store(start_time(pid).unwrap_or(0), Relaxed);
-    m.magic.store(MAGIC, Release);
+    let made = fill(&file, pid);
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     let p = path(pid);
     std::fs::rename(&tmp, &p)?;
-    Ok((m, p))
+    Ok((
+        Server {
+            file,
+            pid: u64::from(pid),
+        },
+        p,
+    ))
+}
+
+/// Reserves the file's blocks and writes its first contents.
+fn fill(file: &File, pid: u32) -> std::io::Result<()> {
+    // SAFETY: fallocate on our own descriptor.
+    let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, SIZE as libc::off_t) };
+    if r != 0 {
+        let e = std::io::Error::from_raw_os_error(r);
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("reserving {SIZE} bytes: {e}"),
+        ));
+    }
+    let mut s = Segment::zeroed();
+    s.magic = MAGIC;
+    s.pid = u64::from(pid);
+    s.start_time = start_time(pid).unwrap_or(0);
+    s.pid_ns = pid_ns().unwrap_or(0);
+    s.heartbeat_ns = monotonic_ns();
+    write(file, &s, 0..SIZE)
+}
+
+impl Server {
+    /// One poll: stamps the heartbeat and returns the pending request, if any. An error when
+    /// the file is no longer the segment this process made (truncated or overwritten): nothing
+    /// is written to it then.
+    pub fn poll(&self) -> Result<Option<Request>, String> {
+        let s = match read(&self.file) {
+            Ok(Some(s)) => s,
+            Ok(None) => return Err("the control file was truncated".into()),
+            Err(e) => return Err(format!("the control file cannot be read: {e}")),
+        };
+        if s.magic != MAGIC || s.pid != self.pid {
+            return Err("the control file was overwritten".into());
+        }
+        let mut beat = s;
+        beat.heartbeat_ns = monotonic_ns();
+        write(&self.file, &beat, field!(heartbeat_ns))
+            .map_err(|e| format!("the control file cannot be written: {e}"))?;
+        if s.request == s.done {
+            return Ok(None);
+        }
+        Ok(Some(Request {
+            number: s.request,
+            command: Command::from_u32(s.command).ok_or(s.command),
+            text: Segment::get(&s.text),
+        }))
+    }
+
+    /// Writes the answer to `req`, then marks it done.
+    pub fn answer(&self, req: &Request, reply: &Reply) -> std::io::Result<()> {
+        let mut s = Segment::zeroed();
+        s.result = u32::from(!reply.ok);
+        s.state = reply.state;
+        s.posts = reply.posts;
+        s.delayed = reply.delayed;
+        s.sum_ns = reply.sum_ns;
+        s.applied_ns = reply.applied_ns;
+        if !Segment::put(&mut s.answer, &reply.text) {
+            // Said, not silently cut: the last bytes mark it.
+            s.answer[TEXT - 4..TEXT - 1].copy_from_slice(b"...");
+        }
+        write(&self.file, &s, field!(result).start..field!(text).start)?;
+        write(&self.file, &s, field!(answer))?;
+        s.done = req.number;
+        write(&self.file, &s, field!(done))
+    }
 }
 
 /// Why a segment cannot be used.
@@ -212,43 +382,198 @@ pub fn create(pid: u32) -> std::io::Result<(Mapping, PathBuf)> {
 pub enum OpenError {
     /// No such file: the process is not injected, or has not opened a device yet.
     Missing,
-    /// The process that made it is gone (or the pid was reused): the file is stale.
+    /// The process that made it is gone (or the pid was reused), as this pid namespace
+    /// proves: the file is stale.
     Stale,
-    /// Not a segment of this layout (another ibjitter version): left alone.
+    /// Not a segment (wrong size or another pid in it): left alone.
     Foreign,
+    /// A segment of another layout: another ibjitter version made it (its magic).
+    OtherVersion(String),
+    /// Not this user's own private directory or file (the reason): never used.
+    Unsafe(String),
+    /// Made in another pid namespace, or where `/proc` was unreadable (here or there): whether
+    /// its process lives cannot be told from here, so it is neither used nor removed.
+    Unreachable,
+    /// Its process lives but no control thread answers (it exec'd a program without the shim,
+    /// or is stopped): the heartbeat has not moved for [`SILENT_POLLS`] polls.
+    NotServing,
     Io(std::io::Error),
 }
 
-/// Maps the segment of `pid` for requests; checks the process is the one that made it.
-pub fn open(pid: u32) -> Result<Mapping, OpenError> {
+impl OpenError {
+    /// The error in words, for the segment of `pid`.
+    pub fn describe(&self, pid: u32) -> String {
+        let p = path(pid);
+        let p = p.display();
+        match self {
+            OpenError::Missing => format!(
+                "no control segment {p}: is {pid} running under libibjitter.so (with \
+                 IBJITTER_CONTROL unset or 1), and has it opened an RDMA device yet?"
+            ),
+            OpenError::Stale => format!("process {pid} is gone (its control file is stale)"),
+            OpenError::Foreign => format!("{p} is not a control segment"),
+            OpenError::OtherVersion(m) => format!(
+                "{p} was made by another ibjitter version (layout {m}; this one reads {}): \
+                 use the ibjitter of the libibjitter.so the process runs",
+                magic_name(MAGIC)
+            ),
+            OpenError::Unsafe(why) => {
+                format!("{why}: refused (another user could answer for process {pid})")
+            }
+            OpenError::Unreachable => format!(
+                "{p} was made in another pid namespace (a container sharing /dev/shm?) or \
+                 without a readable /proc: not reachable from this pid namespace; left alone"
+            ),
+            OpenError::NotServing => format!(
+                "process {pid} has a control file but is not serving it (exec'd without the \
+                 shim, or stopped): no heartbeat for at least {} ms",
+                SILENT_POLLS * POLL_MS
+            ),
+            OpenError::Io(e) => format!("{p}: {e}"),
+        }
+    }
+}
+
+fn magic_name(m: u64) -> String {
+    String::from_utf8_lossy(&m.to_le_bytes()).into_owned()
+}
+
+/// The client's side: an open segment of a live process that serves it.
+pub struct Client {
+    pub pid: u32,
+    file: File,
+}
+
+/// Opens the segment of `pid` for requests; checks it is this user's own, of this layout,
+/// made by that very process (in this pid namespace) and served.
+pub fn open(pid: u32) -> Result<Client, OpenError> {
+    check_dir(&dir())?;
     open_path(&path(pid), pid)
 }
 
-/// [`open`] of the file at `p`.
-pub fn open_path(p: &Path, pid: u32) -> Result<Mapping, OpenError> {
+/// [`open`] of the file at `p` (its directory already checked).
+pub fn open_path(p: &Path, pid: u32) -> Result<Client, OpenError> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = match OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        // Never a link; a FIFO put there must not block the open.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(p)
     {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Missing),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(OpenError::Unsafe(format!(
+                "{} is a symbolic link",
+                p.display()
+            )))
+        }
         Err(e) => return Err(OpenError::Io(e)),
     };
-    if file.metadata().map_err(OpenError::Io)?.len() != SIZE as u64 {
+    let meta = file.metadata().map_err(OpenError::Io)?;
+    let uid = uid();
+    if !meta.is_file() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(OpenError::Unsafe(format!(
+            "{} is not a private file of uid {uid} (a {}, owner uid {}, mode {:o}; expected \
+             a file of uid {uid}, mode 600)",
+            p.display(),
+            kind(&meta),
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    let mut m = [0u8; 8];
+    if file.read_exact_at(&mut m, 0).is_err() {
         return Err(OpenError::Foreign);
     }
-    let m = map(file).map_err(OpenError::Io)?;
-    if m.magic.load(Acquire) != MAGIC || m.pid.load(Acquire) != u64::from(pid) {
-        return Err(OpenError::Foreign);
+    if m != MAGIC.to_le_bytes() {
+        return Err(if m.starts_with(MAGIC_FAMILY) {
+            OpenError::OtherVersion(magic_name(u64::from_le_bytes(m)))
+        } else {
+            OpenError::Foreign
+        });
     }
-    // Stale only when the process is provably not the one that made it.
-    if start_time(pid) != Some(m.start_time.load(Acquire)) {
-        return Err(OpenError::Stale);
+    let s = match read(&file).map_err(OpenError::Io)? {
+        Some(s) if meta.len() == SIZE as u64 && s.pid == u64::from(pid) => s,
+        _ => return Err(OpenError::Foreign),
+    };
+    // Stale only when this pid namespace proves the process is not the one that made it.
+    let here = pid_ns();
+    if s.pid_ns == 0 || here != Some(s.pid_ns) {
+        return Err(OpenError::Unreachable);
     }
-    Ok(m)
+    match proc_start_time(pid) {
+        Ok(t) if t == s.start_time => {}
+        Ok(_) => return Err(OpenError::Stale),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Stale),
+        Err(_) => return Err(OpenError::Unreachable),
+    }
+    let c = Client { pid, file };
+    if !c.serving(s.heartbeat_ns) {
+        return Err(OpenError::NotServing);
+    }
+    Ok(c)
+}
+
+impl Client {
+    /// Whether a control thread serves the segment: its heartbeat is recent, or (clocks of
+    /// another time namespace, a slow poll) moves within [`SILENT_POLLS`] polls.
+    fn serving(&self, beat: u64) -> bool {
+        let silent = Duration::from_millis(SILENT_POLLS * POLL_MS);
+        if beat != 0 && monotonic_ns().saturating_sub(beat) <= silent.as_nanos() as u64 {
+            return true;
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < silent {
+            std::thread::sleep(Duration::from_millis(POLL_MS));
+            match read(&self.file) {
+                Ok(Some(s)) if s.heartbeat_ns != beat => return true,
+                Ok(Some(_)) => {}
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// Takes the file's lock without blocking, retrying until `deadline`.
+    fn lock(&self, deadline: Instant) -> Result<(), String> {
+        loop {
+            // SAFETY: flock on our open descriptor; released when the file closes.
+            if unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(format!("flock {}: {e}", path(self.pid).display()));
+            }
+            if Instant::now() >= deadline {
+                let holder = self
+                    .lock_holder()
+                    .map_or_else(|| "another process".into(), |h| format!("process {h}"));
+                return Err(format!(
+                    "the control file of process {} stayed locked by {holder} until the \
+                     timeout (another `ibjitter inject` still waiting, or someone holding \
+                     its lock); nothing sent",
+                    self.pid
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The pid holding an flock on the file, from `/proc/locks` (if it says).
+    fn lock_holder(&self) -> Option<u32> {
+        let ino = self.file.metadata().ok()?.ino();
+        let locks = std::fs::read_to_string("/proc/locks").ok()?;
+        locks.lines().find_map(|l| {
+            // "1: FLOCK  ADVISORY  WRITE 4242 00:1a:12345 0 EOF"
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let dev_ino = f.get(5)?;
+            (f.get(1) == Some(&"FLOCK") && dev_ino.rsplit(':').next()?.parse() == Ok(ino))
+                .then(|| f.get(4)?.parse().ok())?
+        })
+    }
 }
 
 /// The pids that have a segment file in [`dir`] (live or stale).
@@ -283,38 +608,57 @@ pub struct Answer {
 }
 
 /// Sends `command` (with `settings`, `IBJITTER_*=value` lines, for [`Command::Set`]) to
-/// `pid` and waits up to `timeout` for its answer.
+/// `pid` and waits up to `timeout` (the lock's wait included) for its answer.
 pub fn send(
     pid: u32,
     command: Command,
     settings: &str,
     timeout: Duration,
 ) -> Result<Answer, String> {
-    let m = open(pid).map_err(|e| match e {
-        OpenError::Missing => format!(
-            "no control segment {}: is {pid} running under libibjitter.so (with \
-             IBJITTER_CONTROL unset or 1), and has it opened an RDMA device yet?",
-            path(pid).display()
-        ),
-        OpenError::Stale => format!("process {pid} is gone (its control file is stale)"),
-        OpenError::Foreign => format!(
-            "{} is not a control segment of this ibjitter version",
-            path(pid).display()
-        ),
-        OpenError::Io(e) => format!("{}: {e}", path(pid).display()),
-    })?;
+    let deadline = Instant::now() + timeout;
+    check_text(settings)?;
+    let c = open(pid).map_err(|e| e.describe(pid))?;
+    let io = |e: std::io::Error| format!("{}: {e}", path(pid).display());
     // One request at a time per process: concurrent `ibjitter inject` runs take turns.
-    // SAFETY: flock on our open descriptor; released when the file closes.
-    if unsafe { libc::flock(m.file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(format!("flock: {}", std::io::Error::last_os_error()));
-    }
-    m.command.store(command as u32, Relaxed);
-    Segment::put(&m.text, settings);
+    c.lock(deadline)?;
+    let mut s = Segment::zeroed();
+    s.command = command as u32;
+    Segment::put(&mut s.text, settings);
+    write(&c.file, &s, field!(command)).map_err(io)?;
+    write(&c.file, &s, field!(text)).map_err(io)?;
+    let now = read(&c.file)
+        .map_err(io)?
+        .ok_or_else(|| OpenError::Foreign.describe(pid) + " (truncated while in use)")?;
     let t0 = monotonic_ns();
-    let request = m.request.fetch_add(1, AcqRel) + 1;
-    let started = Instant::now();
-    while m.done.load(Acquire) != request {
-        if started.elapsed() > timeout {
+    s.request = now.request.wrapping_add(1);
+    let request = s.request;
+    write(&c.file, &s, field!(request)).map_err(io)?;
+    // The heartbeat must keep moving while we wait: a process that stops serving is said at
+    // once, not after the whole timeout.
+    let (mut beat, mut beat_seen) = (now.heartbeat_ns, Instant::now());
+    let silent = Duration::from_millis(2 * SILENT_POLLS * POLL_MS);
+    loop {
+        let s = read(&c.file)
+            .map_err(io)?
+            .ok_or_else(|| OpenError::Foreign.describe(pid) + " (truncated while in use)")?;
+        if s.done == request {
+            return Ok(Answer {
+                pid,
+                ok: s.result == 0,
+                text: Segment::get(&s.answer).unwrap_or_default(),
+                state: s.state,
+                posts: s.posts,
+                delayed: s.delayed,
+                sum_ns: s.sum_ns,
+                applied_after: Duration::from_nanos(s.applied_ns.saturating_sub(t0)),
+            });
+        }
+        if s.heartbeat_ns != beat {
+            (beat, beat_seen) = (s.heartbeat_ns, Instant::now());
+        } else if beat_seen.elapsed() > silent {
+            return Err(OpenError::NotServing.describe(pid));
+        }
+        if Instant::now() > deadline {
             return Err(format!(
                 "process {pid} did not answer within {} ms (is its control thread stopped?)",
                 timeout.as_millis()
@@ -322,20 +666,10 @@ pub fn send(
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    Ok(Answer {
-        pid,
-        ok: m.result.load(Acquire) == 0,
-        text: Segment::get(&m.answer),
-        state: m.state.load(Acquire),
-        posts: m.posts.load(Acquire),
-        delayed: m.delayed.load(Acquire),
-        sum_ns: m.sum_ns.load(Acquire),
-        applied_after: Duration::from_nanos(m.applied_ns.load(Acquire).saturating_sub(t0)),
-    })
 }
 
-/// CLOCK_MONOTONIC, the clock the shim stamps `applied_ns` with.
-fn monotonic_ns() -> u64 {
+/// CLOCK_MONOTONIC, the clock of `applied_ns` and the heartbeat.
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -346,32 +680,4 @@ fn monotonic_ns() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_segment_round_trips_text_and_knows_its_process() {
-        let me = std::process::id();
-        let (m, p) = create(me).unwrap();
-        Segment::put(&m.text, "IBJITTER_DELAY=200us");
-        assert_eq!(Segment::get(&m.text), "IBJITTER_DELAY=200us");
-        let long = "x".repeat(TEXT * 2);
-        Segment::put(&m.answer, &long);
-        assert_eq!(Segment::get(&m.answer).len(), TEXT - 1);
-        let other = open(me).unwrap();
-        assert_eq!(other.pid.load(Relaxed), u64::from(me));
-        assert!(listed().contains(&me));
-        // A segment of a pid that is not running is stale; one that names another pid, or
-        // has another size, is foreign (left alone).
-        let fake = 4_000_000u32;
-        let (_stale, fp) = create(fake).unwrap();
-        assert!(matches!(open(fake), Err(OpenError::Stale)));
-        std::fs::copy(&p, fp).unwrap();
-        assert!(matches!(open(fake), Err(OpenError::Foreign)));
-        assert!(matches!(open(4_000_001), Err(OpenError::Missing)));
-        let _ = std::fs::remove_file(path(fake));
-        let _ = std::fs::remove_file(p);
-        assert_eq!(Command::from_u32(2), Some(Command::Set));
-        assert_eq!(Command::from_u32(9), None);
-    }
-}
+mod tests;

@@ -1,15 +1,16 @@
 //! Live control (`ibjitter inject status|set|pause|resume`): this process's segment
 //! ([`ibjitter_control`]), created when it first opens a device or sends through UCP, and the
-//! thread that serves it: every few milliseconds it looks for a request and applies it (a new
-//! table, pause, resume), then answers with the counts. The post path never sees any of it:
-//! it reads the same mode and table atomics as always. `IBJITTER_CONTROL=0` turns it off.
+//! thread that serves it: every few milliseconds it stamps its heartbeat, looks for a request
+//! and applies it (a new table, pause, resume), then answers with the counts. A file that
+//! cannot be made (a full `/dev/shm`) is one warning and no live control. The post path
+//! never sees any of it: it reads the same mode and table atomics as always. `IBJITTER_CONTROL=0` turns it off.
 //!
 //! A forked child has no control thread (threads do not survive fork): it keeps the mode it
 //! was forked with, and never removes its parent's file.
 use crate::runtime::live;
 use crate::state;
 use crate::sys::{clock, say};
-use ibjitter_control::{self as ctl, Command, Mapping, Segment};
+use ibjitter_control::{self as ctl, Command, Reply, Request, Server};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::sync::OnceLock;
@@ -26,68 +27,91 @@ pub fn arm() {
     }
     let pid = std::process::id();
     match ctl::create(pid) {
-        Ok((m, path)) => {
+        Ok((server, path)) => {
             OWNER.store(pid, Release);
             let _ = PATH.set(path);
             let _ = std::thread::Builder::new()
                 .name("ibjitter-control".into())
-                .spawn(move || serve(m));
+                .spawn(move || serve(server));
         }
-        Err(e) => say::warn_once(&format!(
+        // arm() runs once: a plain warning (say's shared once-flag may be spent already).
+        Err(e) => say::warn(&format!(
             "live control unavailable ({}: {e}): `ibjitter inject` cannot reach this process",
             ctl::path(pid).display()
         )),
     }
 }
 
-fn serve(m: Mapping) {
+fn serve(server: Server) {
+    // A same-user process may truncate or overwrite the file: the server reads and writes it
+    // by offset (never through a mapping, which would fault), ignores it until it is whole
+    // again, and says so once.
+    let mut warned = false;
     loop {
         std::thread::sleep(std::time::Duration::from_millis(ctl::POLL_MS));
-        let request = m.request.load(Acquire);
-        if request != m.done.load(Acquire) {
-            answer(&m);
-            m.done.store(request, Release);
+        match server.poll() {
+            Ok(Some(req)) => {
+                let reply = answer(&req);
+                if let Err(e) = server.answer(&req, &reply) {
+                    warn_once(&mut warned, &format!("the answer cannot be written: {e}"));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => warn_once(&mut warned, &e),
         }
     }
 }
 
-/// Applies the pending request and writes the answer.
-fn answer(m: &Segment) {
-    let result = match Command::from_u32(m.command.load(Acquire)) {
-        Some(Command::Status) => Ok(live::table_now()),
-        Some(Command::Pause) => {
+fn warn_once(warned: &mut bool, e: &str) {
+    if !std::mem::replace(warned, true) {
+        say::warn(&format!(
+            "live control: {e} ({}); requests are ignored until it is whole again",
+            PATH.get()
+                .map_or_else(String::new, |p| p.display().to_string())
+        ));
+    }
+}
+
+/// Applies the request and says what to answer.
+fn answer(req: &Request) -> Reply {
+    let result = match (req.command, &req.text) {
+        (Ok(Command::Status), _) => Ok(live::table_now()),
+        (Ok(Command::Pause), _) => {
             state::set_paused(true);
             Ok(live::table_now())
         }
-        Some(Command::Resume) => {
+        (Ok(Command::Resume), _) => {
             state::set_paused(false);
             Ok(live::table_now())
         }
-        Some(Command::Set) => live::apply_live_set(&Segment::get(&m.text)),
-        None => Err("unknown request (is ibjitter newer than this libibjitter.so?)".into()),
+        (Ok(Command::Set), Some(text)) => live::apply_live_set(text),
+        (Ok(Command::Set), None) => Err(format!(
+            "the request's settings have no terminator (longer than {} bytes?): not applied",
+            ctl::TEXT - 1
+        )),
+        (Err(_), _) => Err("unknown request (is ibjitter newer than this libibjitter.so?)".into()),
     };
-    m.applied_ns.store(clock::monotonic_ns(), Relaxed);
+    let applied_ns = clock::monotonic_ns();
     let (posts, delayed, sum_ns) = live::live_counts();
-    m.posts.store(posts, Relaxed);
-    m.delayed.store(delayed, Relaxed);
-    m.sum_ns.store(sum_ns, Relaxed);
-    let mut state = 0;
+    let mut bits = 0;
     if state::injecting() {
-        state |= ctl::STATE_INJECTING;
+        bits |= ctl::STATE_INJECTING;
     }
     if state::paused() {
-        state |= ctl::STATE_PAUSED;
+        bits |= ctl::STATE_PAUSED;
     }
-    m.state.store(state, Relaxed);
-    match result {
-        Ok(text) => {
-            Segment::put(&m.answer, &text);
-            m.result.store(0, Release);
-        }
-        Err(e) => {
-            Segment::put(&m.answer, &e);
-            m.result.store(1, Release);
-        }
+    let (ok, text) = match result {
+        Ok(t) => (true, t),
+        Err(e) => (false, e),
+    };
+    Reply {
+        ok,
+        text,
+        state: bits,
+        posts,
+        delayed,
+        sum_ns,
+        applied_ns,
     }
 }
 

@@ -1,0 +1,171 @@
+//! Each test that makes a segment of a pid that is not running uses its own fake pid (the
+//! tests of one binary run in parallel); the segment of this very process is made by one test
+//! only.
+use super::*;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Arc;
+
+/// Serves `server` as the shim does, echoing the request's text (or `long` text, when set),
+/// until `stop`.
+fn serve_echo(server: Server, stop: Arc<AtomicBool>, long: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Acquire) {
+            std::thread::sleep(Duration::from_millis(POLL_MS));
+            if let Ok(Some(req)) = server.poll() {
+                let text = if long {
+                    "x".repeat(TEXT * 2)
+                } else {
+                    req.text.clone().unwrap_or_default()
+                };
+                let reply = Reply {
+                    ok: true,
+                    text,
+                    state: STATE_PAUSED,
+                    posts: 7,
+                    applied_ns: monotonic_ns(),
+                    ..Reply::default()
+                };
+                server.answer(&req, &reply).unwrap();
+            }
+        }
+    })
+}
+
+#[test]
+fn a_segment_round_trips_text_and_knows_its_process() {
+    let me = std::process::id();
+    let (server, p) = create(me).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let t = serve_echo(server, stop.clone(), false);
+    let a = send(
+        me,
+        Command::Set,
+        "IBJITTER_DELAY=200us",
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    assert_eq!(a.text, "IBJITTER_DELAY=200us");
+    assert!(a.ok && a.state == STATE_PAUSED && a.posts == 7, "{a:?}");
+    stop.store(true, Release);
+    t.join().unwrap();
+    // A long answer is cut to what fits, and says so.
+    let (server, _) = create(me).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let t = serve_echo(server, stop.clone(), true);
+    let a = send(me, Command::Status, "", Duration::from_secs(2)).unwrap();
+    assert_eq!(a.text.len(), TEXT - 1);
+    assert!(a.text.ends_with("..."), "{}", a.text);
+    let other = open(me).unwrap();
+    assert_eq!(other.pid, me);
+    assert!(listed().contains(&me));
+    stop.store(true, Release);
+    t.join().unwrap();
+    // Nobody serves it now (as after an exec without the shim): said at once, not after the
+    // whole timeout.
+    let t0 = Instant::now();
+    let e = send(me, Command::Status, "", Duration::from_secs(2)).unwrap_err();
+    assert!(e.contains("not serving"), "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        t0.elapsed()
+    );
+    // A segment of a pid that is not running is stale; one that names another pid, or
+    // has another size, is foreign (left alone).
+    let fake = 4_000_000u32;
+    let (_stale, fp) = create(fake).unwrap();
+    assert!(matches!(open(fake), Err(OpenError::Stale)));
+    std::fs::copy(&p, &fp).unwrap();
+    assert!(matches!(open(fake), Err(OpenError::Foreign)));
+    assert!(matches!(open(4_000_001), Err(OpenError::Missing)));
+    let _ = std::fs::remove_file(path(fake));
+    let _ = std::fs::remove_file(p);
+    assert_eq!(Command::from_u32(2), Some(Command::Set));
+    assert_eq!(Command::from_u32(9), None);
+}
+
+#[test]
+fn a_request_that_does_not_fit_is_refused_with_the_limit() {
+    let long = format!("IBJITTER_TABLE=/{}", "d".repeat(TEXT));
+    let e = send(4_000_010, Command::Set, &long, Duration::from_secs(1)).unwrap_err();
+    assert!(
+        e.contains(&format!("{} bytes", long.len())) && e.contains("at most 1023 bytes"),
+        "{e}"
+    );
+    assert!(check_text(&"y".repeat(TEXT - 1)).is_ok());
+    assert!(check_text("IBJITTER_DELAY=1ms\0IBJITTER_PROB=1").is_err());
+}
+
+#[test]
+fn a_text_without_its_terminator_is_no_settings_and_garbage_no_command() {
+    let fake = 4_000_011u32;
+    let (server, p) = create(fake).unwrap();
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    let mut s = Segment::zeroed();
+    s.text = [b'x'; TEXT];
+    s.command = Command::Set as u32;
+    s.request = 1;
+    write(&f, &s, field!(text)).unwrap();
+    write(&f, &s, field!(command)).unwrap();
+    write(&f, &s, field!(request)).unwrap();
+    let req = server.poll().unwrap().expect("a pending request");
+    assert_eq!((req.number, req.command), (1, Ok(Command::Set)));
+    assert_eq!(req.text, None);
+    server.answer(&req, &Reply::default()).unwrap();
+    assert!(server.poll().unwrap().is_none(), "answered once");
+    s.command = 0xdead_beef;
+    s.request = 2;
+    write(&f, &s, field!(command)).unwrap();
+    write(&f, &s, field!(request)).unwrap();
+    assert_eq!(server.poll().unwrap().unwrap().command, Err(0xdead_beef));
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn a_truncated_or_overwritten_segment_is_no_request_and_no_fault() {
+    let fake = 4_000_012u32;
+    let (server, p) = create(fake).unwrap();
+    assert!(server.poll().unwrap().is_none());
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(0).unwrap();
+    let e = server.poll().unwrap_err();
+    assert!(e.contains("truncated"), "{e}");
+    assert_eq!(f.metadata().unwrap().len(), 0, "nothing written to it");
+    f.write_all_at(&[0x5a; SIZE], 0).unwrap();
+    assert!(server.poll().unwrap_err().contains("overwritten"));
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn a_segment_of_another_layout_is_another_version() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fake = 4_000_013u32;
+    let (_server, p) = create(fake).unwrap();
+    let f = OpenOptions::new().write(true).mode(0o600).open(&p).unwrap();
+    f.write_all_at(b"IBJCTL01", 0).unwrap();
+    let e = open(fake).err().unwrap();
+    assert!(
+        matches!(e, OpenError::OtherVersion(ref m) if m == "IBJCTL01"),
+        "{e:?}"
+    );
+    assert!(e.describe(fake).contains("another ibjitter version"));
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn a_segment_of_another_pid_namespace_is_unreachable_not_stale() {
+    let fake = 4_000_014u32;
+    let (_server, p) = create(fake).unwrap();
+    assert!(
+        matches!(open(fake), Err(OpenError::Stale)),
+        "same namespace: stale"
+    );
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    for ns in [pid_ns().unwrap() + 1, 0] {
+        let mut s = Segment::zeroed();
+        s.pid_ns = ns;
+        write(&f, &s, field!(pid_ns)).unwrap();
+        assert!(matches!(open(fake), Err(OpenError::Unreachable)), "{ns}");
+    }
+    let _ = std::fs::remove_file(p);
+}

@@ -1,0 +1,331 @@
+//! Live control in hostile hosts, with the built libibjitter.so over the stub libibverbs: a
+//! full `/dev/shm`, a segment truncated under its process, a process that exec'd a program
+//! without the shim. The rule: one clear warning, then pass-through; never a fault, never a
+//! wait for nobody.
+//!
+//! Each test re-runs itself (this binary, `--exact`) inside a private mount namespace with a
+//! small tmpfs of its own on `/dev/shm` (`unshare -m`; the tests run as root, as CI does), so
+//! it can fill that filesystem and never touches the segments of anyone else on the machine;
+//! that copy then starts the injected child processes.
+mod support;
+
+use ibjitter_control::{self as ctl, Command as Request};
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// Set in the copy that runs inside the private mount namespace.
+const PRIVATE: &str = "IBJITTER_HOSTILE_PRIVATE";
+/// Set in an injected child: its scenario.
+const CHILD: &str = "IBJITTER_HOSTILE_CHILD";
+
+/// Re-runs test `test` of this binary in a private mount namespace whose `/dev/shm` is a new
+/// tmpfs of `size`; asserts it passed.
+fn in_private_shm(test: &str, size: &str) {
+    // Built once for the tests of this binary (they run in parallel).
+    static BUILT: std::sync::OnceLock<(std::path::PathBuf, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    let (so, stub) = BUILT.get_or_init(|| (build_shim(), build_stub()));
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=\"$0\",mode=1777 ibjitter-hostile /dev/shm && exec \"$@\"")
+        .arg(size)
+        .arg(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"]);
+    without_ibjitter_env(&mut cmd);
+    cmd.env(PRIVATE, "1")
+        .env("IBJITTER_TEST_SO", so)
+        .env("IBJITTER_TEST_STUB", stub);
+    let out = cmd.output().expect("run unshare");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    // Not a skip: without a private /dev/shm the test cannot run, and says why.
+    assert!(
+        out.status.success() && text.contains("test result: ok. 1 passed"),
+        "{test} in a private /dev/shm ({size}; needs root for unshare -m and mount): {}",
+        out.status
+    );
+}
+
+fn without_ibjitter_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+fn private() -> bool {
+    std::env::var_os(PRIVATE).is_some() && std::env::var_os(CHILD).is_none()
+}
+
+fn load_shim() -> Shim {
+    Shim::load(
+        Path::new(&std::env::var("IBJITTER_TEST_SO").unwrap()),
+        Path::new(&std::env::var("IBJITTER_TEST_STUB").unwrap()),
+    )
+}
+
+/// The injected child: opens a fake device (which arms live control), says READY, then
+/// posts every ~1 ms for `IBJITTER_TEST_HOLD_MS` ms; "exec" then becomes `sleep 3` instead,
+/// a program without the shim, with the same pid and start time.
+fn child(scenario: &str) {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    let qpx: *mut verbs_abi::ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    println!("READY {}", std::process::id());
+    if scenario == "exec" {
+        use std::os::unix::process::CommandExt;
+        let e = Command::new("sleep").arg("3").exec();
+        panic!("exec sleep: {e}");
+    }
+    let hold: u64 = std::env::var("IBJITTER_TEST_HOLD_MS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let t0 = Instant::now();
+    let mut posts = 0u64;
+    while t0.elapsed() < Duration::from_millis(hold) {
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_post_send(qp) }, 0);
+        posts += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: the context is ours; the stub's close does nothing.
+    unsafe { (shim.close_device)(ctx) };
+    let provider = PROVIDER_POSTS.load(std::sync::atomic::Ordering::Relaxed);
+    println!("RESULT posts {posts} provider {provider}");
+}
+
+/// Starts the injected child for `scenario` (from the private copy), returns it and its pid.
+fn spawn_child(test: &str, scenario: &str, hold_ms: u64) -> (Child, u32) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
+    cmd.env(CHILD, scenario)
+        .env("IBJITTER_TEST_HOLD_MS", hold_ms.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let pid = loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let e = child.wait_with_output().unwrap();
+            panic!(
+                "no READY from {scenario}: {}\n{}",
+                e.status,
+                String::from_utf8_lossy(&e.stderr)
+            );
+        }
+        // The harness's "test NAME ... " precedes it on the same line.
+        if let Some((_, p)) = line.trim().split_once("READY ") {
+            break p.parse::<u32>().unwrap();
+        }
+    };
+    child.stdout = Some(out.into_inner());
+    (child, pid)
+}
+
+/// Waits for `child`; returns (exit status, stdout, the shim's stderr lines).
+fn finish(child: Child) -> (std::process::ExitStatus, String, Vec<String>) {
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines = stderr
+        .lines()
+        .filter(|l| l.starts_with("ibjitter"))
+        .map(String::from)
+        .collect();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        lines,
+    )
+}
+
+/// A full `/dev/shm` (MPI's shared-memory transports fill Docker's 64 MB): a process that
+/// opens a device says once that live control is unavailable, and passes every send through
+/// (it died of SIGBUS, exit 135, when the sparse segment was first written through its
+/// mapping).
+#[test]
+fn a_full_dev_shm_is_one_warning_and_pass_through() {
+    const NAME: &str = "a_full_dev_shm_is_one_warning_and_pass_through";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "256k");
+    }
+    // Fill it: every block taken.
+    let mut fill = std::fs::File::create("/dev/shm/fill").unwrap();
+    let e = loop {
+        if let Err(e) = std::io::Write::write_all(&mut fill, &[0u8; 4096]) {
+            break e;
+        }
+    };
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    let (child, pid) = spawn_child(NAME, "open", 50);
+    let (status, stdout, lines) = finish(child);
+    eprintln!("{status}\n{stdout}\n{lines:?}");
+    assert!(status.success(), "{status}: {lines:?}");
+    let warned: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("live control unavailable"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{lines:?}");
+    assert!(
+        warned[0].contains("No space left on device"),
+        "{}",
+        warned[0]
+    );
+    // Every send reached the provider.
+    let result = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|r| r.1.to_string()))
+        .expect("RESULT");
+    let n: Vec<u64> = result
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(n[0] > 0 && n[0] == n[1], "{result}");
+    // Nothing half-made is left behind.
+    let left: Vec<_> = std::fs::read_dir(ctl::dir())
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?} left in {}", ctl::dir().display());
+    assert!(!ctl::path(pid).exists());
+}
+
+/// A same-user `truncate -s 0` of a live segment: the process keeps running and passing its
+/// sends through (it died of SIGBUS at its control thread's next poll), says so once, and a
+/// client finds the file is no longer a segment rather than waiting for an answer.
+#[test]
+fn a_truncated_live_segment_leaves_its_process_running() {
+    const NAME: &str = "a_truncated_live_segment_leaves_its_process_running";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "1m");
+    }
+    let (child, pid) = spawn_child(NAME, "open", 600);
+    let a = ctl::send(pid, Request::Status, "", Duration::from_secs(2)).unwrap();
+    assert!(a.ok, "{a:?}");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(ctl::path(pid))
+        .unwrap();
+    f.set_len(0).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    let e = ctl::send(pid, Request::Pause, "", Duration::from_secs(2)).unwrap_err();
+    assert!(e.contains("is not a control segment"), "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    let (status, stdout, lines) = finish(child);
+    eprintln!("{status}\n{stdout}\n{lines:?}");
+    assert!(status.success(), "{status}: {lines:?}");
+    let warned = lines.iter().filter(|l| l.contains("truncated")).count();
+    assert_eq!(warned, 1, "{lines:?}");
+    assert!(stdout.contains("RESULT posts"), "{stdout}");
+}
+
+/// After an exec into a program without the shim, the file stays (same pid, same start
+/// time) but nobody serves it: a request says so at once (it waited the whole 2 s).
+#[test]
+fn a_segment_left_by_an_exec_is_said_not_served_at_once() {
+    const NAME: &str = "a_segment_left_by_an_exec_is_said_not_served_at_once";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "1m");
+    }
+    let (mut child, pid) = spawn_child(NAME, "exec", 0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(ctl::path(pid).exists(), "the exec'd process's file stays");
+    let t0 = Instant::now();
+    let e = ctl::send(pid, Request::Status, "", Duration::from_secs(2)).unwrap_err();
+    let took = t0.elapsed();
+    child.kill().unwrap();
+    let _ = child.wait();
+    eprintln!("{e} (after {took:?})");
+    assert!(e.contains("not serving") && e.contains("exec'd"), "{e}");
+    assert!(took < Duration::from_millis(1000), "{took:?}");
+}
+
+/// A `set` whose settings fill the text without a terminator (a request cut to fit, or
+/// written by something else) is refused by the process, not applied as far as it reads.
+#[test]
+fn a_set_without_its_terminator_is_refused_by_the_process() {
+    use ctl::Segment;
+    use std::mem::offset_of;
+    use std::os::unix::fs::FileExt;
+    const NAME: &str = "a_set_without_its_terminator_is_refused_by_the_process";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "1m");
+    }
+    let (child, pid) = spawn_child(NAME, "open", 400);
+    // Valid settings, then blank lines up to the last byte: no NUL anywhere.
+    let mut text = b"IBJITTER_DELAY=1ms".to_vec();
+    text.resize(ctl::TEXT, b'\n');
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(ctl::path(pid))
+        .unwrap();
+    let u64_at = |off: usize| {
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, off as u64).unwrap();
+        u64::from_ne_bytes(b)
+    };
+    f.write_all_at(&text, offset_of!(Segment, text) as u64)
+        .unwrap();
+    f.write_all_at(
+        &(Request::Set as u32).to_ne_bytes(),
+        offset_of!(Segment, command) as u64,
+    )
+    .unwrap();
+    let request = u64_at(offset_of!(Segment, request)) + 1;
+    f.write_all_at(&request.to_ne_bytes(), offset_of!(Segment, request) as u64)
+        .unwrap();
+    let t0 = Instant::now();
+    while u64_at(offset_of!(Segment, done)) != request {
+        assert!(t0.elapsed() < Duration::from_secs(2), "no answer");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b, offset_of!(Segment, result) as u64)
+        .unwrap();
+    let mut answer = vec![0u8; ctl::TEXT];
+    f.read_exact_at(&mut answer, offset_of!(Segment, answer) as u64)
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..answer.iter().position(|&c| c == 0).unwrap()])
+        .into_owned();
+    assert_eq!(u32::from_ne_bytes(b), 1, "refused: {answer}");
+    assert!(answer.contains("no terminator"), "{answer}");
+    let a = ctl::send(pid, Request::Status, "", Duration::from_secs(2)).unwrap();
+    assert!(
+        a.ok && a.state & ctl::STATE_INJECTING == 0,
+        "nothing applied: {a:?}"
+    );
+    let (status, _, lines) = finish(child);
+    assert!(status.success(), "{status}: {lines:?}");
+}
