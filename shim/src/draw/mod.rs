@@ -139,21 +139,10 @@ pub fn draw_units(mode: u8, hook: Hook) -> u64 {
 /// calibrating the clock), the seed, the counters, the shapes; returns the mode bits and
 /// the clock's description for [`state::configure`]. Called at load (and by tests) while no
 /// thread is posting.
-pub fn prepare(s: &Settings, selective: bool) -> (u8, String) {
-    let (delays, unit, per, spin, seed, shape, controlled) = (
-        s.delays.as_ref(),
-        s.unit,
-        s.per,
-        s.spin,
-        s.seed,
-        &s.shape,
-        s.control,
-    );
+pub fn prepare(s: &Settings, selective: bool) -> u8 {
+    let (delays, per, seed, shape, controlled) =
+        (s.delays.as_ref(), s.per, s.seed, &s.shape, s.control);
     let count = s.stats.is_some();
-    let mut clock_desc = String::from("none");
-    if let Some(d) = delays {
-        clock_desc = table::use_table(d, unit, spin);
-    }
     rng::set_seed(seed);
     let mut mode = 0;
     if delays.is_some() {
@@ -188,5 +177,5 @@ pub fn prepare(s: &Settings, selective: bool) -> (u8, String) {
             mode |= TRACE;
         }
     }
-    (mode, clock_desc)
+    mode
 }

@@ -32,7 +32,7 @@ pub fn at_load() {
 /// the start-up line and the signal-time stats.
 pub fn install(settings: Settings) {
     let selective = select::activate(&settings.select);
-    let (mode, clock) = draw::prepare(&settings, selective);
+    let mode = draw::prepare(&settings, selective);
     state::configure(
         mode,
         settings.layer,
@@ -43,21 +43,10 @@ pub fn install(settings: Settings) {
     if settings.line && (settings.delays.is_some() || settings.control) {
         state::set_line(true);
     }
-    let clock = match &settings.cq {
-        Some(cq_table) => {
-            // The completion table uses the send table's clock, or chooses it.
-            let desc = if settings.delays.is_none() {
-                draw::table::choose_clock(cq_table, settings.unit, settings.spin)
-            } else {
-                clock
-            };
-            cq::activate(&cq_table.values, crate::sys::clock::kind());
-            desc
-        }
-        None => clock,
-    };
-    say::set_startup(lines::startup(&settings, &clock));
     if settings.warning.is_some() {
+        // A refused configuration is said at load, in every process, so that a mistyped
+        // variable shows at once, even in a shell.
+        say::set_startup(lines::startup(&settings, ""));
         say::show_startup_now();
     }
     if let Some(pattern) = &settings.stats {
@@ -69,15 +58,48 @@ pub fn install(settings: Settings) {
             settings.seed,
         );
     }
-    loaded::set(loaded::Loaded { settings, clock });
+    loaded::set(loaded::Loaded {
+        settings,
+        clock: CLOCK_NOT_CHOSEN.into(),
+    });
 }
 
-/// The process first opened a device or sent through UCP: say the start-up line, start the
-/// threads the settings need (window, episodes, delay line) and live control. Once.
+/// The clock's description until the first use chooses it.
+const CLOCK_NOT_CHOSEN: &str = "not chosen (no device opened, no UCP send)";
+
+/// The wait clock for the settings' tables, chosen (the TSC calibrated against
+/// CLOCK_MONOTONIC: 2 ms of busy time), the tables converted to its units, and the
+/// start-up line made with its description. At first use, not at load: shells and
+/// launchers under `LD_PRELOAD` never pay for it.
+fn choose_clock() {
+    let Some(mut guard) = loaded::get() else {
+        return;
+    };
+    let Some(l) = guard.as_mut() else { return };
+    let s = &l.settings;
+    let clock = match (&s.delays, &s.cq) {
+        (Some(d), _) => draw::table::use_table(d, s.unit, s.spin),
+        // The completion table uses the send table's clock, or chooses it.
+        (None, Some(c)) => draw::table::choose_clock(c, s.unit, s.spin),
+        (None, None) => "none".into(),
+    };
+    if let Some(c) = &s.cq {
+        cq::activate(&c.values, crate::sys::clock::kind());
+    }
+    if s.warning.is_none() {
+        say::set_startup(lines::startup(s, &clock));
+    }
+    l.clock = clock;
+}
+
+/// The process first opened a device or sent through UCP: choose the clock, say the start-up
+/// line, start the threads the settings need (window, episodes, delay line) and live
+/// control. Once.
 pub fn first_use() {
     if !state::first_use() {
         return;
     }
+    choose_clock();
     say::show_startup_now();
     window::start();
     episodes::start();

@@ -27,11 +27,11 @@ pub fn live_counts() -> (u64, u64, u64) {
 /// What is injected now, for live control's answers.
 pub fn table_now() -> String {
     let guard = loaded::get();
-    match guard
-        .as_ref()
-        .and_then(|g| g.as_ref())
-        .and_then(|l| l.settings.delays.as_ref())
-    {
+    let settings = guard.as_ref().and_then(|g| g.as_ref()).map(|l| &l.settings);
+    if let Some(why) = settings.and_then(|s| s.not_this_process.as_ref()) {
+        return format!("pass-through: {why}");
+    }
+    match settings.and_then(|s| s.delays.as_ref()) {
         Some(d) if state::paused() => format!("paused (table {})", d.source),
         Some(d) => format!("table {}", d.source),
         None => "no table (pass-through)".into(),
@@ -66,6 +66,11 @@ pub fn apply_live_set(text: &str) -> Result<String, String> {
     }
     let mut guard = loaded::get().ok_or("the shim is busy (its settings are locked)")?;
     let l = guard.as_mut().ok_or("the shim has no configuration")?;
+    if let Some(why) = &l.settings.not_this_process {
+        // The user's IBJITTER_RANKS left this rank out at launch: a live table must not
+        // put it back in.
+        return Err(format!("{why}; not applied"));
+    }
     let unit = l.settings.unit;
     vars.insert("IBJITTER_UNIT".into(), unit.name().into());
     vars.insert("IBJITTER_SEED".into(), l.settings.seed.to_string());

@@ -1,0 +1,186 @@
+//! What the shim does at load in a process that may never use verbs, and what live control
+//! may change in a process the user left out: with the built libibjitter.so over the stub
+//! libibverbs, each scenario in a child (this binary, re-run with `IBJITTER_STARTUP_CHILD`).
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::*;
+
+const CHILD: &str = "IBJITTER_STARTUP_CHILD";
+
+fn built() -> &'static (PathBuf, PathBuf) {
+    static B: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    B.get_or_init(|| (build_shim(), build_stub()))
+}
+
+fn scenario() -> Option<String> {
+    std::env::var(CHILD).ok()
+}
+
+/// This binary re-run as the child of `test` for `scenario`, with `env` (and no other
+/// `IBJITTER_*` variable or launcher rank), under `wrapper` if given.
+fn child_command(test: &str, scenario: &str, env: &[(&str, &str)], wrapper: &[&str]) -> Command {
+    let (so, stub) = built();
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match wrapper.split_first() {
+        Some((w, args)) => {
+            let mut c = Command::new(w);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
+    for (k, _) in std::env::vars() {
+        let rank = [
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+            "PMIX_RANK",
+            "SLURM_PROCID",
+        ];
+        if k.starts_with("IBJITTER_") || rank.contains(&k.as_str()) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env(CHILD, scenario)
+        .env("IBJITTER_TEST_SO", so)
+        .env("IBJITTER_TEST_STUB", stub)
+        .envs(env.iter().copied());
+    cmd
+}
+
+fn load_shim() -> Shim {
+    Shim::load(
+        Path::new(&std::env::var("IBJITTER_TEST_SO").unwrap()),
+        Path::new(&std::env::var("IBJITTER_TEST_STUB").unwrap()),
+    )
+}
+
+/// Loads the shim; opens a fake device and posts `posts` times unless `posts` is None.
+fn run_child(posts: Option<u32>, hold: Duration) {
+    let shim = load_shim();
+    let Some(posts) = posts else { return };
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    let qpx: *mut verbs_abi::ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    println!("READY {}", std::process::id());
+    let t0 = std::time::Instant::now();
+    let mut n = 0;
+    while n < posts || t0.elapsed() < hold {
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_post_send(qp) }, 0);
+        n += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: the context is ours; the stub's close does nothing.
+    unsafe { (shim.close_device)(ctx) };
+}
+
+/// Calibrating the TSC costs 2 ms of busy time and reads the kernel's clocksource: a shell
+/// or launcher under `LD_PRELOAD` that never opens a device must not pay it. `strace`
+/// shows whether the clock was looked at (the clocksource file, `/proc/cpuinfo`).
+#[test]
+fn the_clock_is_chosen_at_first_use_not_at_load() {
+    match scenario().as_deref() {
+        Some("load") => return run_child(None, Duration::ZERO),
+        Some("open") => return run_child(Some(5), Duration::ZERO),
+        _ => {}
+    }
+    let dir = target_dir().join(format!("ibjitter-startup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let opened_clock = |scenario: &str| {
+        let log = dir.join(format!("{scenario}.strace"));
+        let strace = ["strace", "-f", "-qq", "-e", "trace=open,openat", "-o"];
+        let log_arg = log.to_str().unwrap().to_string();
+        let mut wrapper: Vec<&str> = strace.to_vec();
+        wrapper.push(&log_arg);
+        let out = child_command(
+            "the_clock_is_chosen_at_first_use_not_at_load",
+            scenario,
+            &[("IBJITTER_DELAY", "100us")],
+            &wrapper,
+        )
+        .output()
+        .expect("run strace (tools/setup installs it)");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{scenario}: {stderr}");
+        let calls = std::fs::read_to_string(&log).unwrap();
+        let looked = calls
+            .lines()
+            .any(|l| l.contains("clocksource") || l.contains("/proc/cpuinfo"));
+        (looked, stderr)
+    };
+    let (looked, _) = opened_clock("load");
+    assert!(
+        !looked,
+        "a process that never opened a device looked at the clock"
+    );
+    // The check sees it when it happens: the first device open chooses the clock, and the
+    // start-up line names it.
+    let (looked, stderr) = opened_clock("open");
+    assert!(looked, "the first device open did not look at the clock");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("ibjitter: table"))
+        .unwrap_or_else(|| panic!("no start-up line: {stderr}"));
+    assert!(
+        line.contains("clock tsc") || line.contains("clock CLOCK_MONOTONIC"),
+        "{line}"
+    );
+}
+
+/// A rank that `IBJITTER_RANKS` left out stays out: `ibjitter inject set` is refused there,
+/// and status says why nothing is injected.
+#[test]
+fn a_rank_left_out_refuses_a_live_set() {
+    use ibjitter_control::{self as ctl, Command as Request};
+    if scenario().as_deref() == Some("left-out") {
+        return run_child(Some(1), Duration::from_millis(1500));
+    }
+    let mut child = child_command(
+        "a_rank_left_out_refuses_a_live_set",
+        "left-out",
+        &[("IBJITTER_RANKS", "1"), ("PMI_RANK", "0")],
+        &[],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let pid = loop {
+        let mut line = String::new();
+        assert!(
+            std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0,
+            "no READY"
+        );
+        if let Some((_, p)) = line.trim().split_once("READY ") {
+            break p.parse::<u32>().unwrap();
+        }
+    };
+    // The control thread polls every 10 ms; give it a moment to serve.
+    std::thread::sleep(Duration::from_millis(200));
+    let ask = |c: Request, text: &str| ctl::send(pid, c, text, Duration::from_secs(2)).unwrap();
+    let set = ask(Request::Set, "IBJITTER_DELAY=1ms");
+    let status = ask(Request::Status, "");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(child.wait().unwrap().success(), "{err}");
+    assert!(
+        !set.ok,
+        "a live set was applied in a rank left out: {set:?}"
+    );
+    assert!(set.text.contains("IBJITTER_RANKS"), "{set:?}");
+    assert!(
+        status.text.contains("pass-through") && status.text.contains("IBJITTER_RANKS"),
+        "{status:?}"
+    );
+    assert_eq!(status.delayed, 0, "{status:?}");
+    assert_eq!(status.state & ctl::STATE_INJECTING, 0, "{status:?}");
+}
