@@ -3,64 +3,23 @@
 //! libibverbs, each scenario in a child (this binary, re-run with `IBJITTER_STARTUP_CHILD`).
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use support::*;
 
 const CHILD: &str = "IBJITTER_STARTUP_CHILD";
 
-fn built() -> &'static (PathBuf, PathBuf) {
-    static B: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
-    B.get_or_init(|| (build_shim(), build_stub()))
-}
-
 fn scenario() -> Option<String> {
     std::env::var(CHILD).ok()
 }
 
-/// This binary re-run as the child of `test` for `scenario`, with `env` (and no other
-/// `IBJITTER_*` variable or launcher rank), under `wrapper` if given.
-fn child_command(test: &str, scenario: &str, env: &[(&str, &str)], wrapper: &[&str]) -> Command {
-    let (so, stub) = built();
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = match wrapper.split_first() {
-        Some((w, args)) => {
-            let mut c = Command::new(w);
-            c.args(args).arg(&exe);
-            c
-        }
-        None => Command::new(&exe),
-    };
-    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
-    for (k, _) in std::env::vars() {
-        let rank = [
-            "OMPI_COMM_WORLD_RANK",
-            "PMI_RANK",
-            "PMIX_RANK",
-            "SLURM_PROCID",
-        ];
-        if k.starts_with("IBJITTER_") || rank.contains(&k.as_str()) {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env(CHILD, scenario)
-        .env("IBJITTER_TEST_SO", so)
-        .env("IBJITTER_TEST_STUB", stub)
-        .envs(env.iter().copied());
-    cmd
-}
-
-fn load_shim() -> Shim {
-    Shim::load(
-        Path::new(&std::env::var("IBJITTER_TEST_SO").unwrap()),
-        Path::new(&std::env::var("IBJITTER_TEST_STUB").unwrap()),
-    )
+fn child(test: &str, scenario: &str, env: &[(&str, &str)], wrapper: &[&str]) -> Command {
+    child_command(test, CHILD, scenario, env, wrapper)
 }
 
 /// Loads the shim; opens a fake device and posts `posts` times unless `posts` is None.
 fn run_child(posts: Option<u32>, hold: Duration) {
-    let shim = load_shim();
+    let shim = load_child_shim();
     let Some(posts) = posts else { return };
     let mut fc = FakeContext::new(counting_post_send);
     // SAFETY: the stub returns the fake context we pass as the device.
@@ -100,7 +59,7 @@ fn the_clock_is_chosen_at_first_use_not_at_load() {
         let log_arg = log.to_str().unwrap().to_string();
         let mut wrapper: Vec<&str> = strace.to_vec();
         wrapper.push(&log_arg);
-        let out = child_command(
+        let out = child(
             "the_clock_is_chosen_at_first_use_not_at_load",
             scenario,
             &[("IBJITTER_DELAY", "100us")],
@@ -143,7 +102,7 @@ fn a_rank_left_out_refuses_a_live_set() {
     if scenario().as_deref() == Some("left-out") {
         return run_child(Some(1), Duration::from_millis(1500));
     }
-    let mut child = child_command(
+    let mut child = child(
         "a_rank_left_out_refuses_a_live_set",
         "left-out",
         &[("IBJITTER_RANKS", "1"), ("PMI_RANK", "0")],

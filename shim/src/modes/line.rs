@@ -13,10 +13,18 @@
 //!   line, then for its own delay. A full pool makes a post wait for a free slot (a full
 //!   wire queue).
 //! - **Hand-off.** Slot indices go through two lock-free bounded queues (free, pending): the
-//!   post path takes no lock and makes no syscall. The timer thread keeps the due requests
-//!   in a heap, sleeps while the next one is more than [`SPIN_NS`] away (waking at least
-//!   every [`IDLE_NS`] to see new ones) and spins the rest.
-//! - **Posting from the timer thread** uses the provider's `post_send`, which takes the QP's
+//!   post path takes no lock and makes no syscall. Whoever flushes the line moves pending
+//!   requests into a heap ordered by due time and hands the due ones to the provider.
+//! - **Who flushes: the program's own calls first.** On a busy node the ranks that fill the
+//!   cores are the ones calling into the provider all the time: each patched `ibv_post_send`
+//!   and `ibv_poll_cq` first hands over what is due ([`flush_if_due`]: one atomic load while
+//!   the line is empty, a clock read and a compare while nothing is due). One thread
+//!   flushes at a time (a try-flag: a thread that finds it taken goes on, never waits). The
+//!   timer thread remains for programs that sleep (completion channels, idle phases): it
+//!   sleeps until the earliest due time (at most [`IDLE_NS`], so it sees new requests) and
+//!   never spins, so it does not take a core the program needs.
+//! - **Posting from another thread** (the timer thread, or a thread polling a CQ) uses the
+//!   provider's `post_send`, which takes the QP's
 //!   send-queue lock (rxe: `qp->sq.lock`; mlx5: `qp->sq.lock`, unless `MLX5_SINGLE_THREADED`
 //!   turns its locks off — do not combine that with this mode): the application's own posts
 //!   on that QP (only the direct ones above) are serialized with it by the provider.
@@ -34,7 +42,7 @@ use std::collections::BinaryHeap;
 use std::ffi::c_int;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// Work requests the line holds at once.
 pub const SLOTS: usize = 4096;
@@ -42,9 +50,8 @@ pub const SLOTS: usize = 4096;
 pub const MAX_SGE: usize = 16;
 /// Inline payload bytes a slot holds.
 pub const INLINE_BYTES: usize = 512;
-/// The timer thread spins the last this many ns before a due time (sleeps overshoot).
-pub const SPIN_NS: u64 = 150_000;
-/// Longest sleep of the timer thread (how late a new request may be seen).
+/// Longest sleep of the timer thread (how late a new request may be seen when the program
+/// makes no call).
 pub const IDLE_NS: u64 = 50_000;
 
 /// One deferred work request.
@@ -54,6 +61,9 @@ struct Slot {
     /// Due time in clock units ([`now_units`]), and the order of entry.
     due: u64,
     seq: u64,
+    /// The request's own drawn delay (clock units): what it was not given if it is never
+    /// handed over.
+    units: u64,
     wr: ibv_send_wr,
     sge: [ibv_sge; MAX_SGE],
     inline: [u8; INLINE_BYTES],
@@ -85,8 +95,30 @@ static DEFERRED: AtomicU64 = AtomicU64::new(0);
 static DIRECT: AtomicU64 = AtomicU64::new(0);
 static POST_ERRORS: AtomicU64 = AtomicU64::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
-/// How late the timer thread posted (ns after the due time).
-static LATE: Mutex<Option<hdrhistogram::Histogram<u64>>> = Mutex::new(None);
+/// Requests handed over by the program's own calls, and by the timer thread.
+static BY_PROGRAM: AtomicU64 = AtomicU64::new(0);
+static BY_TIMER: AtomicU64 = AtomicU64::new(0);
+/// Requests still in the line when the process ended (never reached the provider), and the
+/// sum of their own delays (ns).
+static NOT_DELIVERED: AtomicU64 = AtomicU64::new(0);
+static NOT_DELIVERED_NS: AtomicU64 = AtomicU64::new(0);
+/// The earliest due time in the line (u64::MAX: none known): posters lower it, the flusher
+/// sets it from its heap.
+static NEXT_DUE: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Held by the thread flushing the line now; the [`Flusher`] is its.
+static FLUSHING: AtomicBool = AtomicBool::new(false);
+
+/// The flusher's state: the requests taken from `pending`, by due time, and how late they
+/// were handed over (ns after the due time).
+struct Flusher {
+    heap: BinaryHeap<std::cmp::Reverse<(u64, u64, u32)>>,
+    late: hdrhistogram::Histogram<u64>,
+}
+
+struct FlusherCell(UnsafeCell<Option<Flusher>>);
+// SAFETY: only the holder of FLUSHING touches it.
+unsafe impl Sync for FlusherCell {}
+static FLUSHER: FlusherCell = FlusherCell(UnsafeCell::new(None));
 
 /// A QP's place in the line: its generation (bumped when it is destroyed: requests of an
 /// earlier generation are dropped), requests in the line, and the latest due time given.
@@ -186,6 +218,7 @@ fn start_once() -> bool {
                 gen: 0,
                 due: 0,
                 seq: 0,
+                units: 0,
                 // SAFETY: all-zero is a valid ibv_send_wr and ibv_sge (integers, pointers).
                 wr: unsafe { std::mem::zeroed() },
                 sge: unsafe { std::mem::zeroed() },
@@ -202,8 +235,16 @@ fn start_once() -> bool {
         free,
         pending: ArrayQueue::new(SLOTS),
     });
-    *LATE.lock().unwrap_or_else(|e| e.into_inner()) =
-        hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 2).ok();
+    let Ok(late) = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 2) else {
+        return false;
+    };
+    // SAFETY: no thread flushes before ON is set below.
+    unsafe {
+        *FLUSHER.0.get() = Some(Flusher {
+            heap: BinaryHeap::with_capacity(SLOTS),
+            late,
+        })
+    };
     match std::thread::Builder::new()
         .name("ibjitter-line".into())
         .spawn(timer_thread)
@@ -293,6 +334,8 @@ pub unsafe fn post(
     bad: *mut *mut ibv_send_wr,
     units: u64,
 ) -> c_int {
+    // What is due leaves first (the program's own call hands it over).
+    flush_if_due();
     let (Some(line), Some(q)) = (LINE.get(), entry(qp, true)) else {
         return direct(qp, wr, bad, units, None);
     };
@@ -320,12 +363,16 @@ pub unsafe fn post(
         s.qp = qp;
         s.gen = gen;
         s.due = due;
+        s.units = units;
         s.seq = SEQ.fetch_add(1, Relaxed);
         q.pending.fetch_add(1, AcqRel);
         IN_LINE.fetch_add(1, AcqRel);
         DEFERRED.fetch_add(1, Relaxed);
         // Cannot fail: there are SLOTS indices, and the queue holds SLOTS.
         let _ = line.pending.push(i);
+        // After the push: a flusher that set NEXT_DUE before it either saw the request in
+        // `pending` or sees this lower value.
+        NEXT_DUE.fetch_min(due, SeqCst);
         cur = (*cur).next;
     }
     0
@@ -350,6 +397,7 @@ unsafe fn direct(
     let mut until = now_units().saturating_add(units);
     if let Some((q, due)) = after {
         while q.pending.load(Acquire) != 0 {
+            flush_if_due();
             std::hint::spin_loop();
         }
         until = until.max(due);
@@ -360,40 +408,87 @@ unsafe fn direct(
     crate::registry::post_send_orig(qp, wr, bad)
 }
 
+/// Hands over what is due, unless nothing is, or another thread is at it: what the
+/// program's patched calls do first. Cheap when there is nothing to do: one atomic load
+/// while the line is empty, then a clock read while nothing is due; no syscall, no wait.
+#[inline]
+pub fn flush_if_due() {
+    if IN_LINE.load(Relaxed) == 0 || now_units() < NEXT_DUE.load(Acquire) {
+        return;
+    }
+    flush(&BY_PROGRAM);
+}
+
+/// Moves pending requests to the heap and hands the due ones over, counting them in `by`;
+/// false if another thread holds the line.
+#[cold]
+#[inline(never)]
+fn flush(by: &AtomicU64) -> bool {
+    let Some(line) = LINE.get() else { return false };
+    if FLUSHING.swap(true, Acquire) {
+        return false;
+    }
+    // SAFETY: FLUSHING is ours: so is the flusher's state.
+    let Some(f) = (unsafe { &mut *FLUSHER.0.get() }) else {
+        FLUSHING.store(false, Release);
+        return false;
+    };
+    loop {
+        while let Some(i) = line.pending.pop() {
+            // SAFETY: pushed to pending by its poster: the flusher owns it now.
+            let s = unsafe { &*line.pool.0[i as usize].get() };
+            f.heap.push(std::cmp::Reverse((s.due, s.seq, i)));
+        }
+        let mut now = now_units();
+        while let Some(&std::cmp::Reverse((due, _, i))) = f.heap.peek() {
+            if due > now {
+                now = now_units();
+                if due > now {
+                    break;
+                }
+            }
+            f.heap.pop();
+            // SAFETY: the flusher owns slot i until it frees it there.
+            unsafe { post_due(line, i, &mut f.late, by) };
+        }
+        let next = f.heap.peek().map_or(u64::MAX, |r| r.0 .0);
+        NEXT_DUE.store(next, SeqCst);
+        // A request pushed meanwhile lowered NEXT_DUE before this store, or is in pending.
+        if line.pending.is_empty() {
+            break;
+        }
+    }
+    FLUSHING.store(false, Release);
+    true
+}
+
+/// For programs that sleep: sleeps until the earliest due time (at most [`IDLE_NS`]) and
+/// flushes what the program's own calls have not. Never spins.
 fn timer_thread() {
     // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
-    let Some(line) = LINE.get() else { return };
-    let mut heap: BinaryHeap<std::cmp::Reverse<(u64, u64, u32)>> = BinaryHeap::with_capacity(SLOTS);
-    let nap = |ns: u64| std::thread::sleep(std::time::Duration::from_nanos(ns));
     loop {
-        while let Some(i) = line.pending.pop() {
-            // SAFETY: pushed to pending by its poster: the timer thread owns it now.
-            let s = unsafe { &*line.pool.0[i as usize].get() };
-            heap.push(std::cmp::Reverse((s.due, s.seq, i)));
-        }
-        let now = now_units();
-        match heap.peek() {
-            Some(&std::cmp::Reverse((due, _, i))) if due <= now => {
-                heap.pop();
-                // SAFETY: the timer thread owns slot i until it frees it here.
-                unsafe { post_due(line, i) };
+        let nap = if IN_LINE.load(Acquire) == 0 {
+            IDLE_NS
+        } else {
+            let (next, now) = (NEXT_DUE.load(Acquire), now_units());
+            if next <= now {
+                flush(&BY_TIMER);
+                continue;
             }
-            Some(&std::cmp::Reverse((due, _, _))) => {
-                let gap = units_to_ns(due - now);
-                if gap > SPIN_NS {
-                    nap((gap - SPIN_NS).min(IDLE_NS));
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-            None => nap(IDLE_NS),
-        }
+            units_to_ns(next - now).min(IDLE_NS)
+        };
+        std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
     }
 }
 
 /// Posts slot `i` (unless its QP was destroyed meanwhile) and frees it.
-unsafe fn post_due(line: &Line, i: u32) {
+unsafe fn post_due(
+    line: &Line,
+    i: u32,
+    late_hist: &mut hdrhistogram::Histogram<u64>,
+    by: &AtomicU64,
+) {
     let s = &mut *line.pool.0[i as usize].get();
     let q = entry(s.qp, false);
     // Announce the QP before checking its generation: a destroy either sees it and waits,
@@ -417,9 +512,8 @@ unsafe fn post_due(line: &Line, i: u32) {
                 std::io::Error::from_raw_os_error(rc)
             ));
         }
-        if let Some(h) = LATE.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            let _ = h.record(late.max(1));
-        }
+        let _ = late_hist.record(late.max(1));
+        by.fetch_add(1, Relaxed);
     } else {
         POSTING.store(null_mut(), SeqCst);
         DROPPED.fetch_add(1, Relaxed);
@@ -450,12 +544,76 @@ pub unsafe fn qp_destroyed(qp: *mut ibv_qp) {
     }
 }
 
-/// At exit: waits (up to `limit_ns`) for the requests still in the line to be posted.
-pub fn drain(limit_ns: u64) {
+/// At exit: hands over (up to `limit_ns` from now) the requests still in the line as they
+/// fall due; those still in it then are counted as not delivered. Returns how many.
+pub fn drain(limit_ns: u64) -> u64 {
     let t0 = clock::monotonic_ns();
     while IN_LINE.load(Acquire) != 0 && clock::monotonic_ns() - t0 < limit_ns {
+        flush(&BY_PROGRAM);
         std::thread::sleep(std::time::Duration::from_micros(100));
     }
+    let left = IN_LINE.load(Acquire);
+    NOT_DELIVERED.store(left, Relaxed);
+    if left > 0 {
+        NOT_DELIVERED_NS.store(undelivered_ns(), Relaxed);
+    }
+    left
+}
+
+/// The sum of the own delays (ns) of the requests still in the line.
+fn undelivered_ns() -> u64 {
+    let Some(line) = LINE.get() else { return 0 };
+    for _ in 0..1000 {
+        if !FLUSHING.swap(true, Acquire) {
+            // SAFETY: FLUSHING is ours: so are the flusher's state and the slots it holds.
+            let sum = unsafe {
+                let mut sum = 0u64;
+                if let Some(f) = (*FLUSHER.0.get()).as_mut() {
+                    while let Some(i) = line.pending.pop() {
+                        let s = &*line.pool.0[i as usize].get();
+                        f.heap.push(std::cmp::Reverse((s.due, s.seq, i)));
+                    }
+                    for r in f.heap.iter() {
+                        let s = &*line.pool.0[r.0 .2 as usize].get();
+                        sum = sum.saturating_add(units_to_ns(s.units));
+                    }
+                }
+                sum
+            };
+            FLUSHING.store(false, Release);
+            return sum;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(10));
+    }
+    0
+}
+
+/// Requests never handed over (still in the line at exit) and their delays' sum (ns).
+pub fn not_delivered() -> (u64, u64) {
+    (NOT_DELIVERED.load(Relaxed), NOT_DELIVERED_NS.load(Relaxed))
+}
+
+/// How late requests were handed over (ns after their due time): (count, p50, p99, max).
+/// None when nothing was handed over, or the line is busy (a thread flushing for over 10 ms).
+pub fn lateness() -> Option<(u64, u64, u64, u64)> {
+    for _ in 0..1000 {
+        if !FLUSHING.swap(true, Acquire) {
+            // SAFETY: FLUSHING is ours.
+            let f = unsafe { (*FLUSHER.0.get()).as_ref() };
+            let r = f.map(|f| &f.late).filter(|h| !h.is_empty()).map(|h| {
+                (
+                    h.len(),
+                    h.value_at_quantile(0.5),
+                    h.value_at_quantile(0.99),
+                    h.max(),
+                )
+            });
+            FLUSHING.store(false, Release);
+            return r;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(10));
+    }
+    None
 }
 
 /// fork() child: no timer thread here; the child's posts wait in place, and the parent's
@@ -463,19 +621,26 @@ pub fn drain(limit_ns: u64) {
 pub fn after_fork_child() {
     ON.store(false, Release);
     IN_LINE.store(0, Release);
+    FLUSHING.store(false, Release);
 }
 
 /// The stats' `line` object.
 pub fn stats_json() -> serde_json::Value {
-    let late = LATE.lock().unwrap_or_else(|e| e.into_inner());
-    let q = |p: f64| late.as_ref().map(|h| h.value_at_quantile(p));
+    let late = lateness();
+    let q = |k: usize| late.map(|l| [l.0, l.1, l.2, l.3][k]);
     serde_json::json!({
         "deferred": DEFERRED.load(Relaxed),
         "posted_directly": DIRECT.load(Relaxed),
         "post_errors": POST_ERRORS.load(Relaxed),
         "dropped": DROPPED.load(Relaxed),
         "in_line_now": IN_LINE.load(Relaxed),
-        // How late the timer thread handed requests over, ns after their due time.
-        "late_ns": { "p50": q(0.5), "p99": q(0.99), "max": late.as_ref().map(|h| h.max()) },
+        // Still in the line when the process ended: never reached the provider.
+        "not_delivered": NOT_DELIVERED.load(Relaxed),
+        // Who handed requests over: the program's own calls (posts and polls), or the
+        // timer thread (a program that sleeps).
+        "handed_over_by_program_calls": BY_PROGRAM.load(Relaxed),
+        "handed_over_by_timer_thread": BY_TIMER.load(Relaxed),
+        // How late requests reached the provider, ns after their due time.
+        "late_ns": { "count": q(0), "p50": q(1), "p99": q(2), "max": q(3) },
     })
 }

@@ -2,7 +2,7 @@
 //! uses verbs or UCP) and the lines at exit (sends delayed, completions held).
 use crate::config::{self, Settings};
 use crate::draw::counts::Snapshot;
-use crate::modes::cq;
+use crate::modes::{cq, line};
 use crate::report::stats::Drawn;
 use crate::report::{coverage, ports};
 
@@ -128,16 +128,69 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
     if snap.post_send + snap.wr_complete + snap.ucp == 0 || s.delays.is_none() || s.quiet {
         return None;
     }
+    // Requests the delay line never handed over were not delayed: they were lost.
+    let (lost, lost_ns) = line::not_delivered();
+    let delayed = drawn.injected.saturating_sub(lost);
+    let sum = drawn.sum.saturating_sub(u128::from(lost_ns));
     let sum = match s.unit {
-        config::Unit::Ns => format!("{:.3} ms", drawn.sum as f64 / 1e6),
-        config::Unit::Loops => format!("{} loops", drawn.sum),
+        config::Unit::Ns => format!("{:.3} ms", sum as f64 / 1e6),
+        config::Unit::Loops => format!("{sum} loops"),
     };
-    Some(coverage::summary(
+    let mut line = coverage::summary(
         [snap.post_send, snap.wr_complete, snap.ucp],
-        drawn.injected,
+        delayed,
         &sum,
         &ports::sent_since_open(),
-    ))
+    );
+    if s.line {
+        if let Some((_, p50, p99, _)) = line::lateness() {
+            line += &format!(
+                "; line: handed over late by {} (p50), {} (p99)",
+                micros(p50),
+                micros(p99)
+            );
+        }
+        if lost > 0 {
+            line += &format!("; not delivered {lost} (still in the delay line at exit)");
+        }
+    }
+    Some(line)
+}
+
+/// `ns` in µs for a line ("12.3 us").
+fn micros(ns: u64) -> String {
+    format!("{:.1} us", ns as f64 / 1e3)
+}
+
+/// With `IBJITTER_MODE=line`: a warning when the line handed requests over later than the
+/// table can account for (median lateness over 10 % of the table's mean, or p99 over its
+/// largest delay), and when requests were never handed over. None when all went as asked.
+pub fn line_lateness_warning(s: &Settings) -> Option<String> {
+    if !s.line {
+        return None;
+    }
+    let d = s.delays.as_ref()?;
+    let mut said = Vec::new();
+    if let Some((n, p50, p99, max)) = line::lateness() {
+        let (mean, table_max) = (d.mean(), d.max() as f64);
+        if p50 as f64 > 0.1 * mean || p99 as f64 > table_max {
+            said.push(format!(
+                "the delay line handed {n} requests to the provider late: {} at the median,                  {} at the p99, {} at most after their due time, for a table of mean {} and                  largest {}: the delays injected were longer than the table's. The node's                  cores were busy (the program's own calls and the shim's timer thread could                  not hand them over on time); see line.late_ns in the stats",
+                micros(p50),
+                micros(p99),
+                micros(max),
+                micros(mean as u64),
+                micros(table_max as u64),
+            ));
+        }
+    }
+    let (lost, _) = line::not_delivered();
+    if lost > 0 {
+        said.push(format!(
+            "{lost} requests were still in the delay line when the process ended and never              reached the provider (their delays ran past the exit; the stats count them as              line.not_delivered, not as delayed)"
+        ));
+    }
+    (!said.is_empty()).then(|| said.join("; "))
 }
 
 /// The completion side's line at exit: "ibjitter: held 300 of 600 completions, 300.000 ms in

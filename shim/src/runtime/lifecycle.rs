@@ -163,21 +163,28 @@ pub fn after_fork_child() {
 /// The exit handler's work.
 pub fn at_exit() {
     state::exiting();
+    // What is still in the delay line goes out before the process does (what a wire
+    // would do), as far as its due times allow within 2 s; then the lines and the stats
+    // count what was handed over.
+    line::drain(2_000_000_000);
     let nothing_delayed = coverage::nothing_delayed();
     if let Some(why) = &nothing_delayed {
         say::warn(why);
     } else if let Some(line) = exit_sends() {
         say::line(&line);
     }
-    let quiet = loaded::get()
-        .and_then(|g| g.as_ref().map(|l| l.settings.quiet))
-        .unwrap_or(true);
+    let (quiet, lateness) = loaded::get()
+        .and_then(|g| {
+            g.as_ref()
+                .map(|l| (l.settings.quiet, lines::line_lateness_warning(&l.settings)))
+        })
+        .unwrap_or((true, None));
+    if let Some(w) = lateness {
+        say::warn(&w);
+    }
     if let Some(line) = lines::exit_completions(quiet) {
         say::line(&line);
     }
-    // What is still in the delay line goes out before the process does (what a wire
-    // would do), then the stats count it.
-    line::drain(2_000_000_000);
     write_stats(nothing_delayed);
     write_trace();
     control::remove_file();
@@ -258,6 +265,13 @@ fn write_stats(nothing_delayed: Option<String>) {
     doc["nothing_delayed"] = serde_json::json!(nothing_delayed);
     if state::line_mode() {
         doc["line"] = line::stats_json();
+        // Requests the line never handed over were not delayed: they were lost.
+        let (lost, lost_ns) = line::not_delivered();
+        if lost > 0 {
+            let less = |v: &serde_json::Value, by: u64| v.as_u64().unwrap_or(0).saturating_sub(by);
+            doc["delays_injected"] = less(&doc["delays_injected"], lost).into();
+            doc["sum_ns"] = less(&doc["sum_ns"], lost_ns).into();
+        }
     }
     if cq::on() {
         doc["cq"] = cq::stats_json();

@@ -2,6 +2,7 @@
 //! (counts, the table in force). The control thread ([`crate::runtime::control`]) calls these.
 use crate::config::Settings;
 use crate::draw::{counts, episodes, table};
+use crate::modes::line;
 use crate::report::sigstats;
 use crate::report::stats::path_for;
 use crate::runtime::loaded;
@@ -31,10 +32,19 @@ pub fn table_now() -> String {
     if let Some(why) = settings.and_then(|s| s.not_this_process.as_ref()) {
         return format!("pass-through: {why}");
     }
-    match settings.and_then(|s| s.delays.as_ref()) {
+    let now = match settings.and_then(|s| s.delays.as_ref()) {
         Some(d) if state::paused() => format!("paused (table {})", d.source),
         Some(d) => format!("table {}", d.source),
         None => "no table (pass-through)".into(),
+    };
+    // The delay line: how late it handed requests over so far.
+    match line::lateness().filter(|_| state::line_mode()) {
+        Some((n, p50, p99, _)) => format!(
+            "{now}; line handed {n} requests over late by {:.1} us (p50), {:.1} us (p99)",
+            p50 as f64 / 1e3,
+            p99 as f64 / 1e3
+        ),
+        None => now,
     }
 }
 

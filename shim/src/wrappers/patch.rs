@@ -3,7 +3,7 @@
 //! `wr_start`. The originals go to the [`crate::registry`] first, then the pointer is
 //! swapped, so a wrapper can always find them; closing a context restores them.
 use crate::abi::verbs::*;
-use crate::modes::{cq, cq_ex, select};
+use crate::modes::{cq, cq_ex, line, select};
 use crate::registry::{self, SINGLE_POLL_CQ, SINGLE_POST_SEND, SINGLE_WR_START};
 use crate::state;
 use crate::sys::say;
@@ -59,7 +59,9 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
         return false;
     }
     let ours_poll: PollCqFn = poll_cq_hook;
-    let orig_poll = if cq::on() {
+    // Completion-side delay holds completions in our poll; the delay line hands due
+    // requests over from it (the program's own calls first).
+    let orig_poll = if cq::on() || state::line_mode() {
         (*ops).poll_cq.filter(|&f| address(f) != address(ours_poll))
     } else {
         None
@@ -119,13 +121,16 @@ unsafe extern "C" fn create_cq_ex_hook(
     cq
 }
 
-/// Our `ops.poll_cq` (`IBJITTER_CQ_TABLE`): completions wait in [`cq`]'s ring.
+/// Our `ops.poll_cq`: first hands over what the delay line has due (`IBJITTER_MODE=line`),
+/// then polls; with `IBJITTER_CQ_TABLE` completions wait in [`cq`]'s ring.
 ///
 /// # Safety
 /// Called by libibverbs' inline `ibv_poll_cq` with its arguments.
 pub unsafe extern "C" fn poll_cq_hook(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    line::flush_if_due();
     match registry::poll_cq_orig(cq) {
-        Some(orig) => cq::poll(cq, n, wc, orig),
+        Some(orig) if cq::on() => cq::poll(cq, n, wc, orig),
+        Some(orig) => orig(cq, n, wc),
         None => -libc::EINVAL,
     }
 }

@@ -330,3 +330,53 @@ pub fn now_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// This test binary re-run as a child for test `test`: `var` set to `scenario`, the
+/// shim and stub paths in `IBJITTER_TEST_SO`/`IBJITTER_TEST_STUB`, `env` added, and no
+/// other `IBJITTER_*` variable or launcher rank of this process; under `wrapper` (a
+/// command and its arguments, e.g. strace) if given.
+pub fn child_command(
+    test: &str,
+    var: &str,
+    scenario: &str,
+    env: &[(&str, &str)],
+    wrapper: &[&str],
+) -> Command {
+    // Built once per test binary (its tests run in parallel threads).
+    static BUILT: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    let (so, stub) = BUILT.get_or_init(|| (build_shim(), build_stub()));
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match wrapper.split_first() {
+        Some((w, args)) => {
+            let mut c = Command::new(w);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
+    for (k, _) in std::env::vars() {
+        let rank = [
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+            "PMIX_RANK",
+            "SLURM_PROCID",
+        ];
+        if k.starts_with("IBJITTER_") || rank.contains(&k.as_str()) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env(var, scenario)
+        .env("IBJITTER_TEST_SO", so)
+        .env("IBJITTER_TEST_STUB", stub)
+        .envs(env.iter().copied());
+    cmd
+}
+
+/// The shim and stub a [`child_command`] child was given.
+pub fn load_child_shim() -> Shim {
+    Shim::load(
+        Path::new(&std::env::var("IBJITTER_TEST_SO").unwrap()),
+        Path::new(&std::env::var("IBJITTER_TEST_STUB").unwrap()),
+    )
+}

@@ -1,0 +1,224 @@
+//! `IBJITTER_MODE=line` as a busy node sees it, with the built libibjitter.so over the stub
+//! libibverbs and a fake provider: due requests leave from the program's own calls (its
+//! polls), the exit says what happened rather than what was drawn (lateness, requests never
+//! handed over). Each scenario runs in a child (this binary, `IBJITTER_LINE_CHILD`).
+mod support;
+
+use serde_json::Value;
+use std::ffi::c_int;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Mutex;
+use std::time::Duration;
+use support::verbs_abi::*;
+use support::*;
+
+const CHILD: &str = "IBJITTER_LINE_CHILD";
+
+/// What the fake provider was handed: (wr_id, when).
+static SEEN: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+/// How long the fake provider's `post_send` takes (ns): a slow provider makes a late line.
+static PROVIDER_NS: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn provider_post_send(
+    _qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    _bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    let t = now_ns();
+    let mut cur = wr;
+    while !cur.is_null() {
+        SEEN.lock().unwrap().push(((*cur).wr_id, t));
+        cur = (*cur).next;
+    }
+    let busy = PROVIDER_NS.load(Relaxed);
+    while now_ns() - t < busy {
+        std::hint::spin_loop();
+    }
+    0
+}
+
+unsafe extern "C" fn empty_poll_cq(_cq: *mut ibv_cq, _n: c_int, _wc: *mut ibv_wc) -> c_int {
+    0
+}
+
+/// The child: posts `n` inline SENDs `gap` apart, then either busy-polls its CQ until the
+/// provider saw them all ("poll") or returns at once ("exit"); emits when each was posted.
+fn child(how: &str, n: u64, gap: Duration) {
+    let shim = load_child_shim();
+    let mut fc = FakeContext::new(provider_post_send);
+    fc.set_poll_cq(empty_poll_cq);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    let qpx: *mut ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    // SAFETY: all-zero is a valid ibv_cq.
+    let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    cq.context = ctx;
+    let mut posted = Vec::new();
+    let byte = [7u8; 8];
+    for k in 0..n {
+        let mut sge = ibv_sge {
+            addr: byte.as_ptr() as u64,
+            length: 8,
+            lkey: 0,
+        };
+        // SAFETY: all-zero is a valid ibv_send_wr.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = k;
+        wr.opcode = ibv_wr_opcode_IBV_WR_SEND;
+        wr.send_flags = ibv_send_flags_IBV_SEND_INLINE;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        posted.push(now_ns());
+        // SAFETY: as verbs.h's inline ibv_post_send, on a patched fake context.
+        let rc = unsafe {
+            let f = (*(*qp).context).ops.post_send.unwrap();
+            let mut bad = std::ptr::null_mut();
+            f(qp, &mut wr, &mut bad)
+        };
+        assert_eq!(rc, 0);
+        std::thread::sleep(gap);
+    }
+    if how == "poll" {
+        let t0 = now_ns();
+        let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
+        while (SEEN.lock().unwrap().len() as u64) < n && now_ns() - t0 < 10_000_000_000 {
+            // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
+            unsafe {
+                let f = (*ctx).ops.poll_cq.unwrap();
+                f(&mut *cq, 4, wc.as_mut_ptr());
+            }
+        }
+    }
+    let seen = SEEN.lock().unwrap().clone();
+    println!(
+        "RESULT {}",
+        serde_json::json!({ "posted": posted, "seen": seen })
+    );
+}
+
+/// Runs the child for `test` and returns its result, its stderr and its stats document.
+fn run(test: &str, how: &str, env: &[(&str, &str)]) -> (Value, String, Value) {
+    let dir = target_dir().join(format!("ibjitter-line-busy-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.json");
+    let mut all = vec![
+        ("IBJITTER_MODE", "line"),
+        ("IBJITTER_STATS", stats.to_str().unwrap()),
+    ];
+    all.extend_from_slice(env);
+    let out = child_command(test, CHILD, how, &all, &[]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let result = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("no RESULT: {stdout}\n{stderr}"));
+    let doc = std::fs::read_to_string(Path::new(&stats)).unwrap();
+    (
+        serde_json::from_str(result).unwrap(),
+        stderr,
+        serde_json::from_str(&doc).unwrap(),
+    )
+}
+
+fn scenario() -> Option<String> {
+    std::env::var(CHILD).ok()
+}
+
+/// A program that posts, then busy-polls its CQ (as an MPI rank does), has its due
+/// requests handed over by its own `ibv_poll_cq` calls, in order and never early; the stats
+/// say who handed them over and how late.
+#[test]
+fn due_requests_leave_from_the_programs_own_polls() {
+    if scenario().is_some() {
+        return child("poll", 100, Duration::from_micros(20));
+    }
+    let (r, stderr, s) = run(
+        "due_requests_leave_from_the_programs_own_polls",
+        "poll",
+        &[("IBJITTER_DELAY", "300us")],
+    );
+    let posted: Vec<u64> = serde_json::from_value(r["posted"].clone()).unwrap();
+    let seen: Vec<(u64, u64)> = serde_json::from_value(r["seen"].clone()).unwrap();
+    assert_eq!(seen.len(), 100, "{stderr}");
+    for (k, &(id, t)) in seen.iter().enumerate() {
+        assert_eq!(id, k as u64, "order");
+        assert!(t - posted[k] >= 300_000, "request {k} left early");
+    }
+    let line = &s["line"];
+    let (program, timer) = (
+        line["handed_over_by_program_calls"].as_u64().unwrap(),
+        line["handed_over_by_timer_thread"].as_u64().unwrap(),
+    );
+    eprintln!("handed over by the program's polls {program}, by the timer thread {timer}; {line}");
+    assert_eq!(program + timer, 100, "{line}");
+    assert!(
+        program > 0,
+        "the program's polls handed nothing over: {line}"
+    );
+    assert_eq!(line["late_ns"]["count"], 100, "{line}");
+    assert_eq!(line["not_delivered"], 0, "{line}");
+}
+
+/// Requests still in the line when the process ends (their delay runs past the 2 s drain)
+/// never reach the provider: the exit line and the stats say so, and count them as not
+/// delivered rather than delayed.
+#[test]
+fn requests_still_in_the_line_at_exit_are_said_not_delivered() {
+    if scenario().is_some() {
+        return child("exit", 10, Duration::ZERO);
+    }
+    let (r, stderr, s) = run(
+        "requests_still_in_the_line_at_exit_are_said_not_delivered",
+        "exit",
+        &[("IBJITTER_DELAY", "5s")],
+    );
+    assert_eq!(r["seen"].as_array().unwrap().len(), 0, "{stderr}");
+    let exit_line = stderr
+        .lines()
+        .find(|l| l.starts_with("ibjitter: delayed"))
+        .unwrap_or_else(|| panic!("no exit line: {stderr}"));
+    assert!(
+        exit_line.starts_with("ibjitter: delayed 0 of 10 sends"),
+        "{exit_line}"
+    );
+    assert!(exit_line.contains("not delivered 10"), "{exit_line}");
+    assert!(
+        stderr.contains("warning: 10 requests were still in the delay line"),
+        "{stderr}"
+    );
+    assert_eq!(s["line"]["not_delivered"], 10, "{s}");
+    assert_eq!(s["delays_injected"], 0, "{s}");
+}
+
+/// A line that hands requests over later than the table can account for (here a provider
+/// whose post takes 5 ms) is said at exit: lateness against the table's mean and largest.
+#[test]
+fn a_late_line_is_said_at_exit() {
+    if scenario().is_some() {
+        PROVIDER_NS.store(5_000_000, Relaxed);
+        return child("poll", 10, Duration::ZERO);
+    }
+    let (r, stderr, s) = run(
+        "a_late_line_is_said_at_exit",
+        "poll",
+        &[("IBJITTER_DELAY", "100us")],
+    );
+    assert_eq!(r["seen"].as_array().unwrap().len(), 10, "{stderr}");
+    assert!(
+        stderr.contains("handed 10 requests to the provider late"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("line: handed over late by"), "{stderr}");
+    // The 10th request waited for nine 5 ms posts.
+    assert!(
+        s["line"]["late_ns"]["max"].as_u64().unwrap() >= 40_000_000,
+        "{s}"
+    );
+}
