@@ -334,8 +334,12 @@ pub unsafe fn post(
     bad: *mut *mut ibv_send_wr,
     units: u64,
 ) -> c_int {
-    // What is due leaves first (the program's own call hands it over).
-    flush_if_due();
+    // What is due leaves first (the program's own call hands it over). One clock read
+    // serves both that check and this request's due time.
+    let now = now_units();
+    if IN_LINE.load(Relaxed) != 0 && now >= NEXT_DUE.load(Acquire) {
+        flush(&BY_PROGRAM);
+    }
     let (Some(line), Some(q)) = (LINE.get(), entry(qp, true)) else {
         return direct(qp, wr, bad, units, None);
     };
@@ -343,7 +347,7 @@ pub unsafe fn post(
         // Nothing of this QP in the line, nothing to wait: straight to the provider.
         return crate::registry::post_send_orig(qp, wr, bad);
     }
-    let mut due = now_units().saturating_add(units);
+    let mut due = now.saturating_add(units);
     due = due.max(q.last_due.fetch_max(due, AcqRel));
     let gen = q.gen.load(Acquire);
     let mut cur = wr;
@@ -371,8 +375,10 @@ pub unsafe fn post(
         // Cannot fail: there are SLOTS indices, and the queue holds SLOTS.
         let _ = line.pending.push(i);
         // After the push: a flusher that set NEXT_DUE before it either saw the request in
-        // `pending` or sees this lower value.
-        NEXT_DUE.fetch_min(due, SeqCst);
+        // `pending` or sees this lower value (the read-modify-write only when it lowers it).
+        if due < NEXT_DUE.load(SeqCst) {
+            NEXT_DUE.fetch_min(due, SeqCst);
+        }
         cur = (*cur).next;
     }
     0
@@ -440,6 +446,7 @@ fn flush(by: &AtomicU64) -> bool {
             f.heap.push(std::cmp::Reverse((s.due, s.seq, i)));
         }
         let mut now = now_units();
+        let mut list = List::new();
         while let Some(&std::cmp::Reverse((due, _, i))) = f.heap.peek() {
             if due > now {
                 now = now_units();
@@ -448,8 +455,12 @@ fn flush(by: &AtomicU64) -> bool {
                 }
             }
             f.heap.pop();
-            // SAFETY: the flusher owns slot i until it frees it there.
-            unsafe { post_due(line, i, &mut f.late, by) };
+            // SAFETY: the flusher owns slot i until post_list frees it.
+            unsafe { add_to_list(line, &mut list, i, &mut f.late, by) };
+        }
+        if list.n > 0 {
+            // SAFETY: as above.
+            unsafe { post_list(line, &mut list, &mut f.late, by) };
         }
         let next = f.heap.peek().map_or(u64::MAX, |r| r.0 .0);
         NEXT_DUE.store(next, SeqCst);
@@ -482,44 +493,126 @@ fn timer_thread() {
     }
 }
 
-/// Posts slot `i` (unless its QP was destroyed meanwhile) and frees it.
-unsafe fn post_due(
+/// Most requests handed over as one list, and most bytes in it (large READs posted as one
+/// list made rxe retry).
+const LIST_MAX: usize = 64;
+const LIST_BYTES: u64 = 64 * 1024;
+
+/// Due requests of one QP, in order, handed over as one list: one call of the provider's
+/// `post_send` (on rxe one system call) for all of them.
+struct List {
+    slots: [u32; LIST_MAX],
+    n: usize,
+    bytes: u64,
+}
+
+impl List {
+    const fn new() -> List {
+        List {
+            slots: [0; LIST_MAX],
+            n: 0,
+            bytes: 0,
+        }
+    }
+}
+
+/// The bytes slot `s`'s request carries.
+fn bytes_of(s: &Slot) -> u64 {
+    (0..s.wr.num_sge.clamp(0, MAX_SGE as i32) as usize)
+        .map(|k| u64::from(s.sge[k].length))
+        .sum()
+}
+
+/// Adds slot `i` to `list`, handing the list over first if `i` is another QP's or the list
+/// is full.
+unsafe fn add_to_list(
     line: &Line,
+    list: &mut List,
     i: u32,
     late_hist: &mut hdrhistogram::Histogram<u64>,
     by: &AtomicU64,
 ) {
-    let s = &mut *line.pool.0[i as usize].get();
-    let q = entry(s.qp, false);
-    // Announce the QP before checking its generation: a destroy either sees it and waits,
-    // or bumped the generation first and this post is dropped.
-    POSTING.store(s.qp, SeqCst);
-    let live = q.is_some_and(|q| q.gen.load(SeqCst) == s.gen);
-    if live {
-        // Handed over now: how late, before the provider's own time to post.
-        let late = units_to_ns(now_units().saturating_sub(s.due));
-        let mut bad = null_mut();
-        let rc = crate::registry::post_send_orig(s.qp, &mut s.wr, &mut bad);
-        // Before POSTING clears: a destroy waiting on it then finds the count settled.
-        if let Some(q) = q {
-            q.pending.fetch_sub(1, AcqRel);
+    let s = &*line.pool.0[i as usize].get();
+    let bytes = bytes_of(s);
+    if list.n > 0 {
+        let first = &*line.pool.0[list.slots[0] as usize].get();
+        if first.qp != s.qp || list.n == LIST_MAX || list.bytes + bytes > LIST_BYTES {
+            post_list(line, list, late_hist, by);
         }
-        POSTING.store(null_mut(), SeqCst);
-        if rc != 0 && POST_ERRORS.fetch_add(1, Relaxed) == 0 {
-            say::warn(&format!(
-                "IBJITTER_MODE=line: the provider refused a deferred work request ({}); \
-                 the program's post had returned 0 (counted in the stats' line.post_errors)",
-                std::io::Error::from_raw_os_error(rc)
-            ));
-        }
-        let _ = late_hist.record(late.max(1));
-        by.fetch_add(1, Relaxed);
-    } else {
-        POSTING.store(null_mut(), SeqCst);
-        DROPPED.fetch_add(1, Relaxed);
     }
-    IN_LINE.fetch_sub(1, AcqRel);
-    let _ = line.free.push(i);
+    list.slots[list.n] = i;
+    list.n += 1;
+    list.bytes += bytes;
+}
+
+/// Hands `list` over (the requests of a destroyed QP are dropped) and frees its slots.
+unsafe fn post_list(
+    line: &Line,
+    list: &mut List,
+    late_hist: &mut hdrhistogram::Histogram<u64>,
+    by: &AtomicU64,
+) {
+    let slots = &list.slots[..list.n];
+    let qp = (*line.pool.0[slots[0] as usize].get()).qp;
+    let q = entry(qp, false);
+    // Announce the QP before checking its generation: a destroy either sees it and waits,
+    // or bumped the generation first and these posts are dropped.
+    POSTING.store(qp, SeqCst);
+    let gen = q.map(|q| q.gen.load(SeqCst));
+    // Link the live requests into one list, in order.
+    let mut live = 0usize;
+    let mut first: *mut ibv_send_wr = null_mut();
+    let mut prev: *mut ibv_send_wr = null_mut();
+    let now = now_units();
+    for &i in slots {
+        let s = &mut *line.pool.0[i as usize].get();
+        if Some(s.gen) != gen {
+            continue;
+        }
+        s.wr.next = null_mut();
+        if prev.is_null() {
+            first = &mut s.wr;
+        } else {
+            (*prev).next = &mut s.wr;
+        }
+        prev = &mut s.wr;
+        live += 1;
+        // Handed over now: how late, before the provider's own time to post.
+        let _ = late_hist.record(units_to_ns(now.saturating_sub(s.due)).max(1));
+    }
+    if live > 0 {
+        let mut bad = null_mut();
+        let rc = crate::registry::post_send_orig(qp, first, &mut bad);
+        if rc != 0 {
+            // Those before `bad` were posted (as a provider's own post_send leaves them).
+            let mut refused = live as u64;
+            let mut cur = first;
+            while !cur.is_null() && cur != bad {
+                refused -= 1;
+                cur = (*cur).next;
+            }
+            if POST_ERRORS.fetch_add(refused, Relaxed) == 0 {
+                say::warn(&format!(
+                    "IBJITTER_MODE=line: the provider refused a deferred work request ({}); \
+                     the program's post had returned 0 (counted in the stats' line.post_errors)",
+                    std::io::Error::from_raw_os_error(rc)
+                ));
+            }
+        }
+        by.fetch_add(live as u64, Relaxed);
+    }
+    // Before POSTING clears: a destroy waiting on it then finds the count settled.
+    if let Some(q) = q.filter(|_| live > 0) {
+        q.pending.fetch_sub(live as u32, AcqRel);
+    }
+    POSTING.store(null_mut(), SeqCst);
+    DROPPED.fetch_add((list.n - live) as u64, Relaxed);
+    IN_LINE.fetch_sub(list.n as u64, AcqRel);
+    for &i in slots {
+        let _ = line.free.push(i);
+    }
+    list.n = 0;
+    list.bytes = 0;
 }
 
 /// Before `ibv_destroy_qp`: the QP's requests still in the line are dropped, and a post to
