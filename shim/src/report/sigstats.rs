@@ -1,14 +1,17 @@
 //! The stats file when SIGINT, SIGTERM or SIGHUP ends the process (Ctrl-C, `mpirun` or Slurm
 //! stopping a job), where no destructor runs. The handler writes it with async-signal-safe
-//! calls only (open, write, close: no allocation, no lock) from what [`arm`] prepared at load,
-//! then does what the signal did before: the program's earlier handler, or the default action
-//! (the process still dies of the signal). A signal the program ignores stays ignored, and a
-//! handler the program installs later replaces ours (its exit() then writes the full file).
+//! calls only (open, fstat, ftruncate, write, close: no allocation, no lock) from what [`arm`]
+//! prepared at load, into a regular file of the process's own user (never through a link,
+//! never blocking: [`out_file`]), then does what the signal did before: the program's earlier
+//! handler, or the default action (the process still dies of the signal). A signal the program
+//! ignores stays ignored, and a handler the program installs later replaces ours (its exit()
+//! then writes the full file).
 //!
 //! The document has the exit-time file's counters and exact percentiles (walking the table in
 //! sorted order with its hit counts); only HdrHistogram's bucket list is left out.
 use crate::config::Unit;
 use crate::draw::counts::{self, Hook};
+use crate::sys::out_file;
 use ibjitter_table::ENTRIES;
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, CString};
@@ -29,6 +32,8 @@ static UNIT_LOOPS: AtomicBool = AtomicBool::new(false);
 static ARMED: AtomicBool = AtomicBool::new(false);
 /// Set by the first signal: one file per process.
 static WRITTEN: AtomicU8 = AtomicU8::new(0);
+/// The first signal found the path unfit to write (see [`out_file`]) and said so.
+static REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// The actions the signals had before ours.
 struct Previous(UnsafeCell<[libc::sigaction; 3]>);
@@ -123,7 +128,11 @@ struct Out {
 
 impl Out {
     fn s(&mut self, text: &str) {
-        for &b in text.as_bytes() {
+        self.bytes(text.as_bytes());
+    }
+
+    fn bytes(&mut self, text: &[u8]) {
+        for &b in text {
             if self.len == self.buf.len() {
                 self.flush();
             }
@@ -168,16 +177,10 @@ fn write_document(sig: c_int) {
         return;
     }
     // SAFETY: a NUL-terminated path that is never freed.
-    let fd = unsafe {
-        libc::open(
-            path,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-            0o644,
-        )
+    let fd = match unsafe { out_file::open_raw(path) } {
+        Ok(fd) => fd,
+        Err(why) => return refuse(path, why),
     };
-    if fd < 0 {
-        return;
-    }
     let mut o = Out {
         fd,
         buf: [0; 4096],
@@ -245,6 +248,33 @@ fn write_document(sig: c_int) {
     o.flush();
     // SAFETY: our descriptor.
     unsafe { libc::close(fd) };
+}
+
+/// Says on stderr why the file at `path` was not written (one write, async-signal-safe).
+fn refuse(path: *const libc::c_char, why: out_file::Refused) {
+    REFUSED.store(true, Relaxed);
+    let mut o = Out {
+        fd: libc::STDERR_FILENO,
+        buf: [0; 4096],
+        len: 0,
+    };
+    o.s("ibjitter: warning: cannot write stats file ");
+    // SAFETY: a NUL-terminated path that is never freed.
+    o.bytes(unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes());
+    o.s(" (at a signal): ");
+    o.s(why.why());
+    if why.errno() != 0 {
+        o.s(", errno ");
+        o.u(why.errno() as u64);
+    }
+    o.s("\n");
+    o.flush();
+}
+
+/// Whether the signal-time writer refused its file (and said so: the exit-time writer, if
+/// the process lives on, does not say it again).
+pub fn refused() -> bool {
+    REFUSED.load(Relaxed)
 }
 
 /// draws, delays_injected, sum, index_hits and exact percentiles of the delays drawn.

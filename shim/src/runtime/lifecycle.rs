@@ -11,7 +11,7 @@ use crate::report::stats::{self, path_for};
 use crate::report::{coverage, lines, ports, sigstats};
 use crate::runtime::{control, loaded};
 use crate::state;
-use crate::sys::{libc_dl, rng, say};
+use crate::sys::{libc_dl, out_file, rng, say};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
 /// The `IBJITTER_STATS` pattern, readable without a lock (a fork child needs it).
@@ -181,7 +181,7 @@ fn write_trace() {
     }
     let path = path_for(pattern);
     if let Err(e) = trace::write(&path, &d.values, l.settings.unit.name()) {
-        say::warn_once(&format!("cannot write trace file {path}: {e}"));
+        say::warn(&format!("cannot write trace file {path}: {e}"));
     }
 }
 
@@ -250,7 +250,13 @@ fn write_stats(nothing_delayed: Option<String>) {
     // What the ports sent meanwhile (all processes' traffic on them), beside posts_total.
     doc["ports_sent"] = ports::sent_since_open();
     let text = format!("{doc:#}\n");
-    if let Err(e) = std::fs::write(&path, text) {
-        say::warn_once(&format!("cannot write stats file {path}: {e}"));
+    let written = out_file::create(&path)
+        .map_err(std::io::Error::from)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+    // Said once per path: a signal handler that refused it has said why already.
+    if let Err(e) = written {
+        if !sigstats::refused() {
+            say::warn(&format!("cannot write stats file {path}: {e}"));
+        }
     }
 }

@@ -1,0 +1,228 @@
+//! The injector's signal handlers and output files in hostile hosts, with the built
+//! libibjitter.so LD_PRELOADed over the stub libibverbs: a Python program's Ctrl-C, a small
+//! alternate signal stack, stats and trace paths that are FIFOs, symbolic links or another
+//! user's file, and stats written at a signal after a live `set`. The rule: the program's
+//! signals behave as without the shim; an output the shim must not write gets one warning
+//! naming it and why, and nothing else happens (no hang, nothing written through a link).
+//!
+//! Each program runs with a time limit: a hang fails the test.
+mod support;
+
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use support::*;
+
+struct Built {
+    so: PathBuf,
+    stub: PathBuf,
+    /// tests/support/post_then_end.c, linked against the stub.
+    driver: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static B: OnceLock<Built> = OnceLock::new();
+    B.get_or_init(|| {
+        let so = build_shim();
+        let stub = build_stub();
+        let driver = build_c("post_then_end", "post_then_end", &[stub.to_str().unwrap()]);
+        Built { so, stub, driver }
+    })
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = target_dir()
+        .join("ibjitter-hostile-outputs")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `program` under the shim: LD_PRELOAD, the stub first on the library path, a 1 µs constant
+/// delay, no live control unless asked, and none of this process's `IBJITTER_*` variables.
+fn injected(program: &Path) -> Command {
+    let b = built();
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("LD_PRELOAD", &b.so)
+        .env("LD_LIBRARY_PATH", b.stub.parent().unwrap())
+        .env("IBJITTER_DELAY", "1us")
+        .env("IBJITTER_CONTROL", "0");
+    cmd
+}
+
+/// The driver under the shim: `post_then_end ALTSTACK POSTS END`.
+fn driver(altstack: usize, posts: u64, end: &str) -> Command {
+    let mut cmd = injected(&built().driver);
+    cmd.args([altstack.to_string(), posts.to_string(), end.to_string()]);
+    cmd
+}
+
+struct Ran {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits for `child` at most `limit`; a child still running then is killed and fails the test.
+fn finish(mut child: Child, what: &str, limit: Duration) -> Ran {
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?} (it hung)");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    Ran {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Runs `cmd` to its end, at most 10 s.
+fn run(cmd: &mut Command) -> Ran {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    finish(child, &format!("{cmd:?}"), Duration::from_secs(10))
+}
+
+fn warnings(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: warning"))
+        .collect()
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Asserts one warning naming `path`, saying `why`.
+fn warned_once(r: &Ran, path: &Path, why: &str) {
+    let w = warnings(&r.stderr);
+    let about: Vec<_> = w
+        .iter()
+        .filter(|l| l.contains(path.to_str().unwrap()))
+        .collect();
+    assert!(
+        about.len() == 1 && about[0].contains(why),
+        "expected one warning naming {} and saying \"{why}\" ({}):\n{}{}",
+        path.display(),
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+}
+
+/// A FIFO (with no reader) as the stats or trace file: the program ends promptly, at exit
+/// or at SIGTERM, with a warning; nothing blocks.
+#[test]
+fn a_fifo_as_an_output_file_neither_hangs_nor_is_written() {
+    let dir = scratch("fifo");
+    let fifo = dir.join("stats.json");
+    mkfifo(&fifo);
+    let r = run(driver(0, 10, "exit").env("IBJITTER_STATS", &fifo));
+    assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+    warned_once(&r, &fifo, "not a regular file");
+    let r = run(driver(0, 10, "term").env("IBJITTER_STATS", &fifo));
+    assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
+    warned_once(&r, &fifo, "not a regular file");
+    let trace = dir.join("trace.txt");
+    mkfifo(&trace);
+    let r = run(driver(0, 10, "exit")
+        .env("IBJITTER_TRACE", &trace)
+        .env("IBJITTER_TRACE_MAX", "100"));
+    assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+    warned_once(&r, &trace, "not a regular file");
+}
+
+/// A symbolic link as the stats or trace file (a path like `/tmp/ibjitter.%p.json` is
+/// predictable): the link is not followed, its target keeps its contents.
+#[test]
+fn a_symlink_as_an_output_file_is_not_followed() {
+    let dir = scratch("symlink");
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let link = dir.join("stats.json");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let r = run(driver(0, 10, "exit").env("IBJITTER_STATS", &link));
+    assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+    warned_once(&r, &link, "symbolic link");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let r = run(driver(0, 10, "term").env("IBJITTER_STATS", &link));
+    assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
+    warned_once(&r, &link, "symbolic link");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let trace = dir.join("trace.txt");
+    std::os::unix::fs::symlink(&victim, &trace).unwrap();
+    let r = run(driver(0, 10, "exit")
+        .env("IBJITTER_TRACE", &trace)
+        .env("IBJITTER_TRACE_MAX", "100"));
+    assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+    warned_once(&r, &trace, "symbolic link");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+}
+
+/// A file another user made at the stats path, in a sticky world-writable directory (as in
+/// `/tmp`), is left alone, at exit and at SIGTERM. Needs root to make the file (as CI runs).
+#[test]
+fn another_users_file_in_a_sticky_directory_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("other-user");
+    let sticky = dir.join("tmp");
+    std::fs::create_dir(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let theirs = sticky.join("stats.json");
+    std::fs::write(&theirs, "theirs\n").unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o666)).unwrap();
+    // Not a skip: without root the file cannot be given to another user, and the test says so.
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534))
+        .unwrap_or_else(|e| panic!("chown to uid 65534 (this test needs root): {e}"));
+    for end in ["exit", "term"] {
+        let r = run(driver(0, 10, end).env("IBJITTER_STATS", &theirs));
+        warned_once(&r, &theirs, "another user");
+        assert_eq!(
+            std::fs::read_to_string(&theirs).unwrap(),
+            "theirs\n",
+            "{end}"
+        );
+        if end == "exit" {
+            assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+        } else {
+            assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
+        }
+    }
+}
