@@ -8,6 +8,7 @@
 //! Each program runs with a time limit: a hang fails the test.
 mod support;
 
+use serde_json::Value;
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -117,11 +118,62 @@ fn run(cmd: &mut Command) -> Ran {
     finish(child, &format!("{cmd:?}"), Duration::from_secs(10))
 }
 
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no stats file {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
+}
+
 fn warnings(stderr: &str) -> Vec<&str> {
     stderr
         .lines()
         .filter(|l| l.starts_with("ibjitter: warning"))
         .collect()
+}
+
+/// CPython installs its SIGINT handler (KeyboardInterrupt) only over the default action; the
+/// shim's handlers, installed at load, used to make it skip that: Ctrl-C then killed the
+/// program with no `KeyboardInterrupt` and no `finally`. Installed at the first device open,
+/// they chain to Python's.
+#[test]
+fn python_keeps_its_ctrl_c_under_the_shim() {
+    let dir = scratch("python");
+    let stats = dir.join("stats.json");
+    let script = r#"
+import ctypes, os, signal, time
+verbs = ctypes.CDLL("libibverbs.so.1")
+verbs.ibv_open_device.restype = ctypes.c_void_p
+verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
+# The stub returns its argument: no device, but the shim sees the process use verbs.
+verbs.ibv_open_device(None)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(2)
+    print("no KeyboardInterrupt", flush=True)
+except KeyboardInterrupt:
+    print("caught KeyboardInterrupt", flush=True)
+finally:
+    print("finally ran", flush=True)
+"#;
+    let r = run(injected(Path::new("python3"))
+        .args(["-c", script])
+        .env("IBJITTER_STATS", &stats));
+    assert!(
+        r.status.success(),
+        "python3 under the shim: {} (signal {:?})\n{}{}",
+        r.status,
+        r.status.signal(),
+        r.stdout,
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains("caught KeyboardInterrupt") && r.stdout.contains("finally ran"),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
+    // The process used verbs: its stats file is there at exit.
+    assert_eq!(read_json(&stats)["ended_by"], "exit");
 }
 
 fn mkfifo(path: &Path) {

@@ -1,11 +1,15 @@
 //! The stats file when SIGINT, SIGTERM or SIGHUP ends the process (Ctrl-C, `mpirun` or Slurm
-//! stopping a job), where no destructor runs. The handler writes it with async-signal-safe
-//! calls only (open, fstat, ftruncate, write, close: no allocation, no lock) from what [`arm`]
-//! prepared at load, into a regular file of the process's own user (never through a link,
-//! never blocking: [`out_file`]), then does what the signal did before: the program's earlier
-//! handler, or the default action (the process still dies of the signal). A signal the program
-//! ignores stays ignored, and a handler the program installs later replaces ours (its exit()
-//! then writes the full file).
+//! stopping a job), where no destructor runs. [`prepare`] (at load, at each live `set`) readies
+//! what the handler needs; [`install_handlers`] installs it when the process first uses verbs
+//! or UCP, not at load: a program then sets its handlers up as without the shim (CPython
+//! installs its SIGINT handler, `KeyboardInterrupt`, only over the default action), and a
+//! process that never uses verbs (a shell, a launcher) never gets ours. The handler writes the
+//! file with async-signal-safe calls only (open, fstat, ftruncate, write, close: no
+//! allocation, no lock), into a regular file of the process's own user (never through a link,
+//! never blocking: [`out_file`]), then does what the signal did before: the handler the
+//! program had at that first use, or the default action (the process still dies of the
+//! signal). A signal the program ignores stays ignored, and a handler the program installs
+//! later replaces ours (its exit() then writes the full file).
 //!
 //! The document has the exit-time file's counters and exact percentiles (walking the table in
 //! sorted order with its hit counts); only HdrHistogram's bucket list is left out.
@@ -19,7 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize,
 
 const SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
-/// What the handler reads, prepared at load (and the path again in a forked child).
+/// What the handler reads, prepared at load and at live sets (the path again in a forked
+/// child).
 static PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
 /// The table in its unit ([`TABLE_LEN`] values: ENTRIES, or two tables' with episodes), or
 /// null when not injecting.
@@ -37,14 +42,14 @@ static REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// The actions the signals had before ours.
 struct Previous(UnsafeCell<[libc::sigaction; 3]>);
-// SAFETY: written only in `arm`, before the handlers that read it are installed.
+// SAFETY: written only in `install_handlers`, before the handlers that read it are installed.
 unsafe impl Sync for Previous {}
 // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
 static PREVIOUS: Previous = Previous(UnsafeCell::new(unsafe { std::mem::zeroed() }));
 
-/// Prepares the signal-time file at `path` and installs the handlers (once per process;
-/// never over a signal the program ignores). `table`: the delays in `unit`, if injecting.
-pub fn arm(path: &str, table: Option<&[u64]>, unit: Unit, seed: u64) {
+/// Prepares the signal-time file at `path` (the handlers come at first use:
+/// [`install_handlers`]). `table`: the delays in `unit`, if injecting.
+pub fn prepare(path: &str, table: Option<&[u64]>, unit: Unit, seed: u64) {
     set_path(path);
     if let Some(t) = table.filter(|t| t.len() == ENTRIES || t.len() == counts::INDICES) {
         let values: Box<[u64]> = t.into();
@@ -56,7 +61,13 @@ pub fn arm(path: &str, table: Option<&[u64]>, unit: Unit, seed: u64) {
     }
     SEED.store(seed, Relaxed);
     UNIT_LOOPS.store(unit == Unit::Loops, Relaxed);
-    if ARMED.swap(true, AcqRel) {
+}
+
+/// Installs the handlers, if stats were asked for ([`prepare`]): once per process, at its
+/// first use of verbs or UCP, over the handlers the program has then (never over a signal it
+/// ignores).
+pub fn install_handlers() {
+    if PATH.load(Acquire).is_null() || ARMED.swap(true, AcqRel) {
         return;
     }
     // SAFETY: plain sigaction calls; PREVIOUS is filled before our handler can run.
@@ -95,7 +106,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     let Some(k) = SIGNALS.iter().position(|&s| s == sig) else {
         return;
     };
-    // SAFETY: PREVIOUS was filled in `arm`; the calls are async-signal-safe.
+    // SAFETY: PREVIOUS was filled in `install_handlers`; the calls are async-signal-safe.
     unsafe {
         let prev = &(*PREVIOUS.0.get())[k];
         match prev.sa_sigaction {

@@ -62,7 +62,7 @@ pub fn install(settings: Settings) {
     }
     if let Some(pattern) = &settings.stats {
         PATTERN.store(Box::into_raw(Box::new(pattern.clone())), Release);
-        sigstats::arm(
+        sigstats::prepare(
             &path_for(pattern),
             settings.delays.as_ref().map(|d| d.values.as_slice()),
             settings.unit,
@@ -73,7 +73,8 @@ pub fn install(settings: Settings) {
 }
 
 /// The process first opened a device or sent through UCP: say the start-up line, start the
-/// threads the settings need (window, episodes, delay line) and live control. Once.
+/// threads the settings need (window, episodes, delay line), live control and the signal-time
+/// stats' handlers. Once.
 pub fn first_use() {
     if !state::first_use() {
         return;
@@ -85,6 +86,8 @@ pub fn first_use() {
         state::set_line(false);
     }
     control::arm();
+    // Not at load: the program has set its own handlers up by now (CPython's SIGINT).
+    sigstats::install_handlers();
 }
 
 /// Claims a `%p`-less stats path for this process, or notes that an ancestor did.

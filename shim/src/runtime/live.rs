@@ -88,7 +88,7 @@ pub fn apply_live_set(text: &str) -> Result<String, String> {
     }
     state::table_replaced();
     if let Some(pattern) = &l.settings.stats {
-        sigstats::arm(&path_for(pattern), Some(&d.values), unit, l.settings.seed);
+        sigstats::prepare(&path_for(pattern), Some(&d.values), unit, l.settings.seed);
     }
     let now = format!("table {}", d.source);
     l.settings.delays = Some(d);
