@@ -176,6 +176,41 @@ finally:
     assert_eq!(read_json(&stats)["ended_by"], "exit");
 }
 
+/// The kernel's own signal frame on this CPU (AT_MINSIGSTKSZ), at least glibc's MINSIGSTKSZ.
+fn kernel_signal_frame() -> usize {
+    // SAFETY: getauxval reads the auxiliary vector.
+    let at = unsafe { libc::getauxval(libc::AT_MINSIGSTKSZ) } as usize;
+    at.max(libc::MINSIGSTKSZ)
+}
+
+/// A program with a small alternate signal stack (`sigaltstack`; the shim's handlers run on
+/// it, `SA_ONSTACK`) gets its stats at SIGTERM and still dies of SIGTERM: the handler needs
+/// less than 1 KiB of stack beyond the kernel's frame (its output buffer is not on the stack).
+#[test]
+fn a_small_alternate_signal_stack_still_gets_the_stats() {
+    let dir = scratch("altstack");
+    let stats = dir.join("stats.json");
+    // MINSIGSTKSZ (2 KiB) where the kernel's frame leaves 1 KiB of it free; else the frame + 1 KiB.
+    let size = libc::MINSIGSTKSZ.max(kernel_signal_frame() + 1024);
+    let r = run(driver(size, 100, "term").env("IBJITTER_STATS", &stats));
+    assert_eq!(
+        r.status.signal(),
+        Some(libc::SIGTERM),
+        "alternate stack of {size} bytes (kernel frame {}): {}\n{}{}",
+        kernel_signal_frame(),
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+    let s = read_json(&stats);
+    assert_eq!(s["ended_by"], "SIGTERM", "{s}");
+    assert_eq!(s["posts_total"], 100, "{s}");
+    assert_eq!(s["draws"], 100, "{s}");
+    assert_eq!(s["delays_injected"], 100, "{s}");
+    assert_eq!(s["sum_ns"], 100_000, "{s}");
+    assert_eq!(s["delay_ns"]["percentiles"]["p50"], 1000, "{s}");
+}
+
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a valid path string.

@@ -130,14 +130,32 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     }
 }
 
+/// The handler's output buffer: static, not on the stack, so the handler fits a small
+/// alternate signal stack (`sigaltstack` of 2-4 KiB with `SA_ONSTACK`, whose kernel frame
+/// takes most of it).
+struct OutBuf(UnsafeCell<[u8; 4096]>);
+// SAFETY: used only by the first run of the handler (`WRITTEN`), by one `Out` at a time.
+unsafe impl Sync for OutBuf {}
+static OUT_BUF: OutBuf = OutBuf(UnsafeCell::new([0; 4096]));
+
 /// A buffered writer to a file descriptor, with integer formatting, allocation-free.
 struct Out {
     fd: c_int,
-    buf: [u8; 4096],
+    buf: &'static mut [u8; 4096],
     len: usize,
 }
 
 impl Out {
+    /// # Safety
+    /// Only in the handler's first run (`WRITTEN`), and no other `Out` alive.
+    unsafe fn new(fd: c_int) -> Out {
+        Out {
+            fd,
+            buf: &mut *OUT_BUF.0.get(),
+            len: 0,
+        }
+    }
+
     fn s(&mut self, text: &str) {
         self.bytes(text.as_bytes());
     }
@@ -192,11 +210,8 @@ fn write_document(sig: c_int) {
         Ok(fd) => fd,
         Err(why) => return refuse(path, why),
     };
-    let mut o = Out {
-        fd,
-        buf: [0; 4096],
-        len: 0,
-    };
+    // SAFETY: the handler's first run (WRITTEN); no other Out.
+    let mut o = unsafe { Out::new(fd) };
     let u = if UNIT_LOOPS.load(Relaxed) {
         "loops"
     } else {
@@ -264,11 +279,8 @@ fn write_document(sig: c_int) {
 /// Says on stderr why the file at `path` was not written (one write, async-signal-safe).
 fn refuse(path: *const libc::c_char, why: out_file::Refused) {
     REFUSED.store(true, Relaxed);
-    let mut o = Out {
-        fd: libc::STDERR_FILENO,
-        buf: [0; 4096],
-        len: 0,
-    };
+    // SAFETY: the handler's first run (WRITTEN), before any other Out.
+    let mut o = unsafe { Out::new(libc::STDERR_FILENO) };
     o.s("ibjitter: warning: cannot write stats file ");
     // SAFETY: a NUL-terminated path that is never freed.
     o.bytes(unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes());
