@@ -9,7 +9,7 @@
 mod support;
 
 use serde_json::Value;
-use std::io::Read;
+use std::io::{BufRead, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -312,4 +312,64 @@ fn another_users_file_in_a_sticky_directory_is_refused() {
             assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
         }
     }
+}
+
+/// Stats written at SIGTERM after a live `set`: the totals are every table's draws (100 of
+/// 2 µs, then 20 of 1 ms), not every hit priced at the new table; index hits and percentiles
+/// are the new table's.
+#[test]
+fn stats_at_a_signal_after_a_live_set_count_both_tables() {
+    use ibjitter_control::{self as ctl, Command as Request};
+    let dir = scratch("live-set");
+    let stats = dir.join("stats.json");
+    let mut cmd = injected(&built().driver);
+    let mut child = cmd
+        .args(["0", "100", "term", "20"])
+        .env("IBJITTER_DELAY", "2us")
+        .env("IBJITTER_CONTROL", "1")
+        .env("IBJITTER_STATS", &stats)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let Some(pid) = line.trim().strip_prefix("READY ") else {
+        let _ = child.kill();
+        let ran = finish(child, "post_then_end", Duration::from_secs(5));
+        panic!("no READY line: {line:?}\n{}", ran.stderr);
+    };
+    let pid: u32 = pid.parse().unwrap();
+    let set = ctl::send(
+        pid,
+        Request::Set,
+        "IBJITTER_DELAY=1ms",
+        Duration::from_secs(5),
+    );
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    child.stdout = Some(out.into_inner());
+    let r = finish(child, "post_then_end", Duration::from_secs(10));
+    let set = set.unwrap_or_else(|e| panic!("live set: {e}\n{}", r.stderr));
+    assert!(set.ok, "{set:?}");
+    assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
+    let s = read_json(&stats);
+    assert_eq!(s["ended_by"], "SIGTERM", "{s}");
+    assert_eq!(s["posts_total"], 120, "{s}");
+    assert_eq!(s["draws"], 120, "{s}");
+    assert_eq!(s["delays_injected"], 120, "{s}");
+    assert_eq!(s["sum_ns"], 100 * 2_000 + 20 * 1_000_000, "{s}");
+    assert_eq!(s["live_sets"], 1, "{s}");
+    let since: u64 = s["index_hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h[1].as_u64().unwrap())
+        .sum();
+    assert_eq!(since, 20, "index hits since the set: {s}");
+    assert_eq!(s["delay_ns"]["count"], 20, "{s}");
+    assert_eq!(s["delay_ns"]["percentiles"]["p0"], 1_000_000, "{s}");
 }
