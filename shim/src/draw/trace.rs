@@ -49,7 +49,8 @@ pub fn write(path: &str, table: &[u64], unit: &str) -> std::io::Result<()> {
     let kept = made.min(CAP.load(Acquire));
     // SAFETY: the leaked buffer holds CAP >= kept records.
     let records = unsafe { std::slice::from_raw_parts(buf, kept) };
-    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    // Never through a link, never blocking, only the process's own regular file.
+    let mut out = std::io::BufWriter::new(crate::sys::out_file::create(path)?);
     writeln!(
         out,
         "# ibjitter trace: {made} draws, the first {kept} kept; columns: thread index delay_{unit}"

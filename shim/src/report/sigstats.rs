@@ -1,57 +1,127 @@
 //! The stats file when SIGINT, SIGTERM or SIGHUP ends the process (Ctrl-C, `mpirun` or Slurm
-//! stopping a job), where no destructor runs. The handler writes it with async-signal-safe
-//! calls only (open, write, close: no allocation, no lock) from what [`arm`] prepared at load,
-//! then does what the signal did before: the program's earlier handler, or the default action
-//! (the process still dies of the signal). A signal the program ignores stays ignored, and a
-//! handler the program installs later replaces ours (its exit() then writes the full file).
+//! stopping a job), where no destructor runs. [`prepare`] (at load, at each live `set`) readies
+//! what the handler needs; [`install_handlers`] installs it when the process first uses verbs
+//! or UCP, not at load: a program then sets its handlers up as without the shim (CPython
+//! installs its SIGINT handler, `KeyboardInterrupt`, only over the default action), and a
+//! process that never uses verbs (a shell, a launcher) never gets ours. The handler writes the
+//! file with async-signal-safe calls only (open, fstat, ftruncate, write, close: no
+//! allocation, no lock), into a regular file of the process's own user (never through a link,
+//! never blocking: [`out_file`]), then does what the signal did before: the handler the
+//! program had at that first use, or the default action (the process still dies of the
+//! signal). A signal the program ignores stays ignored, and a handler the program installs
+//! later replaces ours (its exit() then writes the full file).
 //!
 //! The document has the exit-time file's counters and exact percentiles (walking the table in
 //! sorted order with its hit counts); only HdrHistogram's bucket list is left out.
 use crate::config::Unit;
 use crate::draw::counts::{self, Hook};
+use crate::report::stats::Drawn;
+use crate::sys::out_file;
 use ibjitter_table::ENTRIES;
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, CString};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
 
 const SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
-/// What the handler reads, prepared at load (and the path again in a forked child).
+/// What the handler reads, prepared at load and at live sets (the path again in a forked
+/// child).
 static PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
-/// The table in its unit ([`TABLE_LEN`] values: ENTRIES, or two tables' with episodes), or
-/// null when not injecting.
-static TABLE: AtomicPtr<u64> = AtomicPtr::new(std::ptr::null_mut());
-static TABLE_LEN: AtomicUsize = AtomicUsize::new(0);
-/// Table indices sorted by value, for exact percentiles.
-static ORDER: AtomicPtr<u16> = AtomicPtr::new(std::ptr::null_mut());
+/// How the handler prices the hits: the table in force and what earlier tables' draws added
+/// up to. Two slots, filled in turn ([`publish`]): one is published for the handler, the
+/// other is the next to fill; neither is freed.
+static EPOCH_SLOTS: [AtomicPtr<Epoch>; 2] = [
+    AtomicPtr::new(std::ptr::null_mut()),
+    AtomicPtr::new(std::ptr::null_mut()),
+];
+static PUBLISHED: AtomicPtr<Epoch> = AtomicPtr::new(std::ptr::null_mut());
+
+struct Epoch {
+    /// The table in its unit (ENTRIES values, or two tables' with episodes); empty when not
+    /// injecting.
+    table: Vec<u64>,
+    /// Table indices sorted by value, for exact percentiles.
+    order: Vec<u16>,
+    /// The hits at the last live set (empty before one): the table in force prices those
+    /// since; earlier draws are in `carried`.
+    base_hits: Vec<u64>,
+    carried: Drawn,
+}
+
 static SEED: AtomicU64 = AtomicU64::new(0);
 static UNIT_LOOPS: AtomicBool = AtomicBool::new(false);
 static ARMED: AtomicBool = AtomicBool::new(false);
 /// Set by the first signal: one file per process.
 static WRITTEN: AtomicU8 = AtomicU8::new(0);
+/// The first signal found the path unfit to write (see [`out_file`]) and said so.
+static REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// The actions the signals had before ours.
 struct Previous(UnsafeCell<[libc::sigaction; 3]>);
-// SAFETY: written only in `arm`, before the handlers that read it are installed.
+// SAFETY: written only in `install_handlers`, before the handlers that read it are installed.
 unsafe impl Sync for Previous {}
 // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
 static PREVIOUS: Previous = Previous(UnsafeCell::new(unsafe { std::mem::zeroed() }));
 
-/// Prepares the signal-time file at `path` and installs the handlers (once per process;
-/// never over a signal the program ignores). `table`: the delays in `unit`, if injecting.
-pub fn arm(path: &str, table: Option<&[u64]>, unit: Unit, seed: u64) {
+/// Prepares the signal-time file at `path` (the handlers come at first use:
+/// [`install_handlers`]). `table`: the delays in `unit`, if injecting.
+pub fn prepare(path: &str, table: Option<&[u64]>, unit: Unit, seed: u64) {
+    prepare_after_set(path, table, unit, seed, Drawn::default(), &[]);
+}
+
+/// [`prepare`] at a live set: `carried` is what the earlier tables' draws added up to,
+/// `base_hits` the hits when the last of them was replaced (the runtime's own record).
+pub fn prepare_after_set(
+    path: &str,
+    table: Option<&[u64]>,
+    unit: Unit,
+    seed: u64,
+    carried: Drawn,
+    base_hits: &[u64],
+) {
     set_path(path);
-    if let Some(t) = table.filter(|t| t.len() == ENTRIES || t.len() == counts::INDICES) {
-        let values: Box<[u64]> = t.into();
-        let mut order: Vec<u16> = (0..t.len() as u16).collect();
-        order.sort_by_key(|&i| t[usize::from(i)]);
-        TABLE_LEN.store(t.len(), Release);
-        TABLE.store(Box::leak(values).as_mut_ptr(), Release);
-        ORDER.store(Box::leak(order.into_boxed_slice()).as_mut_ptr(), Release);
-    }
+    let table = table.filter(|t| t.len() == ENTRIES || t.len() == counts::INDICES);
+    let table = table.unwrap_or(&[]);
+    let mut order: Vec<u16> = (0..table.len() as u16).collect();
+    order.sort_by_key(|&i| table[usize::from(i)]);
+    publish(Epoch {
+        table: table.to_vec(),
+        order,
+        base_hits: base_hits.to_vec(),
+        carried,
+    });
     SEED.store(seed, Relaxed);
     UNIT_LOOPS.store(unit == Unit::Loops, Relaxed);
-    if ARMED.swap(true, AcqRel) {
+}
+
+/// Makes `e` what the handler reads. Callers are serialized (load, then live sets under the
+/// settings' lock). The slot written is never the one a running handler reads: it takes the
+/// published one after setting `WRITTEN`, and once `WRITTEN` is set nothing is published any
+/// more (the file is written once per process); SeqCst orders the two flags.
+fn publish(e: Epoch) {
+    if WRITTEN.load(SeqCst) != 0 {
+        return;
+    }
+    let published = PUBLISHED.load(SeqCst);
+    let k = usize::from(EPOCH_SLOTS[0].load(Relaxed) == published);
+    let slot = EPOCH_SLOTS[k].load(Relaxed);
+    let p = if slot.is_null() {
+        let p = Box::into_raw(Box::new(e));
+        EPOCH_SLOTS[k].store(p, Relaxed);
+        p
+    } else {
+        // SAFETY: a leaked Epoch, not published, so no handler reads it (see above).
+        unsafe { *slot = e };
+        slot
+    };
+    PUBLISHED.store(p, SeqCst);
+}
+
+/// Installs the handlers, if stats were asked for ([`prepare`]): once per process, at its
+/// first use of verbs or UCP, over the handlers the program has then (never over a signal it
+/// ignores).
+pub fn install_handlers() {
+    if PATH.load(Acquire).is_null() || ARMED.swap(true, AcqRel) {
         return;
     }
     // SAFETY: plain sigaction calls; PREVIOUS is filled before our handler can run.
@@ -84,13 +154,13 @@ pub fn set_path(path: &str) {
 extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
     // SAFETY: errno is thread-local; restored before returning to the interrupted code.
     let errno = unsafe { *libc::__errno_location() };
-    if WRITTEN.swap(1, AcqRel) == 0 && crate::state::in_use() {
+    if WRITTEN.swap(1, SeqCst) == 0 && crate::state::in_use() {
         write_document(sig);
     }
     let Some(k) = SIGNALS.iter().position(|&s| s == sig) else {
         return;
     };
-    // SAFETY: PREVIOUS was filled in `arm`; the calls are async-signal-safe.
+    // SAFETY: PREVIOUS was filled in `install_handlers`; the calls are async-signal-safe.
     unsafe {
         let prev = &(*PREVIOUS.0.get())[k];
         match prev.sa_sigaction {
@@ -114,16 +184,38 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     }
 }
 
+/// The handler's output buffer: static, not on the stack, so the handler fits a small
+/// alternate signal stack (`sigaltstack` of 2-4 KiB with `SA_ONSTACK`, whose kernel frame
+/// takes most of it).
+struct OutBuf(UnsafeCell<[u8; 4096]>);
+// SAFETY: used only by the first run of the handler (`WRITTEN`), by one `Out` at a time.
+unsafe impl Sync for OutBuf {}
+static OUT_BUF: OutBuf = OutBuf(UnsafeCell::new([0; 4096]));
+
 /// A buffered writer to a file descriptor, with integer formatting, allocation-free.
 struct Out {
     fd: c_int,
-    buf: [u8; 4096],
+    buf: &'static mut [u8; 4096],
     len: usize,
 }
 
 impl Out {
+    /// # Safety
+    /// Only in the handler's first run (`WRITTEN`), and no other `Out` alive.
+    unsafe fn new(fd: c_int) -> Out {
+        Out {
+            fd,
+            buf: &mut *OUT_BUF.0.get(),
+            len: 0,
+        }
+    }
+
     fn s(&mut self, text: &str) {
-        for &b in text.as_bytes() {
+        self.bytes(text.as_bytes());
+    }
+
+    fn bytes(&mut self, text: &[u8]) {
+        for &b in text {
             if self.len == self.buf.len() {
                 self.flush();
             }
@@ -168,21 +260,12 @@ fn write_document(sig: c_int) {
         return;
     }
     // SAFETY: a NUL-terminated path that is never freed.
-    let fd = unsafe {
-        libc::open(
-            path,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-            0o644,
-        )
+    let fd = match unsafe { out_file::open_raw(path) } {
+        Ok(fd) => fd,
+        Err(why) => return refuse(path, why),
     };
-    if fd < 0 {
-        return;
-    }
-    let mut o = Out {
-        fd,
-        buf: [0; 4096],
-        len: 0,
-    };
+    // SAFETY: the handler's first run (WRITTEN); no other Out.
+    let mut o = unsafe { Out::new(fd) };
     let u = if UNIT_LOOPS.load(Relaxed) {
         "loops"
     } else {
@@ -193,6 +276,8 @@ fn write_document(sig: c_int) {
         libc::SIGTERM => "SIGTERM",
         _ => "SIGHUP",
     };
+    // SAFETY: a leaked Epoch that is no longer written (`publish`), or null.
+    let epoch = unsafe { PUBLISHED.load(SeqCst).as_ref() };
     let counts = counts::signal_safe_counts();
     o.s("{\n  \"pid\": ");
     // SAFETY: getpid is async-signal-safe.
@@ -200,11 +285,8 @@ fn write_document(sig: c_int) {
     o.s(",\n  \"ended_by\": \"");
     o.s(name);
     o.s("\",\n  \"injecting\": ");
-    o.s(if TABLE.load(Acquire).is_null() {
-        "false"
-    } else {
-        "true"
-    });
+    let injecting = epoch.is_some_and(|e| !e.table.is_empty());
+    o.s(if injecting { "true" } else { "false" });
     o.s(",\n  \"unit\": \"");
     o.s(u);
     o.s("\",\n  \"seed\": ");
@@ -240,46 +322,71 @@ fn write_document(sig: c_int) {
         o.s("}");
     });
     o.s("]");
-    write_delays(&mut o, u);
+    if let Some(e) = epoch.filter(|_| injecting) {
+        write_delays(&mut o, u, e);
+    }
     o.s("\n}\n");
     o.flush();
     // SAFETY: our descriptor.
     unsafe { libc::close(fd) };
 }
 
-/// draws, delays_injected, sum, index_hits and exact percentiles of the delays drawn.
-fn write_delays(o: &mut Out, u: &str) {
-    let (table, order) = (TABLE.load(Acquire), ORDER.load(Acquire));
-    if table.is_null() || order.is_null() {
-        return;
+/// Says on stderr why the file at `path` was not written (one write, async-signal-safe).
+fn refuse(path: *const libc::c_char, why: out_file::Refused) {
+    REFUSED.store(true, Relaxed);
+    // SAFETY: the handler's first run (WRITTEN), before any other Out.
+    let mut o = unsafe { Out::new(libc::STDERR_FILENO) };
+    o.s("ibjitter: warning: cannot write stats file ");
+    // SAFETY: a NUL-terminated path that is never freed.
+    o.bytes(unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes());
+    o.s(" (at a signal): ");
+    o.s(why.why());
+    if why.errno() != 0 {
+        o.s(", errno ");
+        o.u(why.errno() as u64);
     }
-    let len = TABLE_LEN.load(Acquire);
-    // SAFETY: leaked arrays of `len` elements, never freed.
-    let (table, order) = unsafe {
-        (
-            std::slice::from_raw_parts(table, len),
-            std::slice::from_raw_parts(order, len),
-        )
+    o.s("\n");
+    o.flush();
+}
+
+/// Whether the signal-time writer refused its file (and said so: the exit-time writer, if
+/// the process lives on, does not say it again).
+pub fn refused() -> bool {
+    REFUSED.load(Relaxed)
+}
+
+/// draws, delays_injected and sum over every table the process used; index_hits and exact
+/// percentiles of the delays drawn from the table in force (as the exit-time file).
+fn write_delays(o: &mut Out, u: &str, e: &Epoch) {
+    // The hits of index `i` since the last live set.
+    let hits = |i: usize| {
+        let h = counts::signal_safe_hits(i);
+        h - e.base_hits.get(i).copied().unwrap_or(0).min(h)
     };
     let (mut draws, mut injected, mut sum) = (0u64, 0u64, 0u128);
-    for (i, &v) in table.iter().enumerate() {
-        let n = counts::signal_safe_hits(i);
+    for (i, &v) in e.table.iter().enumerate() {
+        let n = hits(i);
         draws += n;
         injected += if v > 0 { n } else { 0 };
         sum += u128::from(v) * u128::from(n);
     }
     o.s(",\n  \"draws\": ");
-    o.u(draws);
+    o.u(e.carried.draws + draws);
     o.s(",\n  \"delays_injected\": ");
-    o.u(injected);
+    o.u(e.carried.injected + injected);
     o.s(",\n  \"sum_");
     o.s(u);
     o.s("\": ");
-    o.u(sum.min(u128::from(u64::MAX)) as u64);
+    o.u((e.carried.sum + sum).min(u128::from(u64::MAX)) as u64);
+    let sets = crate::state::epoch();
+    if sets > 0 {
+        o.s(",\n  \"live_sets\": ");
+        o.u(sets);
+    }
     o.s(",\n  \"index_hits\": [");
     let mut first = true;
-    for i in 0..len {
-        let n = counts::signal_safe_hits(i);
+    for i in 0..e.table.len() {
+        let n = hits(i);
         if n > 0 {
             o.s(if first { "[" } else { ", [" });
             first = false;
@@ -318,8 +425,8 @@ fn write_delays(o: &mut Out, u: &str) {
         ("p100", 10000),
     ];
     let (mut cum, mut next) = (0u128, 0);
-    for &i in order {
-        let n = counts::signal_safe_hits(usize::from(i));
+    for &i in &e.order {
+        let n = hits(usize::from(i));
         if n == 0 {
             continue;
         }
@@ -331,7 +438,7 @@ fn write_delays(o: &mut Out, u: &str) {
             o.s(if next == 0 { " \"" } else { ", \"" });
             o.s(QS[next].0);
             o.s("\": ");
-            o.u(table[usize::from(i)]);
+            o.u(e.table[usize::from(i)]);
             next += 1;
         }
     }

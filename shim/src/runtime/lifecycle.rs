@@ -11,7 +11,7 @@ use crate::report::stats::{self, path_for};
 use crate::report::{coverage, lines, ports, sigstats};
 use crate::runtime::{control, loaded};
 use crate::state;
-use crate::sys::{libc_dl, rng, say};
+use crate::sys::{libc_dl, out_file, rng, say};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
 /// The `IBJITTER_STATS` pattern, readable without a lock (a fork child needs it).
@@ -51,7 +51,7 @@ pub fn install(settings: Settings) {
     }
     if let Some(pattern) = &settings.stats {
         PATTERN.store(Box::into_raw(Box::new(pattern.clone())), Release);
-        sigstats::arm(
+        sigstats::prepare(
             &path_for(pattern),
             settings.delays.as_ref().map(|d| d.values.as_slice()),
             settings.unit,
@@ -93,8 +93,8 @@ fn choose_clock() {
 }
 
 /// The process first opened a device or sent through UCP: choose the clock, say the start-up
-/// line, start the threads the settings need (window, episodes, delay line) and live
-/// control. Once.
+/// line, start the threads the settings need (window, episodes, delay line), live control
+/// and the signal-time stats' handlers. Once.
 pub fn first_use() {
     if !state::first_use() {
         return;
@@ -107,6 +107,8 @@ pub fn first_use() {
         state::set_line(false);
     }
     control::arm();
+    // Not at load: the program has set its own handlers up by now (CPython's SIGINT).
+    sigstats::install_handlers();
 }
 
 /// Claims a `%p`-less stats path for this process, or notes that an ancestor did.
@@ -210,7 +212,7 @@ fn write_trace() {
     }
     let path = path_for(pattern);
     if let Err(e) = trace::write(&path, &d.values, l.settings.unit.name()) {
-        say::warn_once(&format!("cannot write trace file {path}: {e}"));
+        say::warn(&format!("cannot write trace file {path}: {e}"));
     }
 }
 
@@ -286,7 +288,13 @@ fn write_stats(nothing_delayed: Option<String>) {
     // What the ports sent meanwhile (all processes' traffic on them), beside posts_total.
     doc["ports_sent"] = ports::sent_since_open();
     let text = format!("{doc:#}\n");
-    if let Err(e) = std::fs::write(&path, text) {
-        say::warn_once(&format!("cannot write stats file {path}: {e}"));
+    let written = out_file::create(&path)
+        .map_err(std::io::Error::from)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+    // Said once per path: a signal handler that refused it has said why already.
+    if let Err(e) = written {
+        if !sigstats::refused() {
+            say::warn(&format!("cannot write stats file {path}: {e}"));
+        }
     }
 }

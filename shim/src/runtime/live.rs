@@ -103,7 +103,16 @@ pub fn apply_live_set(text: &str) -> Result<String, String> {
     }
     state::table_replaced();
     if let Some(pattern) = &l.settings.stats {
-        sigstats::arm(&path_for(pattern), Some(&d.values), unit, l.settings.seed);
+        // The signal-time writer prices earlier draws as the exit-time one does.
+        let (carried, base_hits) = loaded::carried();
+        sigstats::prepare_after_set(
+            &path_for(pattern),
+            Some(&d.values),
+            unit,
+            l.settings.seed,
+            carried,
+            &base_hits,
+        );
     }
     let now = format!("table {}", d.source);
     l.settings.delays = Some(d);

@@ -88,3 +88,10 @@ pub fn carry(old: Option<&config::Delays>) {
     e.carried.sum += was.sum;
     e.base_hits = snap.hits;
 }
+
+/// What earlier tables' draws added up to and the hits at the last live set, for the
+/// signal-time writer (which takes no lock: it gets a copy at each set).
+pub fn carried() -> (Drawn, Vec<u64>) {
+    let e = EPOCHS.lock().unwrap_or_else(|e| e.into_inner());
+    (e.carried, e.base_hits.clone())
+}

@@ -1,0 +1,375 @@
+//! The injector's signal handlers and output files in hostile hosts, with the built
+//! libibjitter.so LD_PRELOADed over the stub libibverbs: a Python program's Ctrl-C, a small
+//! alternate signal stack, stats and trace paths that are FIFOs, symbolic links or another
+//! user's file, and stats written at a signal after a live `set`. The rule: the program's
+//! signals behave as without the shim; an output the shim must not write gets one warning
+//! naming it and why, and nothing else happens (no hang, nothing written through a link).
+//!
+//! Each program runs with a time limit: a hang fails the test.
+mod support;
+
+use serde_json::Value;
+use std::io::{BufRead, Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use support::*;
+
+struct Built {
+    so: PathBuf,
+    stub: PathBuf,
+    /// tests/support/post_then_end.c, linked against the stub.
+    driver: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static B: OnceLock<Built> = OnceLock::new();
+    B.get_or_init(|| {
+        let so = build_shim();
+        let stub = build_stub();
+        let driver = build_c("post_then_end", "post_then_end", &[stub.to_str().unwrap()]);
+        Built { so, stub, driver }
+    })
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = target_dir()
+        .join("ibjitter-hostile-outputs")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `program` under the shim: LD_PRELOAD, the stub first on the library path, a 1 µs constant
+/// delay, no live control unless asked, and none of this process's `IBJITTER_*` variables.
+fn injected(program: &Path) -> Command {
+    let b = built();
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("LD_PRELOAD", &b.so)
+        .env("LD_LIBRARY_PATH", b.stub.parent().unwrap())
+        .env("IBJITTER_DELAY", "1us")
+        .env("IBJITTER_CONTROL", "0");
+    cmd
+}
+
+/// The driver under the shim: `post_then_end ALTSTACK POSTS END`.
+fn driver(altstack: usize, posts: u64, end: &str) -> Command {
+    let mut cmd = injected(&built().driver);
+    cmd.args([altstack.to_string(), posts.to_string(), end.to_string()]);
+    cmd
+}
+
+struct Ran {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits for `child` at most `limit`; a child still running then is killed and fails the test.
+fn finish(mut child: Child, what: &str, limit: Duration) -> Ran {
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?} (it hung)");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    Ran {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Runs `cmd` to its end, at most 10 s.
+fn run(cmd: &mut Command) -> Ran {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    finish(child, &format!("{cmd:?}"), Duration::from_secs(10))
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no stats file {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
+}
+
+fn warnings(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: warning"))
+        .collect()
+}
+
+/// CPython installs its SIGINT handler (KeyboardInterrupt) only over the default action; the
+/// shim's handlers, installed at load, used to make it skip that: Ctrl-C then killed the
+/// program with no `KeyboardInterrupt` and no `finally`. Installed at the first device open,
+/// they chain to Python's.
+#[test]
+fn python_keeps_its_ctrl_c_under_the_shim() {
+    let dir = scratch("python");
+    let stats = dir.join("stats.json");
+    let script = r#"
+import ctypes, os, signal, time
+verbs = ctypes.CDLL("libibverbs.so.1")
+verbs.ibv_open_device.restype = ctypes.c_void_p
+verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
+# The stub returns its argument: no device, but the shim sees the process use verbs.
+verbs.ibv_open_device(None)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(2)
+    print("no KeyboardInterrupt", flush=True)
+except KeyboardInterrupt:
+    print("caught KeyboardInterrupt", flush=True)
+finally:
+    print("finally ran", flush=True)
+"#;
+    let r = run(injected(Path::new("python3"))
+        .args(["-c", script])
+        .env("IBJITTER_STATS", &stats));
+    assert!(
+        r.status.success(),
+        "python3 under the shim: {} (signal {:?})\n{}{}",
+        r.status,
+        r.status.signal(),
+        r.stdout,
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains("caught KeyboardInterrupt") && r.stdout.contains("finally ran"),
+        "{}{}",
+        r.stdout,
+        r.stderr
+    );
+    // The process used verbs: its stats file is there at exit.
+    assert_eq!(read_json(&stats)["ended_by"], "exit");
+}
+
+/// The kernel's own signal frame on this CPU (AT_MINSIGSTKSZ), at least glibc's MINSIGSTKSZ.
+fn kernel_signal_frame() -> usize {
+    // SAFETY: getauxval reads the auxiliary vector.
+    let at = unsafe { libc::getauxval(libc::AT_MINSIGSTKSZ) } as usize;
+    at.max(libc::MINSIGSTKSZ)
+}
+
+/// A program with a small alternate signal stack (`sigaltstack`; the shim's handlers run on
+/// it, `SA_ONSTACK`) gets its stats at SIGTERM and still dies of SIGTERM: the handler needs
+/// less than 1 KiB of stack beyond the kernel's frame (its output buffer is not on the stack).
+#[test]
+fn a_small_alternate_signal_stack_still_gets_the_stats() {
+    let dir = scratch("altstack");
+    let stats = dir.join("stats.json");
+    // MINSIGSTKSZ (2 KiB) where the kernel's frame leaves 1 KiB of it free; else the frame + 1 KiB.
+    let size = libc::MINSIGSTKSZ.max(kernel_signal_frame() + 1024);
+    let r = run(driver(size, 100, "term").env("IBJITTER_STATS", &stats));
+    assert_eq!(
+        r.status.signal(),
+        Some(libc::SIGTERM),
+        "alternate stack of {size} bytes (kernel frame {}): {}\n{}{}",
+        kernel_signal_frame(),
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+    let s = read_json(&stats);
+    assert_eq!(s["ended_by"], "SIGTERM", "{s}");
+    assert_eq!(s["posts_total"], 100, "{s}");
+    assert_eq!(s["draws"], 100, "{s}");
+    assert_eq!(s["delays_injected"], 100, "{s}");
+    assert_eq!(s["sum_ns"], 100_000, "{s}");
+    assert_eq!(s["delay_ns"]["percentiles"]["p50"], 1000, "{s}");
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Asserts one warning naming `path`, saying `why`.
+fn warned_once(r: &Ran, path: &Path, why: &str) {
+    let w = warnings(&r.stderr);
+    let about: Vec<_> = w
+        .iter()
+        .filter(|l| l.contains(path.to_str().unwrap()))
+        .collect();
+    assert!(
+        about.len() == 1 && about[0].contains(why),
+        "expected one warning naming {} and saying \"{why}\" ({}):\n{}{}",
+        path.display(),
+        r.status,
+        r.stdout,
+        r.stderr
+    );
+}
+
+/// A FIFO (with no reader) as the stats or trace file: the program ends promptly, at exit
+/// or at SIGTERM, with a warning; nothing blocks.
+#[test]
+fn a_fifo_as_an_output_file_neither_hangs_nor_is_written() {
+    let dir = scratch("fifo");
+    let fifo = dir.join("stats.json");
+    mkfifo(&fifo);
+    let r = run(driver(0, 10, "exit").env("IBJITTER_STATS", &fifo));
+    assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+    warned_once(&r, &fifo, "not a regular file");
+    let r = run(driver(0, 10, "term").env("IBJITTER_STATS", &fifo));
+    assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
+    warned_once(&r, &fifo, "not a regular file");
+    let trace = dir.join("trace.txt");
+    mkfifo(&trace);
+    let r = run(driver(0, 10, "exit")
+        .env("IBJITTER_TRACE", &trace)
+        .env("IBJITTER_TRACE_MAX", "100"));
+    assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+    warned_once(&r, &trace, "not a regular file");
+}
+
+/// A symbolic link as the stats or trace file (a path like `/tmp/ibjitter.%p.json` is
+/// predictable): the link is not followed, its target keeps its contents.
+#[test]
+fn a_symlink_as_an_output_file_is_not_followed() {
+    let dir = scratch("symlink");
+    let victim = dir.join("victim.txt");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let link = dir.join("stats.json");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let r = run(driver(0, 10, "exit").env("IBJITTER_STATS", &link));
+    assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+    warned_once(&r, &link, "symbolic link");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let r = run(driver(0, 10, "term").env("IBJITTER_STATS", &link));
+    assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
+    warned_once(&r, &link, "symbolic link");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let trace = dir.join("trace.txt");
+    std::os::unix::fs::symlink(&victim, &trace).unwrap();
+    let r = run(driver(0, 10, "exit")
+        .env("IBJITTER_TRACE", &trace)
+        .env("IBJITTER_TRACE_MAX", "100"));
+    assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+    warned_once(&r, &trace, "symbolic link");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+}
+
+/// A file another user made at the stats path, in a sticky world-writable directory (as in
+/// `/tmp`), is left alone, at exit and at SIGTERM. Needs root to make the file (as CI runs).
+#[test]
+fn another_users_file_in_a_sticky_directory_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("other-user");
+    let sticky = dir.join("tmp");
+    std::fs::create_dir(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let theirs = sticky.join("stats.json");
+    std::fs::write(&theirs, "theirs\n").unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o666)).unwrap();
+    // Not a skip: without root the file cannot be given to another user, and the test says so.
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534))
+        .unwrap_or_else(|e| panic!("chown to uid 65534 (this test needs root): {e}"));
+    for end in ["exit", "term"] {
+        let r = run(driver(0, 10, end).env("IBJITTER_STATS", &theirs));
+        warned_once(&r, &theirs, "another user");
+        assert_eq!(
+            std::fs::read_to_string(&theirs).unwrap(),
+            "theirs\n",
+            "{end}"
+        );
+        if end == "exit" {
+            assert!(r.status.success(), "{}\n{}", r.status, r.stderr);
+        } else {
+            assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
+        }
+    }
+}
+
+/// Stats written at SIGTERM after a live `set`: the totals are every table's draws (100 of
+/// 2 µs, then 20 of 1 ms), not every hit priced at the new table; index hits and percentiles
+/// are the new table's.
+#[test]
+fn stats_at_a_signal_after_a_live_set_count_both_tables() {
+    use ibjitter_control::{self as ctl, Command as Request};
+    let dir = scratch("live-set");
+    let stats = dir.join("stats.json");
+    let mut cmd = injected(&built().driver);
+    let mut child = cmd
+        .args(["0", "100", "term", "20"])
+        .env("IBJITTER_DELAY", "2us")
+        .env("IBJITTER_CONTROL", "1")
+        .env("IBJITTER_STATS", &stats)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let Some(pid) = line.trim().strip_prefix("READY ") else {
+        let _ = child.kill();
+        let ran = finish(child, "post_then_end", Duration::from_secs(5));
+        panic!("no READY line: {line:?}\n{}", ran.stderr);
+    };
+    let pid: u32 = pid.parse().unwrap();
+    let set = ctl::send(
+        pid,
+        Request::Set,
+        "IBJITTER_DELAY=1ms",
+        Duration::from_secs(5),
+    );
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    child.stdout = Some(out.into_inner());
+    let r = finish(child, "post_then_end", Duration::from_secs(10));
+    let set = set.unwrap_or_else(|e| panic!("live set: {e}\n{}", r.stderr));
+    assert!(set.ok, "{set:?}");
+    assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
+    let s = read_json(&stats);
+    assert_eq!(s["ended_by"], "SIGTERM", "{s}");
+    assert_eq!(s["posts_total"], 120, "{s}");
+    assert_eq!(s["draws"], 120, "{s}");
+    assert_eq!(s["delays_injected"], 120, "{s}");
+    assert_eq!(s["sum_ns"], 100 * 2_000 + 20 * 1_000_000, "{s}");
+    assert_eq!(s["live_sets"], 1, "{s}");
+    let since: u64 = s["index_hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h[1].as_u64().unwrap())
+        .sum();
+    assert_eq!(since, 20, "index hits since the set: {s}");
+    assert_eq!(s["delay_ns"]["count"], 20, "{s}");
+    assert_eq!(s["delay_ns"]["percentiles"]["p0"], 1_000_000, "{s}");
+}

@@ -1,0 +1,100 @@
+/* A program for the shim's hostile-host tests of its signal handlers and output files, run
+ * with libibjitter.so LD_PRELOADed and linked against the stub libibverbs: it opens a fake
+ * device through the shim, posts sends on a fake QP, then ends by exit(0) or raise(SIGTERM),
+ * optionally on a small alternate signal stack.
+ *
+ *   post_then_end ALTSTACK_BYTES POSTS END [POSTS_AFTER]
+ * ALTSTACK_BYTES  0, or the size of an alternate signal stack (sigaltstack) placed right above
+ *                 a PROT_NONE page: a handler that needs more stack faults (SIGSEGV).
+ * END             "exit" or "term".
+ * POSTS_AFTER     if given: after the first POSTS, print "READY <pid>", wait for a line on
+ *                 stdin (the test changes the table meanwhile), then post POSTS_AFTER more.
+ * Prints "posted N" (all posts) before it ends. */
+#include <infiniband/verbs.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static int provider_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+                              struct ibv_send_wr **bad) {
+    (void)qp;
+    (void)wr;
+    (void)bad;
+    return 0;
+}
+
+static struct verbs_context vctx;
+static struct ibv_qp_ex qpx;
+
+static void post(struct ibv_qp *qp, long n) {
+    struct ibv_send_wr wr, *bad;
+    memset(&wr, 0, sizeof wr);
+    for (long i = 0; i < n; i++) {
+        if (ibv_post_send(qp, &wr, &bad)) {
+            fprintf(stderr, "post_then_end: post %ld failed\n", i);
+            exit(1);
+        }
+    }
+}
+
+static void alt_stack(size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages = (bytes + page - 1) / page;
+    char *m = mmap(NULL, (pages + 1) * page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED || mprotect(m, page, PROT_NONE)) {
+        perror("post_then_end: mmap");
+        exit(1);
+    }
+    /* The stack grows down from ss_sp + ss_size to ss_sp, the guard page's end. */
+    stack_t ss = {.ss_sp = m + page, .ss_size = bytes, .ss_flags = 0};
+    if (sigaltstack(&ss, NULL)) {
+        perror("post_then_end: sigaltstack");
+        exit(1);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: post_then_end ALTSTACK_BYTES POSTS exit|term [POSTS_AFTER]\n");
+        return 2;
+    }
+    size_t stack = strtoul(argv[1], NULL, 10);
+    long posts = atol(argv[2]);
+    int term = strcmp(argv[3], "term") == 0;
+    if (stack)
+        alt_stack(stack);
+    vctx.sz = sizeof vctx;
+    vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    vctx.context.ops.post_send = provider_post_send;
+    /* The stub's ibv_open_device returns its argument: our fake context. */
+    struct ibv_context *ctx = ibv_open_device((struct ibv_device *)&vctx.context);
+    if (ctx != &vctx.context) {
+        fprintf(stderr, "post_then_end: ibv_open_device did not return the fake context\n");
+        return 1;
+    }
+    qpx.qp_base.context = ctx;
+    /* The stub's ibv_create_qp returns its pd argument: our fake QP. */
+    struct ibv_qp *qp = ibv_create_qp((struct ibv_pd *)&qpx, NULL);
+    post(qp, posts);
+    if (argc > 4) {
+        long after = atol(argv[4]);
+        char line[64];
+        printf("READY %d\n", (int)getpid());
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin)) {
+            fprintf(stderr, "post_then_end: no go-ahead on stdin\n");
+            return 1;
+        }
+        post(qp, after);
+        posts += after;
+    }
+    printf("posted %ld\n", posts);
+    fflush(stdout);
+    if (term)
+        raise(SIGTERM);
+    return 0;
+}
