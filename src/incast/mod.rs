@@ -325,9 +325,18 @@ fn unix_ns(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// The last `n` lines of a log file, for the report.
+/// The last `n` lines of a log file (within its last 64 KiB: a sender's log may be large), for
+/// the report.
 fn tail(path: &PathBuf, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    use std::io::{Seek, SeekFrom};
+    const TAIL_BYTES: u64 = 64 << 10;
+    let mut bytes = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map_or(0, |m| m.len());
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)));
+        let _ = f.take(TAIL_BYTES).read_to_end(&mut bytes);
+    }
+    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
