@@ -88,11 +88,11 @@ pub struct RunArgs {
     /// Leave operations posted in this first part of the run out of the latency figures
     /// (they still count in throughput): with hundreds of flows, first operations wait for
     /// everyone's start-up
-    #[arg(long, default_value = "0s", value_parser = parse_warmup)]
+    #[arg(long, default_value = "0s", value_parser = units::duration_or_zero)]
     warmup: Duration,
     /// Leave completions of this last part of a timed run out of the steady-state throughput
     /// (flows stopping, the drain); default: as long as --warmup
-    #[arg(long, value_parser = parse_warmup)]
+    #[arg(long, value_parser = units::duration_or_zero)]
     cooldown: Option<Duration>,
     /// Threads, or "auto": as many as the CPUs this process may run on (its affinity mask),
     /// at most one per flow; flows are spread over them, each with its own CQ
@@ -230,6 +230,15 @@ impl RunArgs {
                 if !(scale > 0.0 && scale.is_finite()) {
                     return Err(format!("--size-scale must be positive, got {scale}"));
                 }
+                // Sizes::max clamps to a u32; a larger largest size would be cut silently.
+                let largest = dist.max() * scale;
+                if largest > f64::from(u32::MAX) {
+                    return Err(format!(
+                        "{} scaled by {scale} reaches {largest:.0} bytes: at most {} (4G - 1)",
+                        dist.describe(),
+                        u32::MAX
+                    ));
+                }
                 Some(Sizes { dist, scale })
             }
             _ if self.size_scale.is_some() => {
@@ -348,15 +357,6 @@ impl RunArgs {
             ..RunConfig::default()
         })
     }
-}
-
-/// A duration that may be zero (`units::duration` requires a positive one).
-fn parse_warmup(text: &str) -> Result<Duration, String> {
-    let ns = ibjitter::table::duration::parse_duration(text)?;
-    if ns < 0.0 {
-        return Err(format!("expected a duration of at least 0, found {text:?}"));
-    }
-    Ok(Duration::from_nanos(ns as u64))
 }
 
 /// An incast sender's arguments after `ibjitter run` (spelled here, beside the flags): `flows`

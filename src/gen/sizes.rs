@@ -73,6 +73,15 @@ impl SizeDist {
                 .ok()
                 .filter(|s: &f64| s.is_finite() && *s >= 0.0)
                 .ok_or_else(|| at(line_no, format!("expected a size in bytes, found {size:?}")))?;
+            if size > f64::from(u32::MAX) {
+                return Err(at(
+                    line_no,
+                    format!(
+                        "size {size} is larger than a message can be: at most {} bytes (4G - 1)",
+                        u32::MAX
+                    ),
+                ));
+            }
             let prob: f64 = prob
                 .parse()
                 .ok()
