@@ -265,7 +265,34 @@ pub fn run(args: TableArgs) -> i32 {
     }
 }
 
+/// Every output of `cmd` checked before any input is read or any
+/// table made, so that a bad path is found first.
+fn check_outputs(cmd: &TableCommand) -> Result<(), TableError> {
+    let file = |p: &Option<PathBuf>| match p {
+        Some(p) => super::check_writable(p).map_err(TableError::new),
+        None => Ok(()),
+    };
+    // Not created yet: nothing is written when the input is refused.
+    let dir = |d: &Path| super::check_dir_creatable(d).map_err(TableError::new);
+    match cmd {
+        TableCommand::Lognormal(LognormalArgs { out, .. })
+        | TableCommand::Uniform(UniformArgs { out, .. })
+        | TableCommand::Constant(ConstantArgs { out, .. })
+        | TableCommand::Normal(NetemDistArgs { out, .. })
+        | TableCommand::Pareto(NetemDistArgs { out, .. })
+        | TableCommand::Paretonormal(NetemDistArgs { out, .. })
+        | TableCommand::Exponential(ExponentialArgs { out, .. })
+        | TableCommand::Empirical(EmpiricalArgs { out, .. }) => file(&out.output),
+        TableCommand::Fit(a) => file(&a.output),
+        TableCommand::Seed(a) => file(&a.output),
+        TableCommand::Family(a) => dir(&a.output),
+        TableCommand::Episodes(a) => dir(&a.out_dir),
+        TableCommand::Stats(_) => Ok(()),
+    }
+}
+
 fn dispatch(cmd: TableCommand) -> Result<(), TableError> {
+    check_outputs(&cmd)?;
     match cmd {
         TableCommand::Lognormal(a) => {
             let l = match (a.shape, a.scale, a.mean, a.sd) {
