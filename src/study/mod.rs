@@ -7,12 +7,14 @@
 //! - [`plan`]: configurations and the order of runs (a pure function of the seed).
 //! - [`tables`]: the tables as configurations (files, or a generated mean-preserving family).
 //! - [`runner`]: one run: environment, congestor, wall time, metric, what was injected.
+//! - [`output`]: a run's output read for its metric from the end, in bounded memory.
 //! - [`record`]: `study.csv`, appended as runs finish; read back to resume.
 //! - [`stats`], [`summary`]: the figures and the verdict, from the rows alone.
 //!
 //! Results directory: `plan.json`, `study.csv`, `runs/` (each run's output and the injector's
 //! stats), `tables/` (generated tables), and `summary.md`, `summary.json`, `*.svg`
 //! (`report::export::study`).
+pub mod output;
 pub mod plan;
 pub mod record;
 pub mod runner;
