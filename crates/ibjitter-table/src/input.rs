@@ -117,9 +117,10 @@ pub fn read_bytes(path: &Path, what: &str, limits: Limits) -> Result<Vec<u8>, In
     } else if !t.is_file() {
         return Err(refuse("something else"));
     }
-    let too_large = |line: usize| {
+    // About the whole file, not a line of it.
+    let too_large = || {
         err(
-            line,
+            0,
             false,
             format!(
                 "larger than the limit of {} for {what}",
@@ -128,7 +129,7 @@ pub fn read_bytes(path: &Path, what: &str, limits: Limits) -> Result<Vec<u8>, In
         )
     };
     if t.is_file() && meta.len() > limits.max_bytes {
-        return Err(too_large(0));
+        return Err(too_large());
     }
     let mut out = Vec::with_capacity(if t.is_file() { meta.len() as usize } else { 0 });
     let mut buf = vec![0u8; 64 << 10];
@@ -141,7 +142,7 @@ pub fn read_bytes(path: &Path, what: &str, limits: Limits) -> Result<Vec<u8>, In
             Err(e) => return Err(err(line, true, format!("cannot read {what}: {e}"))),
         };
         if (out.len() + n) as u64 > limits.max_bytes {
-            return Err(too_large(line));
+            return Err(too_large());
         }
         for &b in &buf[..n] {
             if b == b'\n' {
@@ -150,14 +151,18 @@ pub fn read_bytes(path: &Path, what: &str, limits: Limits) -> Result<Vec<u8>, In
             } else {
                 line_len += 1;
                 if line_len > limits.max_line {
-                    return Err(err(
-                        line,
-                        false,
-                        format!(
-                            "a line longer than the limit of {} for {what}",
-                            bytes_text(limits.max_line as u64)
-                        ),
-                    ));
+                    // At the first byte beyond the limit.
+                    return Err(InputError {
+                        col: limits.max_line + 1,
+                        ..err(
+                            line,
+                            false,
+                            format!(
+                                "a line longer than the limit of {} for {what}",
+                                bytes_text(limits.max_line as u64)
+                            ),
+                        )
+                    });
                 }
             }
         }
@@ -219,7 +224,7 @@ mod tests {
         assert_eq!(e.line, 3);
         assert!(e
             .to_string()
-            .contains(":3: a line longer than the limit of 10 bytes"));
+            .contains(":3:11: a line longer than the limit of 10 bytes"));
     }
 
     #[test]
