@@ -488,3 +488,12 @@ fn study_reads_a_huge_output_in_bounded_memory() {
         "the output is kept whole in its file"
     );
 }
+
+#[test]
+fn pcap_refuses_endless_and_truncated_captures() {
+    let dir = TempDir::new("pcap");
+    refused(&["pcap", "/dev/zero"], SETUP, &["/dev/zero"]);
+    // A pcap header cut after its magic and part of its version.
+    let cut = write(&dir.path("cut.pcap"), b"\xd4\xc3\xb2\xa1\x02\x00");
+    refused(&["pcap", &cut], SETUP, &[&cut]);
+}
