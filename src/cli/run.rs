@@ -235,7 +235,7 @@ impl RunArgs {
                 let largest = dist.max() * scale;
                 if largest > f64::from(u32::MAX) {
                     return Err(format!(
-                        "{} scaled by {scale} reaches {largest:.0} bytes: at most {} (4G - 1)",
+                        "{} scaled by {scale} reaches {largest:.3e} bytes: at most {} (4G - 1)",
                         dist.describe(),
                         u32::MAX
                     ));
