@@ -394,6 +394,12 @@ fn run_refuses_bad_sizes_and_paths_before_any_device() {
 fn serve_incast_and_study_refuse_before_they_start() {
     let dir = TempDir::new("others");
     refused(&["serve", "--start-timeout", "1e30s"], SETUP, &["too long"]);
+    // Addressing one process: the argument is refused before it is looked up.
+    refused(
+        &["inject", "set", "--delay", "1e30s", "1"],
+        SETUP,
+        &["too long"],
+    );
     let base = [
         "incast",
         "--receiver",
