@@ -165,6 +165,11 @@ pub fn run(a: IncastArgs) -> i32 {
             return exit::SETUP;
         }
     };
+    // Every step writes into --out, after its traffic: checked before any is launched.
+    if let Err(e) = super::check_dir_creatable(&a.out) {
+        eprintln!("ibjitter incast: {e}");
+        return exit::SETUP;
+    }
     let names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
     let steps = a.steps.unwrap_or(hosts.len());
     let layouts = pattern::layouts(a.pattern, hosts.len(), a.seed, steps);

@@ -12,6 +12,7 @@ use ibjitter::gen::wire::{MAX_DEPTH, MAX_SIZE};
 use ibjitter::gen::{Load, Op, OpMix, QpType, RunConfig, StopAt};
 use ibjitter::report::export::{fct as fct_export, json, text};
 use ibjitter::report::Outcome;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -88,11 +89,11 @@ pub struct RunArgs {
     /// Leave operations posted in this first part of the run out of the latency figures
     /// (they still count in throughput): with hundreds of flows, first operations wait for
     /// everyone's start-up
-    #[arg(long, default_value = "0s", value_parser = parse_warmup)]
+    #[arg(long, default_value = "0s", value_parser = units::duration_or_zero)]
     warmup: Duration,
     /// Leave completions of this last part of a timed run out of the steady-state throughput
     /// (flows stopping, the drain); default: as long as --warmup
-    #[arg(long, value_parser = parse_warmup)]
+    #[arg(long, value_parser = units::duration_or_zero)]
     cooldown: Option<Duration>,
     /// Threads, or "auto": as many as the CPUs this process may run on (its affinity mask),
     /// at most one per flow; flows are spread over them, each with its own CQ
@@ -230,6 +231,15 @@ impl RunArgs {
                 if !(scale > 0.0 && scale.is_finite()) {
                     return Err(format!("--size-scale must be positive, got {scale}"));
                 }
+                // Sizes::max clamps to a u32; a larger largest size would be cut silently.
+                let largest = dist.max() * scale;
+                if largest > f64::from(u32::MAX) {
+                    return Err(format!(
+                        "{} scaled by {scale} reaches {largest:.3e} bytes: at most {} (4G - 1)",
+                        dist.describe(),
+                        u32::MAX
+                    ));
+                }
                 Some(Sizes { dist, scale })
             }
             _ if self.size_scale.is_some() => {
@@ -350,15 +360,6 @@ impl RunArgs {
     }
 }
 
-/// A duration that may be zero (`units::duration` requires a positive one).
-fn parse_warmup(text: &str) -> Result<Duration, String> {
-    let ns = ibjitter::table::duration::parse_duration(text)?;
-    if ns < 0.0 {
-        return Err(format!("expected a duration of at least 0, found {text:?}"));
-    }
-    Ok(Duration::from_nanos(ns as u64))
-}
-
 /// An incast sender's arguments after `ibjitter run` (spelled here, beside the flags): `flows`
 /// flows to `server:port`, the report with its time series as JSON on stdout, no progress
 /// line. The user's own `run` options follow them.
@@ -400,9 +401,14 @@ pub fn run(a: RunArgs) -> i32 {
             return exit::SETUP;
         }
     };
-    // The streamed files are opened before any device: a path that cannot be written is a
-    // bad argument, found before minutes of set-up.
-    let outputs = match open_streams(&a, &cfg) {
+    // Every output is opened (the streams, the JSON report) or checked (the FCT figures)
+    // before any device: a path that cannot be written is a bad argument, found before
+    // minutes of set-up, not after the measurement.
+    let (outputs, json_file) = match open_streams(&a, &cfg).and_then(|o| {
+        let json = open_json(&a)?;
+        check_fct_figures(&a)?;
+        Ok((o, json))
+    }) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("ibjitter run: {e}");
@@ -413,6 +419,9 @@ pub fn run(a: RunArgs) -> i32 {
     let out = match client::run(&cfg, StopToken::process(), outputs) {
         Ok(o) => o,
         Err(e) => {
+            if let Some(j) = json_file {
+                j.discard();
+            }
             eprintln!("ibjitter run: {e}");
             return exit::run_error(&e);
         }
@@ -441,7 +450,14 @@ pub fn run(a: RunArgs) -> i32 {
         eprintln!("ibjitter run: {e}");
         code = exit::with_write_failure(code);
     }
-    if let Err(e) = write_files(&a, &out) {
+    if let Some(json_out) = json_file {
+        let write = |w: &mut dyn Write| json::write(&out.report, w);
+        if let Err(e) = json_out.write_or_save_elsewhere(&write, &std::env::temp_dir()) {
+            eprintln!("ibjitter run: {e}");
+            code = exit::with_write_failure(code);
+        }
+    }
+    if let Err(e) = write_fct_figures(&a, &out) {
         eprintln!("ibjitter run: {e}");
         code = exit::with_write_failure(code);
     }
@@ -457,11 +473,97 @@ pub fn run(a: RunArgs) -> i32 {
     code
 }
 
-fn write_files(a: &RunArgs, out: &RunOutput) -> Result<(), String> {
-    let failed = |path: &Path, e: std::io::Error| format!("writing {}: {e}", path.display());
-    if let Some(path) = a.json.as_deref().filter(|p| *p != Path::new("-")) {
-        json::write(&out.report, create(path)?).map_err(|e| failed(path, e))?;
+/// `--json FILE`, created before the run (so that a bad path is found before it).
+struct JsonOut {
+    path: PathBuf,
+    file: BufWriter<std::fs::File>,
+    /// It did not exist before: removed if the run measures nothing.
+    created: bool,
+}
+
+impl JsonOut {
+    /// Writes the report; if that fails, writes it to `ibjitter-run-PID.json` in
+    /// `fallback_dir`, or failing that to stderr, so that a finished measurement is never
+    /// lost. The error says what failed and where the report went.
+    fn write_or_save_elsewhere(
+        mut self,
+        write: &dyn Fn(&mut dyn Write) -> std::io::Result<()>,
+        fallback_dir: &Path,
+    ) -> Result<(), String> {
+        // Emptied only now (an earlier file survives a run that measured nothing); flushed
+        // here, as a BufWriter's flush on drop loses its error (a full disk).
+        let regular = self.file.get_ref().metadata().is_ok_and(|m| m.is_file());
+        let emptied = if regular {
+            self.file.get_ref().set_len(0)
+        } else {
+            Ok(())
+        };
+        let written = emptied
+            .and_then(|()| write(&mut self.file))
+            .and_then(|()| self.file.flush());
+        let Err(e) = written else {
+            return Ok(());
+        };
+        let failed = format!("writing {}: {e}", self.path.display());
+        let fallback = fallback_dir.join(format!("ibjitter-run-{}.json", std::process::id()));
+        let saved = create(&fallback).and_then(|mut f| {
+            write(&mut f)
+                .and_then(|()| f.flush())
+                .map_err(|e| format!("writing {}: {e}", fallback.display()))
+        });
+        Err(match saved {
+            Ok(()) => format!(
+                "{failed}; the JSON report is in {} instead",
+                fallback.display()
+            ),
+            Err(e2) => {
+                let _ = write(&mut std::io::stderr().lock());
+                format!("{failed}; {e2}; the JSON report is above, on stderr")
+            }
+        })
     }
+
+    /// Nothing was measured: a file this run created is removed, not left empty.
+    fn discard(self) {
+        if self.created {
+            drop(self.file);
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn open_json(a: &RunArgs) -> Result<Option<JsonOut>, String> {
+    match a.json.as_deref().filter(|p| *p != Path::new("-")) {
+        Some(path) => {
+            let created = !path.exists();
+            // Not truncated yet: see write_or_save_elsewhere.
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Ok(Some(JsonOut {
+                path: path.to_path_buf(),
+                file: BufWriter::new(file),
+                created,
+            }))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The FCT figures beside `--fct FILE`, written after the run: checked before it.
+fn check_fct_figures(a: &RunArgs) -> Result<(), String> {
+    if let Some(path) = &a.fct {
+        for suffix in ["-buckets.csv", ".svg"] {
+            super::check_writable(&fct_export::beside(path, suffix))?;
+        }
+    }
+    Ok(())
+}
+
+fn write_fct_figures(a: &RunArgs, out: &RunOutput) -> Result<(), String> {
     if let (Some(path), Some(f)) = (&a.fct, &out.report.fct) {
         fct_export::buckets_csv(f, &fct_export::beside(path, "-buckets.csv"))?;
         fct_export::slowdown_svg(f, &fct_export::beside(path, ".svg"))?;
@@ -509,6 +611,41 @@ mod tests {
         assert_eq!(a.json.as_deref(), Some(Path::new("-")));
         assert!(a.json_series && a.no_progress);
         assert!(a.config().is_ok());
+    }
+
+    #[test]
+    fn a_report_that_cannot_be_written_is_saved_elsewhere_and_said() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-run-json-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |w: &mut dyn Write| w.write_all(b"{\"report\": 1}\n");
+        // /dev/full opens, and every write to it fails (ENOSPC), like a full disk.
+        let full = || JsonOut {
+            path: PathBuf::from("/dev/full"),
+            file: create(Path::new("/dev/full")).unwrap(),
+            created: false,
+        };
+        let e = full().write_or_save_elsewhere(&write, &dir).unwrap_err();
+        let fallback = dir.join(format!("ibjitter-run-{}.json", std::process::id()));
+        assert!(e.starts_with("writing /dev/full: "), "{e}");
+        assert!(
+            e.contains(&format!("is in {} instead", fallback.display())),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&fallback).unwrap(), b"{\"report\": 1}\n");
+        // No fallback directory either: on stderr, and said.
+        let e = full()
+            .write_or_save_elsewhere(&write, Path::new("/nonexistent"))
+            .unwrap_err();
+        assert!(e.ends_with("on stderr"), "{e}");
+        // A good file: nothing to say.
+        let good = dir.join("good.json");
+        let out = JsonOut {
+            file: create(&good).unwrap(),
+            path: good.clone(),
+            created: true,
+        };
+        assert_eq!(out.write_or_save_elsewhere(&write, &dir), Ok(()));
+        assert_eq!(std::fs::read(&good).unwrap(), b"{\"report\": 1}\n");
     }
 
     #[test]

@@ -61,7 +61,9 @@ pub struct StudyArgs {
     /// libibjitter.so (default: beside this binary)
     #[arg(long)]
     shim: Option<PathBuf>,
-    /// More injector settings for every table run (repeatable): IBJITTER_CORRELATION=0.5
+    /// More injector settings for every table run (repeatable): IBJITTER_CORRELATION=0.5.
+    /// Not the variables study sets itself: IBJITTER_TABLE (and _DIST, _DELAY, _EPISODES),
+    /// IBJITTER_SEED, IBJITTER_STATS
     #[arg(long, value_name = "KEY=VALUE")]
     shim_env: Vec<String>,
     /// Measured runs per configuration
@@ -84,7 +86,9 @@ pub struct StudyArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// The metric is the last number this regex matches in the program's output (its first
-    /// group, else the whole match), instead of the wall time
+    /// group, else the whole match), instead of the wall time. Matched line by line, from the
+    /// end of the output (which is never held in memory; lines beyond 1 MiB are matched on
+    /// their last 1 MiB)
     #[arg(long, value_name = "REGEX")]
     metric: Option<String>,
     /// A second metric, e.g. a p99 latency the program prints: its slowdown is reported too
@@ -102,6 +106,21 @@ pub struct StudyArgs {
     /// The program and its arguments (a launcher line: mpirun ..., srun ..., sh -c '...')
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+/// Why an injector variable is study's own, or `None` if `--shim-env` may set it. Overriding
+/// one silently defeated the study (every table run rejected as "the injector delayed nothing").
+fn owned_by_study(name: &str) -> Option<&'static str> {
+    match name {
+        "IBJITTER_TABLE" | "IBJITTER_DIST" | "IBJITTER_DELAY" | "IBJITTER_EPISODES" => {
+            Some("each run's table is the one its configuration names: give tables with --tables or --family")
+        }
+        "IBJITTER_SEED" => Some("a seed per run, from --seed, so that the study repeats"),
+        "IBJITTER_STATS" => Some(
+            "what each run injected is read from its own stats files, DIR/runs/NNNN.stats.PID.json",
+        ),
+        _ => None,
+    }
 }
 
 fn percent(text: &str) -> Result<f64, String> {
@@ -202,6 +221,13 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
     let mut shim_env = Vec::new();
     for kv in &a.shim_env {
         match kv.split_once('=') {
+            Some((k, _)) if owned_by_study(k).is_some() => {
+                let why = owned_by_study(k).unwrap_or_default();
+                return Err(format!(
+                    "--shim-env {kv:?}: {k} is set by study itself for every table run ({why}); \
+                     it cannot be overridden"
+                ));
+            }
             Some((k, v)) if k.starts_with("IBJITTER_") => shim_env.push((k.into(), v.into())),
             _ => return Err(format!("--shim-env {kv:?}: expected IBJITTER_NAME=VALUE")),
         }

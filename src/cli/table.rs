@@ -12,7 +12,7 @@ use ibjitter::table::duration::{Duration, Unit};
 use ibjitter::table::episodes::{fit_episodes, read_series, table_names, SeriesLayout, ENV};
 use ibjitter::table::family::{family, member_name, uniform_name};
 use ibjitter::table::fit::fit_lognormal;
-use ibjitter::table::generate::make_table;
+use ibjitter::table::generate::{check_moments, make_table};
 use ibjitter::table::samples::{read_samples, Layout, Samples};
 use ibjitter::table::stats::Stats;
 use ibjitter::table::{read, resolve_named_dist, ErrorKind, Kind, Table, TableError};
@@ -81,6 +81,11 @@ struct OutputArgs {
     /// Kind of table to write
     #[arg(long, value_enum, default_value = "absolute")]
     format: FormatArg,
+    /// Write an absolute table even when its mean is more than 5 % or its sd more than 10 %
+    /// from the distribution's (a tail too far for 4096 quantiles, or rounding to whole ns);
+    /// without it such a table is refused (exit 1), with the achieved and asked mean and sd
+    #[arg(long)]
+    allow_approx: bool,
 }
 
 #[derive(Args)]
@@ -260,7 +265,34 @@ pub fn run(args: TableArgs) -> i32 {
     }
 }
 
+/// Every output of `cmd` checked before any input is read or any
+/// table made, so that a bad path is found first.
+fn check_outputs(cmd: &TableCommand) -> Result<(), TableError> {
+    let file = |p: &Option<PathBuf>| match p {
+        Some(p) => super::check_writable(p).map_err(TableError::new),
+        None => Ok(()),
+    };
+    // Not created yet: nothing is written when the input is refused.
+    let dir = |d: &Path| super::check_dir_creatable(d).map_err(TableError::new);
+    match cmd {
+        TableCommand::Lognormal(LognormalArgs { out, .. })
+        | TableCommand::Uniform(UniformArgs { out, .. })
+        | TableCommand::Constant(ConstantArgs { out, .. })
+        | TableCommand::Normal(NetemDistArgs { out, .. })
+        | TableCommand::Pareto(NetemDistArgs { out, .. })
+        | TableCommand::Paretonormal(NetemDistArgs { out, .. })
+        | TableCommand::Exponential(ExponentialArgs { out, .. })
+        | TableCommand::Empirical(EmpiricalArgs { out, .. }) => file(&out.output),
+        TableCommand::Fit(a) => file(&a.output),
+        TableCommand::Seed(a) => file(&a.output),
+        TableCommand::Family(a) => dir(&a.output),
+        TableCommand::Episodes(a) => dir(&a.out_dir),
+        TableCommand::Stats(_) => Ok(()),
+    }
+}
+
 fn dispatch(cmd: TableCommand) -> Result<(), TableError> {
+    check_outputs(&cmd)?;
     match cmd {
         TableCommand::Lognormal(a) => {
             let l = match (a.shape, a.scale, a.mean, a.sd) {
@@ -274,10 +306,7 @@ fn dispatch(cmd: TableCommand) -> Result<(), TableError> {
                     ))
                 }
             };
-            emit(
-                &make_table(&Dist::LogNormal(l), a.out.format.kind())?,
-                &a.out.output,
-            )
+            emit_dist(&Dist::LogNormal(l), &a.out)
         }
         TableCommand::Uniform(a) => emit_dist(&Dist::Uniform { mean_ns: a.mean.ns }, &a.out),
         TableCommand::Constant(a) => emit_dist(
@@ -339,8 +368,26 @@ fn netem_dist(
     emit_dist(&dist, &a.out)
 }
 
+/// Makes and writes the table of `dist`, unless it misses the distribution's mean or sd
+/// beyond the tolerances (then refused, or with --allow-approx written with a warning on
+/// stderr and in its header).
 fn emit_dist(dist: &Dist, out: &OutputArgs) -> Result<(), TableError> {
-    emit(&make_table(dist, out.format.kind())?, &out.output)
+    let mut table = make_table(dist, out.format.kind())?;
+    if let Err(short) = check_moments(dist, &table) {
+        if !out.allow_approx {
+            return Err(TableError::new(format!(
+                "{}: {short}; not written (--allow-approx writes it)",
+                dist.describe()
+            )));
+        }
+        eprintln!("ibjitter table: warning: {short}; written as asked (--allow-approx)");
+        // Before the summary and made-by lines, which end every header.
+        let at = table.comments.len().saturating_sub(2);
+        table
+            .comments
+            .insert(at, format!("approximate (--allow-approx): {short}"));
+    }
+    emit(&table, &out.output)
 }
 
 /// Writes a table to the file, or to standard output.

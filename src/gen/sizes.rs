@@ -46,8 +46,9 @@ impl SizeDist {
     /// between), `#` comments and blank lines skipped; probabilities in 0..1, or in percent
     /// when the last one is 100.
     pub fn cdf_file(path: &Path) -> Result<SizeDist, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the size CDF {}: {e}", path.display()))?;
+        let text =
+            crate::table::input::read_text(path, "the size CDF", crate::table::input::LIMITS)
+                .map_err(|e| e.to_string())?;
         let at = |line: usize, what: String| format!("{}:{line}: {what}", path.display());
         let mut points = Vec::new();
         let mut last_line = 0;
@@ -72,6 +73,15 @@ impl SizeDist {
                 .ok()
                 .filter(|s: &f64| s.is_finite() && *s >= 0.0)
                 .ok_or_else(|| at(line_no, format!("expected a size in bytes, found {size:?}")))?;
+            if size > f64::from(u32::MAX) {
+                return Err(at(
+                    line_no,
+                    format!(
+                        "size {size} is larger than a message can be: at most {} bytes (4G - 1)",
+                        u32::MAX
+                    ),
+                ));
+            }
             let prob: f64 = prob
                 .parse()
                 .ok()

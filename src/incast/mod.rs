@@ -139,11 +139,7 @@ pub fn run_step(
     }
 
     // Senders: each reports JSON on stdout, read by a thread so a full pipe never blocks it.
-    let mut senders: Vec<(
-        Option<Child>,
-        Option<std::thread::JoinHandle<String>>,
-        SenderSummary,
-    )> = Vec::new();
+    let mut senders: Vec<(Option<Child>, Option<ReportReader>, SenderSummary)> = Vec::new();
     for (k, &(s, d)) in layout.pairs.iter().enumerate() {
         let (host, to) = (&cfg.hosts[s], &cfg.hosts[d]);
         let args: Vec<String> = [cfg.bin.clone(), "run".into()]
@@ -174,11 +170,7 @@ pub fn run_step(
         match launcher::spawn(&line, Stdio::null(), Stdio::piped(), stderr) {
             Ok(mut child) => {
                 let mut out = child.stdout.take().expect("piped stdout");
-                let reader = std::thread::spawn(move || {
-                    let mut s = String::new();
-                    let _ = out.read_to_string(&mut s);
-                    s
-                });
+                let reader = std::thread::spawn(move || read_report(&mut out, MAX_REPORT));
                 senders.push((Some(child), Some(reader), summary));
             }
             Err(e) => {
@@ -219,7 +211,7 @@ pub fn run_step(
     let mut reports = Vec::new();
     let mut summaries = Vec::new();
     for (k, (child, reader, mut summary)) in senders.into_iter().enumerate() {
-        let stdout = reader
+        let (stdout, too_large) = reader
             .map(|r| r.join().unwrap_or_default())
             .unwrap_or_default();
         if let Some(mut child) = child {
@@ -233,7 +225,12 @@ pub fn run_step(
             }
         }
         let report = serde_json::from_str::<RunReport>(&stdout).ok();
-        if report.is_none() && summary.status == "ok" {
+        if too_large && summary.status == "ok" {
+            summary.status = format!(
+                "its stdout went past {} MiB: not a report, not read",
+                MAX_REPORT >> 20
+            );
+        } else if report.is_none() && summary.status == "ok" {
             summary.status = "no report on stdout".into();
         }
         if summary.status != "ok" {
@@ -325,9 +322,64 @@ fn unix_ns(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// The last `n` lines of a log file, for the report.
+/// The thread reading a sender's stdout: [`read_report`]'s answer.
+type ReportReader = std::thread::JoinHandle<(String, bool)>;
+
+/// The most of a sender's stdout read: its JSON report, time series included, takes tens of
+/// MB for an hour's run of thousands of flows; anything past this is not one.
+const MAX_REPORT: u64 = 256 << 20;
+
+/// A sender's stdout, up to `max` bytes, and whether it went past them (the rest is read and
+/// dropped, so that the sender never blocks on a full pipe).
+fn read_report(out: &mut impl Read, max: u64) -> (String, bool) {
+    let mut bytes = Vec::new();
+    let _ = out.by_ref().take(max + 1).read_to_end(&mut bytes);
+    let too_large = bytes.len() as u64 > max;
+    if too_large {
+        bytes = Vec::new();
+        let _ = std::io::copy(out, &mut std::io::sink());
+    }
+    (String::from_utf8(bytes).unwrap_or_default(), too_large)
+}
+
+/// The last `n` lines of a log file (within its last 64 KiB: a sender's log may be large), for
+/// the report.
 fn tail(path: &PathBuf, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    use std::io::{Seek, SeekFrom};
+    const TAIL_BYTES: u64 = 64 << 10;
+    let mut bytes = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map_or(0, |m| m.len());
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)));
+        let _ = f.take(TAIL_BYTES).read_to_end(&mut bytes);
+    }
+    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_senders_stdout_is_read_up_to_its_limit_and_drained() {
+        let (text, too_large) = read_report(&mut &b"{\"a\": 1}"[..], 16);
+        assert_eq!((text.as_str(), too_large), ("{\"a\": 1}", false));
+        let mut endless = std::io::repeat(b'x').take(1 << 20);
+        let (text, too_large) = read_report(&mut endless, 16);
+        assert_eq!((text.as_str(), too_large), ("", true));
+        // Drained to its end.
+        assert_eq!(endless.limit(), 0);
+    }
+
+    #[test]
+    fn the_tail_of_a_log_is_its_last_lines() {
+        let p = std::env::temp_dir().join(format!("ibjitter-incast-tail-{}", std::process::id()));
+        let mut text = "x".repeat(200 << 10);
+        text.push_str("\na\nb\nc\n");
+        std::fs::write(&p, &text).unwrap();
+        assert_eq!(tail(&p, 2), "b\nc");
+        let _ = std::fs::remove_file(&p);
+    }
 }

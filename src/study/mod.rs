@@ -7,12 +7,14 @@
 //! - [`plan`]: configurations and the order of runs (a pure function of the seed).
 //! - [`tables`]: the tables as configurations (files, or a generated mean-preserving family).
 //! - [`runner`]: one run: environment, congestor, wall time, metric, what was injected.
+//! - [`output`]: a run's output read for its metric from the end, in bounded memory.
 //! - [`record`]: `study.csv`, appended as runs finish; read back to resume.
 //! - [`stats`], [`summary`]: the figures and the verdict, from the rows alone.
 //!
 //! Results directory: `plan.json`, `study.csv`, `runs/` (each run's output and the injector's
 //! stats), `tables/` (generated tables), and `summary.md`, `summary.json`, `*.svg`
 //! (`report::export::study`).
+pub mod output;
 pub mod plan;
 pub mod record;
 pub mod runner;
@@ -27,6 +29,20 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
 use summary::Summary;
+
+/// Reads a file of a study's directory within the limits of every reader of user files
+/// ([`crate::table::input::LIMITS`]); `None` if there is no such file.
+pub(crate) fn read_if_present(path: &Path, what: &str) -> Result<Option<String>, String> {
+    use crate::table::input;
+    if let Err(e) = std::fs::symlink_metadata(path) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Ok(None);
+        }
+    }
+    input::read_text(path, what, input::LIMITS)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
 
 /// How a study ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,22 +60,18 @@ pub enum Ending {
 pub fn open(plan: &Plan, dir: &Path) -> Result<Vec<Row>, String> {
     std::fs::create_dir_all(dir.join("runs")).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join("plan.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let stored: Plan = serde_json::from_str(&text)
-                .map_err(|e| format!("{}: not a study's plan: {e}", path.display()))?;
-            let d = plan.differences(&stored);
-            if !d.is_empty() {
-                return Err(format!(
-                    "{} holds another study (it differs in {}): continue it with the same \
-                     arguments, or give a new --out",
-                    dir.display(),
-                    d.join("; ")
-                ));
-            }
+    if let Some(text) = read_if_present(&path, "a study's plan")? {
+        let stored: Plan = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not a study's plan: {e}", path.display()))?;
+        let d = plan.differences(&stored);
+        if !d.is_empty() {
+            return Err(format!(
+                "{} holds another study (it differs in {}): continue it with the same \
+                 arguments, or give a new --out",
+                dir.display(),
+                d.join("; ")
+            ));
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("{}: {e}", path.display())),
     }
     let text = serde_json::to_string_pretty(plan).map_err(|e| e.to_string())?;
     std::fs::write(&path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;

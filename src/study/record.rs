@@ -149,10 +149,8 @@ impl Row {
 /// Reads the rows a study has written (none if the file does not exist). A last line without
 /// its newline is a run torn by a crash: dropped, and the file cut back to the rows kept.
 pub fn load(path: &Path) -> Result<Vec<Row>, String> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+    let Some(text) = super::read_if_present(path, "a study's CSV")? else {
+        return Ok(Vec::new());
     };
     let complete = match text.rfind('\n') {
         Some(i) => &text[..=i],

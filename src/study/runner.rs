@@ -3,6 +3,8 @@
 //! wall time, the metric read from its output, and what the injector reports it delayed.
 //! The program runs in a process group of its own, so Ctrl-C and time-outs reach everything
 //! it started (an `mpirun`'s ranks too), and only through us.
+pub use super::output::last_match;
+use super::output::last_match_in_file;
 use super::plan::{Configuration, Perturbation, Plan, Slot};
 use super::record::Row;
 use crate::gen::stop::StopToken;
@@ -179,13 +181,13 @@ impl Runner {
         };
         row.wall_s = wall;
         row.exit = describe(status);
-        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        // Read from the log's end, in bounded memory: the output is never held whole.
         row.metric = match &self.metric {
             None => wall,
-            Some(re) => last_match(re, &output),
+            Some(re) => last_match_in_file(re, &log),
         };
         if let Some(re) = &self.tail_metric {
-            row.tail_metric = last_match(re, &output);
+            row.tail_metric = last_match_in_file(re, &log);
         }
         if matches!(config.perturbation, Perturbation::Table { .. }) {
             let (delayed, mean_us) = injected(&self.runs_dir, slot.index);
@@ -301,17 +303,6 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// The last match's first capture group (or the whole match) as a number; NaN if none.
-pub fn last_match(re: &Regex, text: &str) -> f64 {
-    re.captures_iter(text)
-        .filter_map(|c| {
-            let m = c.get(1).or_else(|| c.get(0))?;
-            m.as_str().trim().parse::<f64>().ok()
-        })
-        .last()
-        .unwrap_or(f64::NAN)
-}
-
 /// Sends delayed and the mean delay drawn (µs) over the stats files of run `index`.
 pub fn injected(runs_dir: &Path, index: usize) -> (u64, f64) {
     let prefix = format!("{index:04}.stats.");
@@ -324,7 +315,11 @@ pub fn injected(runs_dir: &Path, index: usize) -> (u64, f64) {
         if !(name.starts_with(&prefix) && name.ends_with(".json")) {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(e.path()) else {
+        let Ok(text) = crate::table::input::read_text(
+            &e.path(),
+            "the injector's stats",
+            crate::table::input::LIMITS,
+        ) else {
             continue;
         };
         let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text) else {

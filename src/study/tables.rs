@@ -64,8 +64,12 @@ impl FamilyBase {
         match self {
             FamilyBase::Given(l) => Ok((*l, format!("the lognormal {}", l.describe()))),
             FamilyBase::Fit(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let text = crate::table::input::read_text(
+                    path,
+                    "a fit (`ibjitter table fit --json` output)",
+                    crate::table::input::LIMITS,
+                )
+                .map_err(|e| e.to_string())?;
                 let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
                     format!(
                         "{}: not JSON (expected `ibjitter table fit --json` output): {e}",

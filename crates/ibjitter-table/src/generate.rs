@@ -3,7 +3,7 @@
 //! Every table records in its header how it was made.
 
 use super::dist::Dist;
-use super::duration::{format_ns, format_ns_rounded};
+use super::duration::{format_ns, format_ns_rounded, format_short};
 use super::format::{Kind, Table, ENTRIES};
 use super::netem;
 use super::stats::Stats;
@@ -156,6 +156,86 @@ pub fn make_table(dist: &Dist, kind: Kind) -> Result<Table, TableError> {
     }
 }
 
+/// How far an absolute table's mean may be from its distribution's mean, as a fraction of it.
+pub const MEAN_TOLERANCE: f64 = 0.05;
+/// How far an absolute table's sd may be from its distribution's sd, as a fraction of it.
+/// Wider than the mean's: 4096 stratified quantiles leave out the far tail, so a table's sd is
+/// always somewhat below a skewed distribution's.
+pub const SD_TOLERANCE: f64 = 0.10;
+
+/// An absolute table whose mean or sd is beyond [`MEAN_TOLERANCE`] / [`SD_TOLERANCE`] of what
+/// its distribution asked: the far tail (a large shape or sd) does not fit in 4096 quantiles,
+/// or rounding and clamping to whole non-negative nanoseconds moved it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shortfall {
+    pub asked_mean_ns: f64,
+    pub achieved_mean_ns: f64,
+    /// `None` where the distribution has no closed-form sd (then only the mean is checked).
+    pub asked_sd_ns: Option<f64>,
+    pub achieved_sd_ns: f64,
+}
+
+impl std::fmt::Display for Shortfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let off = |achieved: f64, asked: f64| {
+            if asked == 0.0 {
+                String::new()
+            } else {
+                format!(", {:+.1} %", 100.0 * (achieved / asked - 1.0))
+            }
+        };
+        write!(
+            f,
+            "the table's mean is {} (asked {}{})",
+            format_short(self.achieved_mean_ns),
+            format_short(self.asked_mean_ns),
+            off(self.achieved_mean_ns, self.asked_mean_ns)
+        )?;
+        match self.asked_sd_ns {
+            Some(sd) => write!(
+                f,
+                ", its sd {} (asked {}{})",
+                format_short(self.achieved_sd_ns),
+                format_short(sd),
+                off(self.achieved_sd_ns, sd)
+            )?,
+            None => write!(f, ", its sd {}", format_short(self.achieved_sd_ns))?,
+        }
+        write!(
+            f,
+            "; a 4096-quantile table meets a mean within {:.0} % and an sd within {:.0} %",
+            MEAN_TOLERANCE * 100.0,
+            SD_TOLERANCE * 100.0
+        )
+    }
+}
+
+/// Whether an absolute table of `dist` carries the mean and sd the distribution has, within
+/// the tolerances. Netem tables are normalized (their moments are given at use): not checked.
+pub fn check_moments(dist: &Dist, table: &Table) -> Result<(), Shortfall> {
+    if table.kind != Kind::Absolute {
+        return Ok(());
+    }
+    let Some(asked_mean) = dist.mean() else {
+        return Ok(());
+    };
+    let asked_sd = dist.sd();
+    let st = Stats::of_i64(&table.entries);
+    let within =
+        |achieved: f64, asked: f64, tol: f64| (achieved - asked).abs() <= tol * asked.abs();
+    let mean_ok = within(st.mean, asked_mean, MEAN_TOLERANCE);
+    let sd_ok = asked_sd.is_none_or(|sd| within(st.sd, sd, SD_TOLERANCE));
+    if mean_ok && sd_ok {
+        return Ok(());
+    }
+    Err(Shortfall {
+        asked_mean_ns: asked_mean,
+        achieved_mean_ns: st.mean,
+        asked_sd_ns: asked_sd,
+        achieved_sd_ns: st.sd,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,5 +296,48 @@ mod tests {
         let t = make_table(&Dist::Uniform { mean_ns: 6600.0 }, Kind::Absolute).unwrap();
         assert!(t.entries.iter().all(|&e| e == 6600));
         assert!(make_table(&Dist::Uniform { mean_ns: -1.0 }, Kind::Absolute).is_err());
+    }
+
+    #[test]
+    fn moments_a_table_cannot_hold_are_reported() {
+        // The cases: sd 1000 x the mean loses the tail; 1e30 s leaves only zeros.
+        for (mean, sd) in [(10e3, 10e6), (10e3, 1e39)] {
+            let d = Dist::LogNormal(LogNormal::from_mean_sd(mean, sd, 0.0).unwrap());
+            let t = make_table(&d, Kind::Absolute).unwrap();
+            let short = check_moments(&d, &t).unwrap_err();
+            assert!((short.asked_mean_ns - mean).abs() < 1e-6 * mean);
+            assert!(short.achieved_mean_ns < 0.95 * mean, "{short}");
+            assert!(short.to_string().contains("(asked 10.0"), "{short}");
+        }
+        // An ordinary lognormal and the iproute2 shapes are met.
+        let d = Dist::LogNormal(LogNormal::from_mean_sd(10e3, 5e3, 0.0).unwrap());
+        assert_eq!(
+            check_moments(&d, &make_table(&d, Kind::Absolute).unwrap()),
+            Ok(())
+        );
+        for d in [
+            Dist::Exponential {
+                mean_ns: 10e3,
+                loc_ns: 2e3,
+            },
+            Dist::Normal {
+                mu_ns: 10e3,
+                sigma_ns: 2e3,
+            },
+            Dist::Pareto {
+                mu_ns: 10e3,
+                sigma_ns: 2e3,
+            },
+            Dist::Uniform { mean_ns: 6600.0 },
+        ] {
+            let t = make_table(&d, Kind::Absolute).unwrap();
+            assert_eq!(check_moments(&d, &t), Ok(()), "{}", d.describe());
+        }
+        // Clamping a normal's negative half moves its mean.
+        let d = Dist::Normal {
+            mu_ns: 0.0,
+            sigma_ns: 1000.0,
+        };
+        assert!(check_moments(&d, &make_table(&d, Kind::Absolute).unwrap()).is_err());
     }
 }

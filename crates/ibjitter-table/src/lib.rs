@@ -2,6 +2,7 @@
 //!
 //! - [`format`]: reading and writing tables (std only; the LD_PRELOAD shim uses just this).
 //! - [`duration`]: durations with units (`6.1us`) to and from nanoseconds (std only).
+//! - [`input`]: bounded reading of the text files a user names (std only).
 //!
 //! With the `generate` feature (default):
 //! - [`dist`]: distributions and their quantile functions.
@@ -26,6 +27,7 @@ pub mod fit;
 pub mod format;
 #[cfg(feature = "generate")]
 pub mod generate;
+pub mod input;
 #[cfg(feature = "generate")]
 pub mod netem;
 #[cfg(feature = "generate")]

@@ -322,28 +322,22 @@ pub fn read_samples(path: &Path, unit: Option<Unit>) -> Result<Samples, ParseErr
     parse_samples(&text, &origin, unit)
 }
 
-/// A text file and its name for messages; `what` names the contents in the I/O error. An
-/// invalid UTF-8 byte is reported at its line and column.
+/// A text file read within [`crate::input::LIMITS`], and its name for messages; `what` names
+/// the contents in errors. An invalid UTF-8 byte is reported at its line and column.
 pub(crate) fn read_text(path: &Path, what: &str) -> Result<(String, String), ParseError> {
     let origin = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| ParseError {
-        kind: ErrorKind::Io,
-        origin: origin.clone(),
-        line: 0,
-        col: 0,
-        message: format!("cannot read {what}: {e}"),
-    })?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        let bytes = e.as_bytes();
-        let good = std::str::from_utf8(&bytes[..e.utf8_error().valid_up_to()]).unwrap_or_default();
-        ParseError {
-            kind: ErrorKind::Syntax,
+    let text =
+        crate::input::read_text(path, what, crate::input::LIMITS).map_err(|e| ParseError {
+            kind: if e.io {
+                ErrorKind::Io
+            } else {
+                ErrorKind::Syntax
+            },
             origin: origin.clone(),
-            line: good.matches('\n').count() + 1,
-            col: good.rsplit('\n').next().unwrap_or("").chars().count() + 1,
-            message: "expected text (UTF-8), found an invalid byte".to_string(),
-        }
-    })?;
+            line: e.line,
+            col: e.col,
+            message: e.message,
+        })?;
     Ok((origin, text))
 }
 
