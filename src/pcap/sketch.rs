@@ -17,7 +17,8 @@ pub const MAX_GAP_NS: u64 = 1 << 36;
 /// Mantissa bits of HdrHistogram's 3-digit buckets: 2048 exact values, then 1024 buckets per
 /// power of two.
 const FULL_BITS: u32 = 10;
-/// A bucket's key in the top 16 bits of an entry, its count in the rest.
+/// A bucket's key in the top 16 bits of an entry, its count in the rest: 2^48 gaps in one
+/// bucket of one flow would take three weeks of minimum-size packets at 100 Gb/s, all captured.
 const COUNT_BITS: u32 = 48;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 
