@@ -15,8 +15,13 @@ use std::time::Duration;
 IPv6; capture with -i <interface>, not -i any) or ibdump (InfiniBand, ERF records). A flow is \
 (source, destination, destination QP). Bytes are BTH payload: what a WRITE or SEND moved, \
 without headers, pad and ICRC; wire bytes are whole frames.\n\n\
-Exit status: 0 analysed (a truncated last packet is reported, not fatal); 2 the file cannot be \
-read or is not a supported capture."
+Memory is bounded: at most about 2 KiB per flow (with the default IPD table), and flows beyond \
+--max-flows are added up in one \"(other flows)\" row. Timestamps going backwards (merged or \
+multi-queue captures) are counted and reported; times and gaps are then read on a monotonic \
+view (see the report's \"timestamps\").\n\n\
+Exit status: 0 analysed (a truncated last packet, flows added up beyond --max-flows and \
+timestamps going backwards are reported on stderr and in the report, not fatal); 2 the file \
+cannot be read or is not a supported capture."
 )]
 pub struct PcapArgs {
     /// The capture (pcap or pcapng)
@@ -46,6 +51,11 @@ pub struct PcapArgs {
     /// Write SVG plots into this directory: ipd.svg, throughput.svg
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Flows analysed one by one (in order of first appearance); later ones are added up in
+    /// one "(other flows)" row [default: as many as ~1 GiB holds at their bound: 1 GiB / 2 KiB
+    /// with the default IPD table, fewer with a longer one]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_flows: Option<u32>,
 }
 
 pub fn run(a: PcapArgs) -> i32 {
@@ -64,6 +74,7 @@ fn analyse(a: &PcapArgs) -> Result<(), String> {
         ipd_bin_ns: a.ipd_bin.as_nanos().max(1) as u64,
         ipd_bins: a.ipd_bins as usize,
         interval_ns: keep_series.then(|| a.interval.as_nanos().max(1) as u64),
+        max_flows: a.max_flows.map(|n| n as usize),
     };
     let (analysis, read) = analyze_file(&a.file, options)?;
     let report = PcapReport::new(&a.file, &analysis, &read);
@@ -91,6 +102,7 @@ fn analyse(a: &PcapArgs) -> Result<(), String> {
         let data: Vec<(u32, &[u64])> = analysis
             .flows
             .iter()
+            .chain(analysis.other.as_ref())
             .enumerate()
             .filter(|(_, f)| f.is_data())
             .map(|(i, f)| (i as u32, f.series.as_slice()))
@@ -106,8 +118,32 @@ fn analyse(a: &PcapArgs) -> Result<(), String> {
             eprintln!("ibjitter pcap: wrote {}", p.display());
         }
     }
+    let name = a.file.display();
     if let Some(t) = &read.truncated {
-        eprintln!("ibjitter pcap: {}: {t}", a.file.display());
+        eprintln!("ibjitter pcap: {name}: {t}");
+    }
+    if report.aggregated_flows > 0 {
+        eprintln!(
+            "ibjitter pcap: {name}: more than {} flows: {}{} later flows added up in one \
+             \"{}\" row (raise --max-flows to see them one by one; each takes up to {} bytes)",
+            report.max_flows,
+            if report.aggregated_flows_exact {
+                ""
+            } else {
+                "at least "
+            },
+            report.aggregated_flows,
+            ibjitter::report::pcap::OTHER_FLOWS,
+            ibjitter::pcap::flows::flow_state_bound(&options),
+        );
+    }
+    if report.backwards_timestamps > 0 {
+        eprintln!(
+            "ibjitter pcap: {name}: {} RoCE packets stamped before a packet read earlier \
+             (merged or multi-queue capture): duration from the earliest stamp to the latest, \
+             flows' times and gaps on a monotonic view (see \"timestamps\" in the report)",
+            report.backwards_timestamps
+        );
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! interval and hands every closed one to one writer thread, which merges the threads' parts
 //! and writes an interval as soon as every thread has moved past it. So a 24-hour run holds
 //! what a 10-second run holds: a few intervals in flight, never the whole run.
-use super::stats::new_histogram;
+use super::histogram::{new_histogram, record};
 use crossbeam::channel::{Receiver, Sender};
 use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
@@ -114,7 +114,7 @@ impl Sink {
             s.bytes[index] += bytes;
         }
         if let (Some(l), Some(latency)) = (&mut self.latency, latency_ns) {
-            super::stats::record(&mut l.hist, latency);
+            record(&mut l.hist, latency);
         }
     }
 

@@ -13,6 +13,7 @@ pub mod cm;
 pub mod cpus;
 pub mod drive;
 pub mod fct;
+pub mod histogram;
 pub mod intervals;
 pub mod ops;
 pub mod pacing;

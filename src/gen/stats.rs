@@ -1,19 +1,10 @@
 //! What one flow measured: operation and byte counts (all, and in the steady-state window), a
 //! latency histogram, bytes per time-series interval when kept, and why it ended if it ended
 //! early; and per thread, by op type ([`OpTally`]).
+pub use super::histogram::{new_histogram, record};
 use super::intervals::Sink;
 use super::ops::Op;
-use hdrhistogram::{Counter, Histogram};
-
-/// Latency histograms: 1 ns resolution at 3 significant digits, starting at the smallest
-/// range and growing to the largest latency seen. Allocated for 1 ns .. 1 hour up front, each
-/// took 33,792 counters (264 KiB): most of the memory of a 1,000-flow run. Growing costs an
-/// allocation at most once per doubling of a flow's maximum latency.
-pub fn new_histogram<T: Counter>() -> Histogram<T> {
-    let mut h = Histogram::new_with_bounds(1, 2, 3).expect("valid histogram bounds");
-    h.auto(true);
-    h
-}
+use hdrhistogram::Histogram;
 
 /// One flow's latencies: 1 significant digit (HdrHistogram's 16 sub-buckets per power of two:
 /// each value within 1/16, 6.25 %), 1 ns to 100 s, 32-bit counters, allocated once: 544
@@ -30,15 +21,6 @@ pub const FLOW_HISTOGRAM_MAX_NS: u64 = 100_000_000_000;
 
 pub fn new_flow_histogram() -> FlowHistogram {
     Histogram::new_with_bounds(1, FLOW_HISTOGRAM_MAX_NS, 1).expect("valid histogram bounds")
-}
-
-/// Records one latency, growing the histogram to fit it where it can grow. (`saturating_record`
-/// would clamp to the current range instead of growing.) Beyond its limits, it saturates.
-pub fn record<T: Counter>(h: &mut Histogram<T>, latency_ns: u64) {
-    let v = latency_ns.max(1);
-    if h.record(v).is_err() {
-        h.saturating_record(v);
-    }
 }
 
 pub struct FlowStats {

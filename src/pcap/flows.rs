@@ -1,16 +1,51 @@
 //! Per-flow accounting of decoded packets. A flow is (source, destination, destination QP):
 //! one direction of one connection. Each packet costs O(1) work and no allocation once its flow
 //! exists, so memory grows with the number of flows (and time-series intervals), never with
-//! the number of packets.
+//! the number of packets; and flows beyond [`Options::max_flows`] are added up in one "other
+//! flows" aggregate, so it is bounded too (at most [`flow_state_bound`] bytes per flow).
+//!
+//! Timestamps are taken as they come, but a packet stamped before one read earlier (a merged
+//! or multi-queue capture) is counted ([`Totals::backwards`], [`Flow::backwards`]): each
+//! flow's first and last time are its earliest and latest stamps, the capture's duration runs
+//! from the earliest to the latest, and gaps are taken on each stream's monotonic view (see
+//! [`Ipd::packet`]).
 use super::decode::{self, AckKind, Addr, LinkControl, LinkControlKind, Packet};
 use super::ipd::Ipd;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::BuildHasher;
 
 /// PSNs are 24-bit and wrap.
 const PSN_MOD: u32 = 1 << 24;
 /// Time-series intervals kept per flow (8 MiB of counters): a bogus timestamp far in the future
 /// must not allocate for every interval up to it.
 pub const MAX_SERIES_INTERVALS: usize = 1 << 20;
+/// Distinct opcodes counted per flow; packets of further ones count in
+/// [`OpcodeCounts::other`] (a requester mixing every verb uses about 15).
+pub const OPCODES_PER_FLOW: usize = 16;
+/// The flow state [`default_max_flows`] aims at.
+pub const FLOW_STATE_BUDGET: usize = 1 << 30;
+/// Aggregated flows counted exactly up to this many (a set of 64-bit hashes, 72 MB at most);
+/// beyond, the count is a lower bound and says so.
+pub const AGGREGATED_EXACT_LIMIT: usize = 1 << 22;
+
+/// Bytes one tracked flow holds at most with these options, everything counted: the flow,
+/// its index entry (a hash table may be 7/16 full, a control byte per slot), its opcode list, and both gap streams'
+/// table and sketch (and allocator headers). Not its time series (with `interval_ns`), which
+/// grows with the capture's length.
+pub fn flow_state_bound(o: &Options) -> usize {
+    const MALLOC: usize = 16;
+    let flow = std::mem::size_of::<Flow>() * 9 / 8; // the flows' Vec grows by 1/8
+    let index = (std::mem::size_of::<(FlowKey, u32)>() + 1) * 16 / 7;
+    let opcodes = OPCODES_PER_FLOW * std::mem::size_of::<(u8, u64)>() + MALLOC;
+    let gaps = 2 * (Ipd::compact_bound(o.ipd_bins) + 2 * MALLOC);
+    flow + index + opcodes + gaps
+}
+
+/// `--max-flows` by default: as many flows as [`FLOW_STATE_BUDGET`] holds at their bound.
+pub fn default_max_flows(o: &Options) -> usize {
+    (FLOW_STATE_BUDGET / flow_state_bound(o)).max(1)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlowKey {
@@ -27,6 +62,9 @@ pub struct Options {
     pub ipd_bins: usize,
     /// Time-series interval for per-flow payload bytes; `None` keeps no series.
     pub interval_ns: Option<u64>,
+    /// Flows tracked one by one, in order of first appearance; later ones are added up in
+    /// one "other flows" aggregate. `None`: [`default_max_flows`].
+    pub max_flows: Option<usize>,
 }
 
 impl Default for Options {
@@ -35,7 +73,50 @@ impl Default for Options {
             ipd_bin_ns: 1000,
             ipd_bins: super::ipd::DEFAULT_BINS,
             interval_ns: None,
+            max_flows: None,
         }
+    }
+}
+
+impl Options {
+    pub fn max_flows(&self) -> usize {
+        // Flows are indexed by u32.
+        self.max_flows
+            .unwrap_or_else(|| default_max_flows(self))
+            .min(u32::MAX as usize)
+    }
+}
+
+/// Packets per BTH opcode, for the first [`OPCODES_PER_FLOW`] distinct opcodes of a flow.
+#[derive(Debug, Clone, Default)]
+pub struct OpcodeCounts {
+    counts: Vec<(u8, u64)>,
+    /// Packets of opcodes beyond the first [`OPCODES_PER_FLOW`] distinct ones.
+    pub other: u64,
+}
+
+impl OpcodeCounts {
+    fn add(&mut self, opcode: u8, n: u64) {
+        if let Some(c) = self.counts.iter_mut().find(|c| c.0 == opcode) {
+            c.1 += n;
+        } else if self.counts.len() < OPCODES_PER_FLOW {
+            if self.counts.len() == self.counts.capacity() {
+                let want = (self.counts.len() * 2).clamp(2, OPCODES_PER_FLOW);
+                self.counts.reserve_exact(want - self.counts.len());
+            }
+            self.counts.push((opcode, n));
+        } else {
+            self.other += n;
+        }
+    }
+
+    pub fn get(&self, opcode: &u8) -> Option<&u64> {
+        self.counts.iter().find(|c| c.0 == *opcode).map(|c| &c.1)
+    }
+
+    /// (opcode, packets), in order of first appearance.
+    pub fn iter(&self) -> impl Iterator<Item = (u8, u64)> + '_ {
+        self.counts.iter().copied()
     }
 }
 
@@ -51,10 +132,13 @@ pub struct Flow {
     /// Payload carried by retransmitted packets (so `payload_bytes - retransmitted_bytes` is
     /// what the application moved).
     pub retransmitted_bytes: u64,
+    /// The flow's earliest and latest timestamps.
     pub first_ns: u64,
     pub last_ns: u64,
+    /// Packets stamped before an earlier packet of the flow.
+    pub backwards: u64,
     /// Packets per BTH opcode.
-    pub opcodes: BTreeMap<u8, u64>,
+    pub opcodes: OpcodeCounts,
     pub requests: u64,
     pub responses: u64,
     pub ack_requests: u64,
@@ -96,7 +180,8 @@ impl Flow {
             retransmitted_bytes: 0,
             first_ns: ts_ns,
             last_ns: ts_ns,
-            opcodes: BTreeMap::new(),
+            backwards: 0,
+            opcodes: OpcodeCounts::default(),
             requests: 0,
             responses: 0,
             ack_requests: 0,
@@ -110,8 +195,8 @@ impl Flow {
             becn: 0,
             cnps: 0,
             undecoded_opcodes: 0,
-            ipd_requests: Ipd::new(o.ipd_bin_ns, o.ipd_bins),
-            ipd_responses: Ipd::new(o.ipd_bin_ns, o.ipd_bins),
+            ipd_requests: Ipd::compact(o.ipd_bin_ns, o.ipd_bins),
+            ipd_responses: Ipd::compact(o.ipd_bin_ns, o.ipd_bins),
             series: Vec::new(),
             next_psn: None,
             psn_jump_allowed: false,
@@ -169,8 +254,13 @@ pub struct Totals {
     /// Frames that looked like RoCE but could not be decoded; the first reason is kept.
     pub undecodable: u64,
     pub first_undecodable: Option<String>,
+    /// The first RoCE packet's timestamp (the time series' origin), the earliest and the
+    /// latest.
     pub first_ns: Option<u64>,
+    pub earliest_ns: u64,
     pub last_ns: u64,
+    /// RoCE packets stamped before a packet read earlier (merged or multi-queue captures).
+    pub backwards: u64,
     /// Payload packets later than [`MAX_SERIES_INTERVALS`] intervals, left out of the series.
     pub beyond_series: u64,
     /// Link-level flow control seen: 802.3x PAUSE frames, 802.1Qbb PFC frames, and per
@@ -195,8 +285,15 @@ pub struct Signals {
 /// Accumulates packets into flows.
 pub struct Analyzer {
     options: Options,
-    index: HashMap<FlowKey, usize>,
+    max_flows: usize,
+    index: HashMap<FlowKey, u32>,
     flows: Vec<Flow>,
+    /// Flows beyond `max_flows`, added up; and their keys' hashes, to count them.
+    other: Option<Flow>,
+    aggregated: HashSet<u64>,
+    aggregated_flows: u64,
+    aggregated_exact: bool,
+    hasher: RandomState,
     /// Gaps between consecutive RoCE packets on the captured link, whatever their flow.
     overall: Ipd,
     totals: Totals,
@@ -205,8 +302,14 @@ pub struct Analyzer {
 
 /// The result of an analysis.
 pub struct Analysis {
-    /// In order of first appearance.
+    /// In order of first appearance, at most `max_flows`.
     pub flows: Vec<Flow>,
+    /// The flows beyond `max_flows`, added up (no PSN checks: their sequences differ).
+    pub other: Option<Flow>,
+    /// How many flows `other` adds up; a lower bound unless `aggregated_exact`.
+    pub aggregated_flows: u64,
+    pub aggregated_exact: bool,
+    pub max_flows: usize,
     pub overall: Ipd,
     pub totals: Totals,
     /// Congestion signals per time-series interval (with `interval_ns` only).
@@ -218,8 +321,14 @@ impl Analyzer {
     pub fn new(options: Options) -> Analyzer {
         Analyzer {
             options,
+            max_flows: options.max_flows(),
             index: HashMap::new(),
             flows: Vec::new(),
+            other: None,
+            aggregated: HashSet::new(),
+            aggregated_flows: 0,
+            aggregated_exact: true,
+            hasher: RandomState::new(),
             overall: Ipd::new(options.ipd_bin_ns, options.ipd_bins),
             totals: Totals::default(),
             signals: Vec::new(),
@@ -293,7 +402,18 @@ impl Analyzer {
         let t = &mut self.totals;
         t.roce += 1;
         t.roce_ip += p.ecn.is_some() as u64;
-        let start = *t.first_ns.get_or_insert(ts_ns);
+        let start = match t.first_ns {
+            None => {
+                t.first_ns = Some(ts_ns);
+                t.earliest_ns = ts_ns;
+                ts_ns
+            }
+            Some(start) => {
+                t.backwards += (ts_ns < t.last_ns) as u64;
+                t.earliest_ns = t.earliest_ns.min(ts_ns);
+                start
+            }
+        };
         t.last_ns = t.last_ns.max(ts_ns);
         self.overall.packet(ts_ns);
 
@@ -302,17 +422,44 @@ impl Analyzer {
             dst: p.dst,
             dest_qp: p.bth.dest_qp,
         };
-        let options = &self.options;
-        let flows = &mut self.flows;
-        let i = *self.index.entry(key).or_insert_with(|| {
-            flows.push(Flow::new(key, ts_ns, options));
-            flows.len() - 1
-        });
-        let f = &mut self.flows[i];
+        let (f, tracked) = match self.index.get(&key) {
+            Some(&i) => (&mut self.flows[i as usize], true),
+            None if self.flows.len() < self.max_flows => {
+                if self.flows.len() == self.flows.capacity() {
+                    // By an eighth, not doubling: up to half the flows' memory was slack.
+                    self.flows.reserve_exact((self.flows.len() / 8).max(64));
+                }
+                self.index.insert(key, self.flows.len() as u32);
+                self.flows.push(Flow::new(key, ts_ns, &self.options));
+                (self.flows.last_mut().expect("just pushed"), true)
+            }
+            None => {
+                if self.aggregated_exact {
+                    if self.aggregated.insert(self.hasher.hash_one(key)) {
+                        self.aggregated_flows += 1;
+                    }
+                    if self.aggregated.len() >= AGGREGATED_EXACT_LIMIT {
+                        // From here on, only a lower bound: the set is freed.
+                        self.aggregated_exact = false;
+                        self.aggregated = HashSet::new();
+                    }
+                }
+                let options = &self.options;
+                (
+                    self.other
+                        .get_or_insert_with(|| Flow::new(key, ts_ns, options)),
+                    false,
+                )
+            }
+        };
         f.packets += 1;
         f.wire_bytes += wire_len as u64;
+        if ts_ns < f.last_ns {
+            f.backwards += 1;
+        }
+        f.first_ns = f.first_ns.min(ts_ns);
         f.last_ns = f.last_ns.max(ts_ns);
-        *f.opcodes.entry(p.bth.opcode).or_insert(0) += 1;
+        f.opcodes.add(p.bth.opcode, 1);
         f.ack_requests += p.bth.ack_req as u64;
         let payload = match p.payload {
             Some(n) => n as u64,
@@ -344,7 +491,7 @@ impl Analyzer {
         } else {
             f.requests += 1;
             f.ipd_requests.packet(ts_ns);
-            if f.request_psn(p.bth.psn, p.bth.opcode) == Seq::Repeat {
+            if tracked && f.request_psn(p.bth.psn, p.bth.opcode) == Seq::Repeat {
                 f.retransmissions += 1;
                 f.retransmitted_bytes += payload;
             }
@@ -374,6 +521,10 @@ impl Analyzer {
     pub fn finish(self) -> Analysis {
         Analysis {
             flows: self.flows,
+            other: self.other,
+            aggregated_flows: self.aggregated_flows,
+            aggregated_exact: self.aggregated_exact,
+            max_flows: self.max_flows,
             overall: self.overall,
             totals: self.totals,
             signals: self.signals,
@@ -515,5 +666,85 @@ mod tests {
         assert_eq!((r.flows[1].naks, r.flows[1].responses), (1, 1));
         assert!(!r.flows[1].is_data());
         assert_eq!(r.overall.count(), 2);
+    }
+
+    #[test]
+    fn a_flow_holds_at_most_2_kib_and_the_default_budget_is_1_gib() {
+        let o = Options::default();
+        let bound = flow_state_bound(&o);
+        eprintln!(
+            "flow {} B inline, bound {bound} B",
+            std::mem::size_of::<Flow>()
+        );
+        assert!(bound <= 2048, "{bound} bytes per flow");
+        assert_eq!(o.max_flows(), FLOW_STATE_BUDGET / bound);
+        // A flow at its worst: every opcode, both streams' gaps spread over every table
+        // interval and far beyond (its sketch coarsens instead of growing).
+        let mut a = Analyzer::new(o);
+        let mut t = 0;
+        for k in 0..20_000u64 {
+            t += (k * 7919) % 100_000 + k % 3 * 1_000_000_000;
+            let mut p = pkt(k as u8, 7, k as u32, 100);
+            if k % 2 == 0 {
+                p.bth.opcode = 0x11; // responses too
+            }
+            a.packet(t, &p, 178);
+        }
+        let r = a.finish();
+        let f = &r.flows[0];
+        let heap = f.ipd_requests.heap_bytes()
+            + f.ipd_responses.heap_bytes()
+            + f.opcodes.counts.capacity() * std::mem::size_of::<(u8, u64)>();
+        assert!(
+            std::mem::size_of::<Flow>() + heap <= bound,
+            "{} + {heap} bytes",
+            std::mem::size_of::<Flow>()
+        );
+        assert_eq!(f.opcodes.iter().count(), OPCODES_PER_FLOW);
+        assert_eq!(
+            f.opcodes.iter().map(|o| o.1).sum::<u64>() + f.opcodes.other,
+            20_000
+        );
+    }
+
+    #[test]
+    fn flows_beyond_the_limit_are_added_up_and_counted() {
+        let mut a = Analyzer::new(Options {
+            max_flows: Some(3),
+            ..Options::default()
+        });
+        for round in 0..2u32 {
+            for qp in 0..10u32 {
+                a.packet(u64::from(round * 10 + qp), &pkt(0x0a, qp, round, 100), 178);
+            }
+        }
+        let r = a.finish();
+        assert_eq!(r.flows.len(), 3);
+        assert_eq!((r.aggregated_flows, r.aggregated_exact), (7, true));
+        let other = r.other.as_ref().unwrap();
+        assert_eq!((other.packets, other.payload_bytes), (14, 1400));
+        // PSNs of different QPs are not one sequence: not checked.
+        assert_eq!((other.out_of_order, other.retransmissions), (0, 0));
+        assert_eq!(r.flows[2].packets, 2);
+    }
+
+    #[test]
+    fn timestamps_going_backwards_are_counted_and_read_monotonically() {
+        let mut a = Analyzer::new(Options::default());
+        // A merged capture: a second interface's packets from 5 µs on, after the first's
+        // up to 10 µs.
+        for (t, qp) in [(1000, 1), (10_000, 1), (5000, 2), (6000, 2), (11_000, 1)] {
+            a.packet(t, &pkt(0x0a, qp, t as u32, 100), 178);
+        }
+        let r = a.finish();
+        assert_eq!(r.totals.backwards, 2);
+        assert_eq!((r.totals.earliest_ns, r.totals.last_ns), (1000, 11_000));
+        assert_eq!(r.flows[1].backwards, 0, "each flow in order on its own");
+        assert_eq!((r.flows[1].first_ns, r.flows[1].last_ns), (5000, 6000));
+        // The link-wide gaps: 9 µs, then two backwards (0), then 1 µs from the latest (10 µs).
+        assert_eq!(r.overall.backwards, 2);
+        assert_eq!(r.overall.count(), 4);
+        let h = r.overall.histogram();
+        assert!(h.equivalent(h.max(), 9000), "{}", h.max());
     }
 }

@@ -1,9 +1,12 @@
 //! Inter-packet delay: the gap between consecutive packets of one stream, kept two ways — the
 //! fixed-width table of the IB packet-capture talk (interval, occurrences, percentage), which
 //! shows link pacing at a glance (2 µs per 2 KiB packet at 8 Gb/s, 4 µs when two senders
-//! share it), and an HdrHistogram for percentiles of the long tail.
+//! share it), and for percentiles of the long tail an HdrHistogram (the link-wide stream) or,
+//! per flow, a bounded [`GapSketch`] of the same buckets.
+use super::sketch::GapSketch;
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// Number of fixed-width intervals before the open-ended last one.
 pub const DEFAULT_BINS: usize = 50;
@@ -11,13 +14,70 @@ pub const DEFAULT_BINS: usize = 50;
 /// The gaps of one packet stream.
 #[derive(Debug, Clone)]
 pub struct Ipd {
-    last_ns: Option<u64>,
+    /// The latest timestamp so far: gaps are taken on this monotonic view, so a packet stamped
+    /// before it (merged or multi-queue captures) is a gap of 0, and the next gap runs from the
+    /// latest stamp, not from the stray one.
+    last_ns: u64,
+    /// No packet yet (`last_ns` unset).
+    idle: bool,
+    bin_count: u32,
     bin_ns: u64,
     /// `bins[k]` counts gaps in [k·bin, (k+1)·bin); the last one every gap beyond.
-    bins: Vec<u64>,
-    hist: Histogram<u64>,
+    bins: Bins,
+    gaps: Gaps,
     /// Gaps where the timestamp went backwards (merged multi-interface captures); recorded as 0.
     pub backwards: u64,
+}
+
+/// The table's counters. A flow's are allocated at its first gap (most flows of a many-flow
+/// capture have none) and are 32-bit until one would overflow (half the bytes per flow).
+#[derive(Debug, Clone)]
+enum Bins {
+    None,
+    Narrow(Box<[u32]>),
+    Wide(Box<[u64]>),
+}
+
+impl Bins {
+    fn add(&mut self, k: usize) {
+        match self {
+            Bins::Wide(b) => b[k] += 1,
+            Bins::Narrow(b) => match b[k].checked_add(1) {
+                Some(n) => b[k] = n,
+                None => {
+                    let mut wide: Box<[u64]> = b.iter().map(|&n| n as u64).collect();
+                    wide[k] += 1;
+                    *self = Bins::Wide(wide);
+                }
+            },
+            Bins::None => unreachable!("allocated before the first gap is counted"),
+        }
+    }
+
+    fn get(&self, k: usize) -> u64 {
+        match self {
+            Bins::Wide(b) => b[k],
+            Bins::Narrow(b) => b[k] as u64,
+            Bins::None => 0,
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Bins::Wide(b) => b.len() * 8,
+            Bins::Narrow(b) => b.len() * 4,
+            Bins::None => 0,
+        }
+    }
+}
+
+/// Where the percentiles come from.
+#[derive(Debug, Clone)]
+pub enum Gaps {
+    /// An auto-resizing 3-digit HdrHistogram (16-40 KiB): the link-wide stream.
+    Full(Box<Histogram<u64>>),
+    /// A flow's: the same buckets, at most a few hundred bytes.
+    Sketch(GapSketch),
 }
 
 /// One row of the table form.
@@ -31,51 +91,99 @@ pub struct IpdRow {
 }
 
 impl Ipd {
-    /// `bin_ns` wide intervals, `bins` of them before the open-ended one.
+    /// `bin_ns` wide intervals, `bins` of them before the open-ended one; percentiles from a
+    /// full HdrHistogram.
     pub fn new(bin_ns: u64, bins: usize) -> Ipd {
         // Gaps have no natural upper bound (idle minutes), so the histogram auto-resizes; it
         // records 0 for packets stamped in the same tick.
         let mut hist = Histogram::new(3).expect("3 significant digits is valid");
         hist.auto(true);
+        let mut d = Ipd::compact(bin_ns, bins);
+        d.bins = Bins::Wide(vec![0; bins + 1].into());
+        d.gaps = Gaps::Full(Box::new(hist));
+        d
+    }
+
+    /// The same for one flow of many: percentiles from a bounded sketch, nothing allocated
+    /// before the first gap.
+    pub fn compact(bin_ns: u64, bins: usize) -> Ipd {
         Ipd {
-            last_ns: None,
+            last_ns: 0,
+            idle: true,
+            bin_count: u32::try_from(bins + 1).expect("fewer than 2^32 IPD bins"),
             bin_ns: bin_ns.max(1),
-            bins: vec![0; bins + 1],
-            hist,
+            bins: Bins::None,
+            gaps: Gaps::Sketch(GapSketch::default()),
             backwards: 0,
         }
     }
 
-    /// A packet of the stream at `ts_ns`: records the gap from the previous one.
+    /// Heap bytes a compact one holds at most with `bins` table intervals (unless one of its
+    /// intervals counts more than 2^32 gaps).
+    pub fn compact_bound(bins: usize) -> usize {
+        (bins + 1) * 4 + super::sketch::MAX_BUCKETS * 8
+    }
+
+    /// A packet of the stream at `ts_ns`: records the gap from the latest one before it.
     pub fn packet(&mut self, ts_ns: u64) {
-        if let Some(last) = self.last_ns.replace(ts_ns) {
-            let gap = match ts_ns.checked_sub(last) {
-                Some(g) => g,
-                None => {
-                    self.backwards += 1;
-                    0
-                }
-            };
+        if self.idle {
+            self.idle = false;
+            self.last_ns = ts_ns;
+        } else if ts_ns >= self.last_ns {
+            let gap = ts_ns - self.last_ns;
+            self.last_ns = ts_ns;
             self.record(gap);
+        } else {
+            self.backwards += 1;
+            self.record(0);
         }
     }
 
     fn record(&mut self, gap_ns: u64) {
-        let k = ((gap_ns / self.bin_ns) as usize).min(self.bins.len() - 1);
-        self.bins[k] += 1;
-        // `record` grows the auto-resizing histogram; saturating_record would clamp instead.
-        if self.hist.record(gap_ns).is_err() {
-            self.hist.saturating_record(gap_ns);
+        if let Bins::None = self.bins {
+            self.bins = Bins::Narrow(vec![0; self.bin_count as usize].into());
+        }
+        let k = ((gap_ns / self.bin_ns) as usize).min(self.bin_count as usize - 1);
+        self.bins.add(k);
+        match &mut self.gaps {
+            Gaps::Full(hist) => {
+                // `record` grows the auto-resizing histogram; saturating_record would clamp.
+                if hist.record(gap_ns).is_err() {
+                    hist.saturating_record(gap_ns);
+                }
+            }
+            Gaps::Sketch(s) => s.record(gap_ns),
         }
     }
 
     /// Gaps recorded (one fewer than the packets seen).
     pub fn count(&self) -> u64 {
-        self.hist.len()
+        match &self.gaps {
+            Gaps::Full(hist) => hist.len(),
+            Gaps::Sketch(s) => s.len(),
+        }
     }
 
-    pub fn histogram(&self) -> &Histogram<u64> {
-        &self.hist
+    pub fn gaps(&self) -> &Gaps {
+        &self.gaps
+    }
+
+    /// The gaps as a 3-digit HdrHistogram (built from a flow's sketch: exact while it holds
+    /// 3 digits).
+    pub fn histogram(&self) -> Cow<'_, Histogram<u64>> {
+        match &self.gaps {
+            Gaps::Full(hist) => Cow::Borrowed(hist),
+            Gaps::Sketch(s) => Cow::Owned(s.histogram()),
+        }
+    }
+
+    /// Heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.bins.heap_bytes()
+            + match &self.gaps {
+                Gaps::Full(hist) => hist.distinct_values() * 8,
+                Gaps::Sketch(s) => s.heap_bytes(),
+            }
     }
 
     pub fn bin_ns(&self) -> u64 {
@@ -85,12 +193,11 @@ impl Ipd {
     /// The non-empty intervals, in order, with their share of all gaps.
     pub fn table(&self) -> Vec<IpdRow> {
         let total = self.count().max(1) as f64;
-        let last = self.bins.len() - 1;
-        self.bins
-            .iter()
-            .enumerate()
-            .filter(|(_, &n)| n > 0)
-            .map(|(k, &n)| IpdRow {
+        let last = self.bin_count as usize - 1;
+        (0..self.bin_count as usize)
+            .map(|k| (k, self.bins.get(k)))
+            .filter(|&(_, n)| n > 0)
+            .map(|(k, n)| IpdRow {
                 from_ns: k as u64 * self.bin_ns,
                 to_ns: (k < last).then(|| (k as u64 + 1) * self.bin_ns),
                 occurrences: n,

@@ -5,10 +5,12 @@
 //! - [`decode`]: Ethernet / IP / UDP / LRH / GRH / ERF down to the BTH and AETH.
 //! - [`flows`]: per-flow counts, PSN checks (retransmissions, out-of-order), NAKs, series.
 //! - [`ipd`]: inter-packet delay tables and histograms.
+//! - [`sketch`]: a flow's gaps in bounded memory, for its percentiles.
 pub mod decode;
 pub mod flows;
 pub mod ipd;
 pub mod reader;
+pub mod sketch;
 
 pub use flows::{Analysis, Analyzer, Flow, FlowKey, Options};
 

@@ -8,6 +8,37 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// One (sender, receiver) pair of a pattern across hosts; `report::pairs` computes it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PairCell {
+    pub sender: String,
+    pub receiver: String,
+    /// Steps the pair sent in (more than one for a rotating incast that comes round again).
+    pub steps: u32,
+    /// "ok", or the first thing that went wrong in any of its steps.
+    pub status: String,
+    pub flows_requested: u32,
+    pub flows_started: u32,
+    pub ops: u64,
+    pub bytes: u64,
+    /// Mean of its steps' throughputs.
+    pub gbps: f64,
+    pub latency: Latency,
+}
+
+/// Per-pair figures as sender × receiver matrices (`report::pairs` computes them).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PairMatrix {
+    /// Rows are senders, columns receivers, both in this order.
+    pub hosts: Vec<String>,
+    pub gbps: Vec<Vec<Option<f64>>>,
+    pub bytes: Vec<Vec<Option<u64>>>,
+    pub flows_started: Vec<Vec<Option<u32>>>,
+    pub p50_us: Vec<Vec<Option<f64>>>,
+    pub p99_us: Vec<Vec<Option<f64>>>,
+    pub pairs: Vec<PairCell>,
+}
+
 /// How one sender fared.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SenderSummary {
@@ -68,7 +99,7 @@ pub struct IncastReport {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub pattern: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub pairs: Option<crate::report::pairs::PairMatrix>,
+    pub pairs: Option<PairMatrix>,
     /// By op type over every sender ("write", "read", ...), latencies merged exactly.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ops: BTreeMap<String, crate::report::ops::OpReport>,
@@ -123,7 +154,7 @@ pub struct RotationReport {
     pub tool: String,
     pub pattern: String,
     pub steps: Vec<RotationStep>,
-    pub pairs: crate::report::pairs::PairMatrix,
+    pub pairs: PairMatrix,
 }
 
 /// One step of a rotating incast: its sink and headline figures (its own incast.json has all).

@@ -1,43 +1,17 @@
 //! Per-pair figures of a pattern across hosts (`incast --pattern`): one cell per (sender,
 //! receiver) pair that the pattern has, summed over the steps it appeared in, and the same
 //! figures as sender × receiver matrices (null where the pattern has no such pair).
+//!
+//! The pair types are part of an incast's report, so they are defined in [`super::incast`]
+//! (re-exported here); this module computes them from the merged steps.
 use crate::gen::stats::new_histogram;
 use crate::report::incast::Merged;
+pub use crate::report::incast::{PairCell, PairMatrix};
 use crate::report::{us, Latency};
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PairCell {
-    pub sender: String,
-    pub receiver: String,
-    /// Steps the pair sent in (more than one for a rotating incast that comes round again).
-    pub steps: u32,
-    /// "ok", or the first thing that went wrong in any of its steps.
-    pub status: String,
-    pub flows_requested: u32,
-    pub flows_started: u32,
-    pub ops: u64,
-    pub bytes: u64,
-    /// Mean of its steps' throughputs.
-    pub gbps: f64,
-    pub latency: Latency,
-}
 
 /// A pair's cell while its steps are added, with its latency histogram.
 type Accumulating = (PairCell, Histogram<u64>);
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PairMatrix {
-    /// Rows are senders, columns receivers, both in this order.
-    pub hosts: Vec<String>,
-    pub gbps: Vec<Vec<Option<f64>>>,
-    pub bytes: Vec<Vec<Option<u64>>>,
-    pub flows_started: Vec<Vec<Option<u32>>>,
-    pub p50_us: Vec<Vec<Option<f64>>>,
-    pub p99_us: Vec<Vec<Option<f64>>>,
-    pub pairs: Vec<PairCell>,
-}
 
 impl PairMatrix {
     /// The pairs of every step in `steps`, over `hosts` (names as the senders' summaries

@@ -1,12 +1,17 @@
 //! What `ibjitter pcap` reports: the capture's totals, each flow (counts, opcodes, gaps)
-//! and the link's inter-packet delays. `export::pcap` writes it.
-use crate::pcap::ipd::{Ipd, IpdRow};
+//! and the link's inter-packet delays. `export::pcap` writes it. A flow's row is made when it
+//! is written ([`FlowRows`]), from the analysis: a million flows are never held twice.
+use crate::pcap::ipd::{Gaps, Ipd, IpdRow};
 use crate::pcap::reader::ReadSummary;
+use crate::pcap::sketch::{full_bucket, GapSketch};
 use crate::pcap::{decode, Analysis, Flow};
 use crate::report::Latency;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use std::collections::BTreeMap;
 use std::path::Path;
+
+/// The `src` and `dst` of the row that adds up the flows beyond `--max-flows`.
+pub const OTHER_FLOWS: &str = "(other flows)";
 
 /// Gaps of one packet stream: percentiles and the fixed-width table.
 #[derive(Debug, Clone, Serialize)]
@@ -24,9 +29,57 @@ impl IpdReport {
             bin_ns: d.bin_ns(),
             gaps: d.count(),
             backwards: d.backwards,
-            percentiles: Latency::of(d.histogram()),
+            percentiles: match d.gaps() {
+                Gaps::Full(h) => Latency::of(h),
+                Gaps::Sketch(s) => sketch_latency(s),
+            },
             table: d.table(),
         }
+    }
+}
+
+/// The figures [`Latency::of`] gives for a 3-digit HdrHistogram of the same gaps, computed
+/// the same way (median-equivalent values for mean and deviation; a quantile is the highest
+/// value of the bucket where its count is reached): equal to them while the sketch holds 3
+/// digits, within its precision after. Min and max are exact to 3 digits either way.
+pub fn sketch_latency(s: &GapSketch) -> Latency {
+    if s.is_empty() {
+        return Latency::default();
+    }
+    let n = s.len() as f64;
+    let mean = s.buckets().fold(0.0, |t, (lo, hi, c)| {
+        t + s.median(lo, hi) as f64 * c as f64 / n
+    });
+    let dev = s.buckets().fold(0.0, |t, (lo, hi, c)| {
+        let d = s.median(lo, hi) as f64 - mean;
+        t + d * d * c as f64
+    });
+    let quantile = |q: f64| {
+        let target = ((q * n).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (_, hi, c) in s.buckets() {
+            seen += c;
+            if seen >= target {
+                return full_bucket(hi).1;
+            }
+        }
+        full_bucket(s.max()).1
+    };
+    Latency {
+        count: s.len(),
+        min_ns: if s.min() == 0 {
+            0
+        } else {
+            full_bucket(s.min()).0
+        },
+        mean_ns: mean,
+        stdev_ns: (dev / n).sqrt(),
+        p50_ns: quantile(0.5),
+        p90_ns: quantile(0.9),
+        p99_ns: quantile(0.99),
+        p999_ns: quantile(0.999),
+        p9999_ns: quantile(0.9999),
+        max_ns: full_bucket(s.max()).1,
     }
 }
 
@@ -44,9 +97,14 @@ pub struct CapturedFlow {
     pub wire_bytes: u64,
     pub payload_bytes: u64,
     pub retransmitted_bytes: u64,
-    /// Seconds since the capture's first RoCE packet.
+    /// Seconds since the capture's earliest RoCE packet: the flow's earliest and latest.
     pub first_s: f64,
     pub last_s: f64,
+    /// Packets stamped before an earlier packet of the flow.
+    pub backwards: u64,
+    /// The "other flows" row only: how many flows it adds up (its PSN checks are not made).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aggregated_flows: Option<u64>,
     pub opcodes: BTreeMap<String, u64>,
     pub requests: u64,
     pub responses: u64,
@@ -68,8 +126,8 @@ pub struct CapturedFlow {
     pub ipd_responses: IpdReport,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct PcapReport {
+#[derive(Serialize)]
+pub struct PcapReport<'a> {
     pub tool: String,
     pub file: String,
     pub format: String,
@@ -83,10 +141,26 @@ pub struct PcapReport {
     /// Payload packets too late for the time series (a bogus timestamp, or a very long capture
     /// at a short interval).
     pub beyond_series: u64,
-    /// Capture time of the first RoCE packet (s since the epoch).
+    /// Capture time of the earliest RoCE packet (s since the epoch).
     pub start_epoch_s: f64,
+    /// From the earliest RoCE packet to the latest, whatever their order in the file.
     pub duration_s: f64,
-    pub flows: Vec<CapturedFlow>,
+    /// RoCE packets stamped before a packet read earlier (a merged or multi-queue capture):
+    /// flows' times and gaps are then taken on a monotonic view, see `timestamps`.
+    pub backwards_timestamps: u64,
+    /// How timestamps were read, when some went backwards.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamps: Option<String>,
+    /// Flows tracked one by one (`--max-flows`); those beyond are added up in the last row,
+    /// `(other flows)`.
+    pub max_flows: usize,
+    /// Flows added up in the `(other flows)` row (a lower bound if `aggregated_flows_exact`
+    /// is false: past 4 M of them they are no longer told apart).
+    pub aggregated_flows: u64,
+    pub aggregated_flows_exact: bool,
+    /// Over every flow (the aggregate's included).
+    pub flow_totals: FlowTotals,
+    pub flows: FlowRows<'a>,
     /// Gaps between consecutive RoCE packets on the captured link, whatever their flow.
     pub ipd: IpdReport,
     pub congestion: CongestionReport,
@@ -122,10 +196,65 @@ pub struct SignalRow {
     pub flow_control: u64,
 }
 
+/// Counts over every flow.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FlowTotals {
+    /// Rows: tracked flows, and the aggregate if any.
+    pub rows: usize,
+    /// Flows (rows) that carried application payload.
+    pub data_rows: usize,
+    pub payload_bytes: u64,
+    pub retransmissions: u64,
+    pub out_of_order: u64,
+    pub naks: u64,
+    pub rnr_naks: u64,
+}
+
+/// Every flow of an analysis, then the aggregate: each row made as it is read.
+pub struct FlowRows<'a> {
+    flows: &'a [Flow],
+    other: Option<(&'a Flow, u64)>,
+    start: u64,
+}
+
+impl<'a> FlowRows<'a> {
+    pub fn len(&self) -> usize {
+        self.flows.len() + self.other.is_some() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = CapturedFlow> + 'a {
+        let start = self.start;
+        let n = self.flows.len();
+        self.flows
+            .iter()
+            .enumerate()
+            .map(move |(i, f)| captured_flow(i as u32, f, start, None))
+            .chain(
+                self.other
+                    .map(move |(f, k)| captured_flow(n as u32, f, start, Some(k))),
+            )
+    }
+}
+
+impl Serialize for FlowRows<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+/// Every flow of `a`, the aggregate included.
+fn all_flows(a: &Analysis) -> impl Iterator<Item = &Flow> {
+    a.flows.iter().chain(a.other.as_ref())
+}
+
 impl CongestionReport {
     fn of(a: &Analysis) -> CongestionReport {
         let t = &a.totals;
-        let sum = |g: fn(&Flow) -> u64| a.flows.iter().map(g).sum::<u64>();
+        let sum = |g: fn(&Flow) -> u64| all_flows(a).map(g).sum::<u64>();
         let dt = a.options.interval_ns.unwrap_or(0) as f64 / 1e9;
         CongestionReport {
             ip_packets: t.roce_ip,
@@ -165,15 +294,25 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-impl PcapReport {
-    pub fn new(file: &Path, a: &Analysis, read: &ReadSummary) -> PcapReport {
-        let start = a.totals.first_ns.unwrap_or(0);
-        let flows = a
-            .flows
-            .iter()
-            .enumerate()
-            .map(|(i, f)| captured_flow(i as u32, f, start))
-            .collect();
+impl<'a> PcapReport<'a> {
+    pub fn new(file: &Path, a: &'a Analysis, read: &ReadSummary) -> PcapReport<'a> {
+        let start = a.totals.first_ns.map_or(0, |_| a.totals.earliest_ns);
+        let flows = FlowRows {
+            flows: &a.flows,
+            other: a.other.as_ref().map(|f| (f, a.aggregated_flows)),
+            start,
+        };
+        let sum = |g: fn(&Flow) -> u64| all_flows(a).map(g).sum::<u64>();
+        let flow_totals = FlowTotals {
+            rows: flows.len(),
+            data_rows: all_flows(a).filter(|f| f.is_data()).count(),
+            payload_bytes: sum(|f| f.payload_bytes),
+            retransmissions: sum(|f| f.retransmissions),
+            out_of_order: sum(|f| f.out_of_order),
+            naks: sum(|f| f.naks),
+            rnr_naks: sum(|f| f.rnr_naks),
+        };
+        let backwards = a.totals.backwards;
         PcapReport {
             tool: format!("ibjitter {}", crate::VERSION),
             file: file.display().to_string(),
@@ -187,6 +326,21 @@ impl PcapReport {
             beyond_series: a.totals.beyond_series,
             start_epoch_s: secs(start),
             duration_s: secs(a.totals.last_ns.saturating_sub(start)),
+            backwards_timestamps: backwards,
+            timestamps: (backwards > 0).then(|| {
+                format!(
+                    "{backwards} RoCE packets were stamped before a packet read earlier (a merged or \
+                     multi-queue capture): the duration runs from the earliest stamp to the \
+                     latest; each flow's first/last are its earliest/latest stamps; gaps are taken \
+                     on each stream's monotonic view (a packet stamped before the latest one of \
+                     its stream is a gap of 0, the next gap runs from the latest); the time \
+                     series counts packets stamped before the first packet in its first interval"
+                )
+            }),
+            max_flows: a.max_flows,
+            aggregated_flows: a.aggregated_flows,
+            aggregated_flows_exact: a.aggregated_exact,
+            flow_totals,
             flows,
             ipd: IpdReport::of(&a.overall),
             congestion: CongestionReport::of(a),
@@ -194,12 +348,29 @@ impl PcapReport {
     }
 }
 
-fn captured_flow(i: u32, f: &Flow, start: u64) -> CapturedFlow {
+/// Row `i`: flow `f`, or with `aggregated` the flows beyond `--max-flows` added up.
+fn captured_flow(i: u32, f: &Flow, start: u64, aggregated: Option<u64>) -> CapturedFlow {
+    let mut opcodes: BTreeMap<String, u64> = f
+        .opcodes
+        .iter()
+        .map(|(op, n)| (decode::opcode_name(op), n))
+        .collect();
+    if f.opcodes.other > 0 {
+        opcodes.insert("other opcodes".into(), f.opcodes.other);
+    }
+    let name = |a: &decode::Addr| match aggregated {
+        Some(_) => OTHER_FLOWS.to_string(),
+        None => a.to_string(),
+    };
     CapturedFlow {
         flow: i,
-        src: f.key.src.to_string(),
-        dst: f.key.dst.to_string(),
-        dest_qp: f.key.dest_qp,
+        src: name(&f.key.src),
+        dst: name(&f.key.dst),
+        dest_qp: if aggregated.is_some() {
+            0
+        } else {
+            f.key.dest_qp
+        },
         data: f.is_data(),
         packets: f.packets,
         wire_bytes: f.wire_bytes,
@@ -207,11 +378,9 @@ fn captured_flow(i: u32, f: &Flow, start: u64) -> CapturedFlow {
         retransmitted_bytes: f.retransmitted_bytes,
         first_s: secs(f.first_ns.saturating_sub(start)),
         last_s: secs(f.last_ns.saturating_sub(start)),
-        opcodes: f
-            .opcodes
-            .iter()
-            .map(|(&op, &n)| (decode::opcode_name(op), n))
-            .collect(),
+        backwards: f.backwards,
+        aggregated_flows: aggregated,
+        opcodes,
         requests: f.requests,
         responses: f.responses,
         ack_requests: f.ack_requests,
@@ -227,5 +396,79 @@ fn captured_flow(i: u32, f: &Flow, start: u64) -> CapturedFlow {
         undecoded_opcodes: f.undecoded_opcodes,
         ipd_requests: IpdReport::of(&f.ipd_requests),
         ipd_responses: IpdReport::of(&f.ipd_responses),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hdrhistogram::Histogram;
+
+    fn lcg(seed: &mut u64) -> u64 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    fn both(gaps: impl Iterator<Item = u64>) -> (GapSketch, Histogram<u64>) {
+        let mut s = GapSketch::default();
+        let mut h = crate::gen::histogram::new_histogram();
+        for g in gaps {
+            s.record(g);
+            h.record(g).unwrap();
+        }
+        (s, h)
+    }
+
+    #[test]
+    fn a_flow_with_few_distinct_gaps_reports_what_a_full_histogram_does() {
+        let mut seed = 7;
+        let (s, h) = both((0..10_000u64).map(|k| {
+            // Pacing: a few gap values, 0 (same tick), and a rare long one.
+            [0, 2000, 2016, 4000, 12_000][(lcg(&mut seed) % 5) as usize]
+                + if k % 997 == 0 { 5_000_000 } else { 0 }
+        }));
+        let (a, b) = (sketch_latency(&s), Latency::of(&h));
+        assert_eq!(
+            (a.count, a.min_ns, a.p50_ns, a.p90_ns, a.p99_ns, a.p999_ns, a.p9999_ns, a.max_ns),
+            (b.count, b.min_ns, b.p50_ns, b.p90_ns, b.p99_ns, b.p999_ns, b.p9999_ns, b.max_ns)
+        );
+        assert_eq!(s.relative_precision(), 1.0 / 1024.0);
+        assert!(
+            (a.mean_ns - b.mean_ns).abs() <= 1e-9 * b.mean_ns,
+            "{a:?} {b:?}"
+        );
+        assert!(
+            (a.stdev_ns - b.stdev_ns).abs() <= 1e-9 * b.stdev_ns,
+            "{a:?} {b:?}"
+        );
+        assert_eq!(Latency::of(&s.histogram()).p99_ns, b.p99_ns);
+    }
+
+    #[test]
+    fn a_flow_with_spread_gaps_reports_them_within_the_sketchs_precision() {
+        let mut seed = 3;
+        // Jitter: 10-40 µs (two powers of two), every 3-digit bucket a different one.
+        let (s, h) = both((0..100_000).map(|_| 10_000 + lcg(&mut seed) % 30_000));
+        let (a, b) = (sketch_latency(&s), Latency::of(&h));
+        let precision = s.relative_precision();
+        assert!(
+            precision > 1.0 / 1024.0 && precision <= 1.0 / 16.0,
+            "{precision}"
+        );
+        assert_eq!((a.count, a.min_ns, a.max_ns), (b.count, b.min_ns, b.max_ns));
+        for (x, y) in [
+            (a.p50_ns, b.p50_ns),
+            (a.p90_ns, b.p90_ns),
+            (a.p99_ns, b.p99_ns),
+            (a.p999_ns, b.p999_ns),
+        ] {
+            assert!(
+                (x as f64 / y as f64 - 1.0).abs() <= precision,
+                "{x} vs {y} at {precision}"
+            );
+        }
+        assert!((a.mean_ns / b.mean_ns - 1.0).abs() <= precision / 2.0);
     }
 }

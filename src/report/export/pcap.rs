@@ -3,7 +3,7 @@
 //! throughput).
 use crate::pcap::ipd::IpdRow;
 use crate::pcap::Analysis;
-use crate::report::pcap::{CapturedFlow, IpdReport, PcapReport};
+use crate::report::pcap::{IpdReport, PcapReport};
 use crate::report::plot::{self, Series};
 use std::io::{self, Write};
 use std::path::Path;
@@ -34,18 +34,28 @@ pub fn summary<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
             crate::pcap::flows::MAX_SERIES_INTERVALS
         )?;
     }
-    let data = r.flows.iter().filter(|f| f.data).count();
-    let sum = |g: fn(&CapturedFlow) -> u64| r.flows.iter().map(g).sum::<u64>();
+    if let Some(t) = &r.timestamps {
+        writeln!(w, "  timestamps: {t}")?;
+    }
+    let t = &r.flow_totals;
+    let aggregated = if r.aggregated_flows > 0 {
+        format!(
+            ", the last adding up {}{} flows beyond --max-flows {}",
+            if r.aggregated_flows_exact {
+                ""
+            } else {
+                "at least "
+            },
+            r.aggregated_flows,
+            r.max_flows
+        )
+    } else {
+        String::new()
+    };
     writeln!(
         w,
-        "  flows: {} ({} carrying data); payload {} bytes; retransmissions {}, out-of-order {}, NAKs {}, RNR NAKs {}",
-        r.flows.len(),
-        data,
-        sum(|f| f.payload_bytes),
-        sum(|f| f.retransmissions),
-        sum(|f| f.out_of_order),
-        sum(|f| f.naks),
-        sum(|f| f.rnr_naks),
+        "  flows: {} ({} carrying data{aggregated}); payload {} bytes; retransmissions {}, out-of-order {}, NAKs {}, RNR NAKs {}",
+        t.rows, t.data_rows, t.payload_bytes, t.retransmissions, t.out_of_order, t.naks, t.rnr_naks,
     )?;
     let c = &r.congestion;
     let pct = |n: u64| {
@@ -103,7 +113,7 @@ pub fn flow_table<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
         "ce",
         "cnps"
     )?;
-    for f in &r.flows {
+    for f in r.flows.iter() {
         let ops: Vec<String> = f.opcodes.iter().map(|(k, v)| format!("{k}:{v}")).collect();
         writeln!(
             w,
@@ -188,7 +198,7 @@ pub fn ipd_tables<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
         &r.ipd,
         &mut w,
     )?;
-    for f in &r.flows {
+    for f in r.flows.iter() {
         let (what, d) = if f.requests > 0 {
             ("requests", &f.ipd_requests)
         } else {
