@@ -32,15 +32,8 @@ use summary::Summary;
 
 /// Reads a file of a study's directory within the limits of every reader of user files
 /// ([`crate::table::input::LIMITS`]); `None` if there is no such file.
-pub(crate) fn read_if_present(path: &Path, what: &str) -> Result<Option<String>, String> {
-    use crate::table::input;
-    if let Err(e) = std::fs::symlink_metadata(path) {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            return Ok(None);
-        }
-    }
-    input::read_text(path, what, input::LIMITS)
-        .map(Some)
+fn read_if_present(path: &Path, what: &str) -> Result<Option<String>, String> {
+    crate::table::input::read_text_if_present(path, what, crate::table::input::LIMITS)
         .map_err(|e| e.to_string())
 }
 

@@ -149,7 +149,13 @@ impl Row {
 /// Reads the rows a study has written (none if the file does not exist). A last line without
 /// its newline is a run torn by a crash: dropped, and the file cut back to the rows kept.
 pub fn load(path: &Path) -> Result<Vec<Row>, String> {
-    let Some(text) = super::read_if_present(path, "a study's CSV")? else {
+    let Some(text) = crate::table::input::read_text_if_present(
+        path,
+        "a study's CSV",
+        crate::table::input::LIMITS,
+    )
+    .map_err(|e| e.to_string())?
+    else {
         return Ok(Vec::new());
     };
     let complete = match text.rfind('\n') {

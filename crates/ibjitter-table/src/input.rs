@@ -78,6 +78,21 @@ pub fn read_text(path: &Path, what: &str, limits: Limits) -> Result<String, Inpu
     })
 }
 
+/// [`read_text`], or `None` when there is no file at `path` (a file a program writes
+/// itself and reads back when it resumes, say).
+pub fn read_text_if_present(
+    path: &Path,
+    what: &str,
+    limits: Limits,
+) -> Result<Option<String>, InputError> {
+    if let Err(e) = std::fs::symlink_metadata(path) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Ok(None);
+        }
+    }
+    read_text(path, what, limits).map(Some)
+}
+
 /// [`read_text`] without the UTF-8 check.
 pub fn read_bytes(path: &Path, what: &str, limits: Limits) -> Result<Vec<u8>, InputError> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
