@@ -7,7 +7,8 @@ use crate::config::tables::{
     bounded, default_max_delay, load_cq, load_delays, load_episodes, with_probability, Delays, Var,
 };
 use crate::config::values::{
-    parse_correlation, parse_duration, parse_probability, parse_ranks, parse_seed, parse_u64, Unit,
+    parse_bool, parse_correlation, parse_duration_u64, parse_probability, parse_ranks, parse_seed,
+    parse_u64, quoted, shown, Unit,
 };
 
 pub use crate::sys::rng::DEFAULT_SEED;
@@ -190,12 +191,19 @@ impl Settings {
             problems: Vec::new(),
         };
         let mut s = Settings::passthrough();
-        s.read_outputs(&r);
+        s.read_outputs(&mut r);
         s.read_choices(&mut r);
         s.read_seed(&mut r);
-        let delays = s.read_table(&mut r);
+        let limit = s.read_max_delay(&mut r);
+        let delays = s.read_table(&mut r, limit);
         s.read_window(&mut r);
-        match load_cq(&|k| r.nonempty(k)) {
+        // Completions are held in ns: in loops mode IBJITTER_MAX_DELAY counts loops, so the
+        // completion side keeps the default bound.
+        let cq_limit = match s.unit {
+            Unit::Ns => limit,
+            Unit::Loops => default_max_delay(Unit::Ns),
+        };
+        match load_cq(&|k| r.nonempty(k), cq_limit) {
             Ok(cq) => s.cq = cq,
             Err(e) => r.problem(e),
         }
@@ -217,15 +225,24 @@ impl Settings {
         s
     }
 
-    /// `IBJITTER_QUIET`, `IBJITTER_STATS`, `IBJITTER_CONTROL`.
-    fn read_outputs(&mut self, r: &Reader<'_>) {
-        self.quiet = r
-            .nonempty("IBJITTER_QUIET")
-            .is_some_and(|v| v.trim() != "0");
+    /// A boolean variable: `default` when unset, `on_error` (and a problem) when unreadable.
+    fn read_bool(r: &mut Reader<'_>, k: &str, default: bool, on_error: bool) -> bool {
+        match r.nonempty(k).map(|v| parse_bool(k, &v)) {
+            None => default,
+            Some(Ok(b)) => b,
+            Some(Err(e)) => {
+                r.problem(e);
+                on_error
+            }
+        }
+    }
+
+    /// `IBJITTER_QUIET`, `IBJITTER_STATS`, `IBJITTER_CONTROL`. An unreadable boolean does the
+    /// least: the shim is not quiet (its warning shows anyway) and starts no live control.
+    fn read_outputs(&mut self, r: &mut Reader<'_>) {
+        self.quiet = Self::read_bool(r, "IBJITTER_QUIET", false, false);
         self.stats = r.nonempty("IBJITTER_STATS");
-        self.control = r
-            .nonempty("IBJITTER_CONTROL")
-            .is_none_or(|v| v.trim() != "0");
+        self.control = Self::read_bool(r, "IBJITTER_CONTROL", true, false);
     }
 
     /// The named choices: `IBJITTER_UNIT`, `_PER`, `_LAYER`, `_MODE`, `_SPIN`.
@@ -234,14 +251,16 @@ impl Settings {
             None | Some("ns") => {}
             Some("loops") => self.unit = Unit::Loops,
             Some(other) => r.problem(format!(
-                "IBJITTER_UNIT={other}: expected \"ns\" or \"loops\""
+                "IBJITTER_UNIT={}: expected \"ns\" or \"loops\"",
+                shown(other)
             )),
         }
         match r.nonempty("IBJITTER_PER").as_deref().map(str::trim) {
             None | Some("post") => {}
             Some("wr") => self.per = Per::Wr,
             Some(other) => r.problem(format!(
-                "IBJITTER_PER={other}: expected \"post\" (one delay per call or batch) or \"wr\" (one per work request)"
+                "IBJITTER_PER={}: expected \"post\" (one delay per call or batch) or \"wr\" (one per work request)",
+                shown(other)
             )),
         }
         match r.nonempty("IBJITTER_LAYER").as_deref().map(str::trim) {
@@ -249,7 +268,8 @@ impl Settings {
             Some("verbs") => self.layer = Layer::Verbs,
             Some("ucp") => self.layer = Layer::Ucp,
             Some(other) => r.problem(format!(
-                "IBJITTER_LAYER={other}: expected \"auto\" (UCP for UCX's messages, verbs for the rest), \"verbs\" or \"ucp\""
+                "IBJITTER_LAYER={}: expected \"auto\" (UCP for UCX's messages, verbs for the rest), \"verbs\" or \"ucp\"",
+                shown(other)
             )),
         }
         match r.nonempty("IBJITTER_MODE").as_deref().map(str::trim) {
@@ -259,7 +279,8 @@ impl Settings {
             ),
             Some("line") => self.line = true,
             Some(other) => r.problem(format!(
-                "IBJITTER_MODE={other}: expected \"spin\" (the posting thread waits) or \"line\" (a delay line: posts return at once)"
+                "IBJITTER_MODE={}: expected \"spin\" (the posting thread waits) or \"line\" (a delay line: posts return at once)",
+                shown(other)
             )),
         }
         match r.nonempty("IBJITTER_SPIN").as_deref().map(str::trim) {
@@ -267,7 +288,8 @@ impl Settings {
             Some("plain") => self.spin = Spin::Plain,
             Some("pause") => self.spin = Spin::Pause,
             Some(other) => r.problem(format!(
-                "IBJITTER_SPIN={other}: expected \"auto\", \"plain\" or \"pause\""
+                "IBJITTER_SPIN={}: expected \"auto\", \"plain\" or \"pause\"",
+                shown(other)
             )),
         }
     }
@@ -285,42 +307,41 @@ impl Settings {
         }
         // A launcher gives every rank the same environment, so the same seed: with
         // IBJITTER_SEED_PER_RANK=1 each rank draws its own sequence (seed + rank), repeatably.
-        match r
-            .nonempty("IBJITTER_SEED_PER_RANK")
-            .as_deref()
-            .map(str::trim)
-        {
-            None | Some("0") => {}
-            Some("1") => {
-                if let Some((k, rank)) = r.rank_var() {
-                    match rank.trim().parse::<u64>() {
-                        Ok(n) => {
-                            self.seed = self.seed.wrapping_add(n);
-                            self.seed_source = format!("{} + rank {n} ({k})", self.seed_source);
-                        }
-                        Err(_) => r.problem(format!(
-                            "IBJITTER_SEED_PER_RANK=1 but {k}={rank:?} is not a rank number"
-                        )),
-                    }
+        if !Self::read_bool(r, "IBJITTER_SEED_PER_RANK", false, false) {
+            return;
+        }
+        if let Some((k, rank)) = r.rank_var() {
+            match rank.trim().parse::<u64>() {
+                Ok(n) => {
+                    self.seed = self.seed.wrapping_add(n);
+                    self.seed_source = format!("{} + rank {n} ({k})", self.seed_source);
                 }
+                Err(_) => r.problem(format!(
+                    "IBJITTER_SEED_PER_RANK=1 but {k}={} is not a rank number",
+                    quoted(&rank)
+                )),
             }
-            Some(other) => r.problem(format!("IBJITTER_SEED_PER_RANK={other}: expected 0 or 1")),
         }
     }
 
-    /// The send table (`IBJITTER_EPISODES` or `_TABLE`/`_DIST`/`_DELAY`/`_JITTER`), bounded
-    /// by `IBJITTER_MAX_DELAY` and thinned by `IBJITTER_PROB`. None if none or refused.
-    fn read_table(&mut self, r: &mut Reader<'_>) -> Option<Delays> {
-        let limit = match r.nonempty("IBJITTER_MAX_DELAY") {
-            Some(v) => match parse_duration(&v, self.unit) {
-                Ok(l) => l,
+    /// `IBJITTER_MAX_DELAY`, in the unit of the tables (infinite when unreadable: the problem
+    /// is said and nothing is injected).
+    fn read_max_delay(&self, r: &mut Reader<'_>) -> f64 {
+        match r.nonempty("IBJITTER_MAX_DELAY") {
+            Some(v) => match parse_duration_u64(&v, self.unit) {
+                Ok(l) => l as f64,
                 Err(e) => {
                     r.problem(format!("IBJITTER_MAX_DELAY={e}"));
                     f64::INFINITY
                 }
             },
             None => default_max_delay(self.unit),
-        };
+        }
+    }
+
+    /// The send table (`IBJITTER_EPISODES` or `_TABLE`/`_DIST`/`_DELAY`/`_JITTER`), bounded
+    /// by `IBJITTER_MAX_DELAY` and thinned by `IBJITTER_PROB`. None if none or refused.
+    fn read_table(&mut self, r: &mut Reader<'_>, limit: f64) -> Option<Delays> {
         let loaded = match r.nonempty("IBJITTER_EPISODES") {
             Some(v) => load_episodes(&v, &|k| r.nonempty(k)).map(|(d, dwell)| {
                 self.shape.episodes = Some(dwell);
@@ -355,8 +376,8 @@ impl Settings {
     fn read_window(&mut self, r: &mut Reader<'_>) {
         let mut at = |k: &str| -> Option<u64> {
             let v = r.nonempty(k)?;
-            match parse_duration(&v, Unit::Ns) {
-                Ok(ns) => Some(ns.round() as u64),
+            match parse_duration_u64(&v, Unit::Ns) {
+                Ok(ns) => Some(ns),
                 Err(e) => {
                     r.problem(format!("{k}={e}"));
                     None
@@ -402,7 +423,7 @@ impl Settings {
                 _ => {
                     r.problem(format!(
                         "IBJITTER_TRACE_MAX={}: expected a number of draws, 1..={MAX_TRACE_MAX}",
-                        v.trim()
+                        shown(v.trim())
                     ));
                     None
                 }
@@ -441,17 +462,17 @@ impl Settings {
             Err(e) => return r.problem(e),
         };
         match r.rank_var() {
-            Some((_, rank)) if rank.trim().parse::<u32>().is_ok_and(|n| ranks.contains(&n)) => {}
+            Some((_, rank)) if rank.trim().parse::<u32>().is_ok_and(|n| ranks.contains(n)) => {}
             Some((k, rank)) => {
                 self.not_this_process = Some(format!(
                     "rank {} ({k}) is not in IBJITTER_RANKS={}: nothing is delayed in this process",
-                    rank.trim(),
-                    v.trim()
+                    shown(rank.trim()),
+                    shown(v.trim())
                 ))
             }
             None => r.problem(format!(
                 "IBJITTER_RANKS={} but no rank variable ({}) is set: is this an MPI or Slurm rank?",
-                v.trim(),
+                shown(v.trim()),
                 LAUNCHER_RANK_VARS.join(", ")
             )),
         }
@@ -688,7 +709,7 @@ mod tests {
         assert_eq!(s.seed_source, "IBJITTER_SEED + rank 3 (PMI_RANK)");
         // One process, no launcher: the seed as given.
         assert_eq!(with(&[("IBJITTER_SEED_PER_RANK", "1")]).seed, 100);
-        let bad = with(&[("IBJITTER_SEED_PER_RANK", "yes")]);
+        let bad = with(&[("IBJITTER_SEED_PER_RANK", "perhaps")]);
         assert!(bad.warning.unwrap().contains("expected 0 or 1"));
     }
 
@@ -803,5 +824,216 @@ mod tests {
         let d = s.delays.unwrap();
         assert_eq!(*d.values.iter().min().unwrap(), 0);
         assert!(d.max() < 30_000 && d.max() > 29_900);
+    }
+
+    #[test]
+    fn every_boolean_reads_the_same_words_and_warns_on_others() {
+        for (v, b) in [
+            ("1", true),
+            ("true", true),
+            ("YES", true),
+            (" On ", true),
+            ("0", false),
+            ("False", false),
+            ("no", false),
+            ("OFF", false),
+        ] {
+            let s = settings(&[
+                ("IBJITTER_DELAY", "1us"),
+                ("IBJITTER_QUIET", v),
+                ("IBJITTER_CONTROL", v),
+                ("IBJITTER_SEED_PER_RANK", v),
+                ("IBJITTER_SEED", "100"),
+                ("PMI_RANK", "3"),
+            ]);
+            assert_eq!(s.warning, None, "{v}");
+            assert_eq!((s.quiet, s.control), (b, b), "{v}");
+            assert_eq!(s.seed, if b { 103 } else { 100 }, "{v}");
+        }
+        for k in [
+            "IBJITTER_QUIET",
+            "IBJITTER_CONTROL",
+            "IBJITTER_SEED_PER_RANK",
+        ] {
+            let s = settings(&[("IBJITTER_DELAY", "1us"), (k, "enabled")]);
+            let w = s.warning.unwrap_or_default();
+            assert!(
+                w.contains(&format!("{k}=enabled: expected 0 or 1"))
+                    && w.contains("true/false, yes/no or on/off"),
+                "{k}: {w}"
+            );
+            assert!(s.delays.is_none() && !s.quiet, "{k}");
+            // An unreadable IBJITTER_CONTROL starts no control; the others leave it on.
+            assert_eq!(s.control, k != "IBJITTER_CONTROL", "{k}");
+        }
+    }
+
+    #[test]
+    fn a_huge_bad_value_is_quoted_by_its_start_and_its_length() {
+        let huge = "x".repeat(130 * 1024);
+        let long_path = format!("/{}", "y".repeat(130 * 1024));
+        for k in [
+            "IBJITTER_UNIT",
+            "IBJITTER_PER",
+            "IBJITTER_LAYER",
+            "IBJITTER_MODE",
+            "IBJITTER_SPIN",
+            "IBJITTER_SEED",
+            "IBJITTER_SEED_PER_RANK",
+            "IBJITTER_QUIET",
+            "IBJITTER_CONTROL",
+            "IBJITTER_MAX_DELAY",
+            "IBJITTER_JITTER",
+            "IBJITTER_PROB",
+            "IBJITTER_START",
+            "IBJITTER_STOP",
+            "IBJITTER_CQ_DELAY",
+            "IBJITTER_CQ_TABLE",
+            "IBJITTER_CORRELATION",
+            "IBJITTER_TRACE_MAX",
+            "IBJITTER_OPS",
+            "IBJITTER_QPN",
+            "IBJITTER_DEST",
+            "IBJITTER_RANKS",
+            "IBJITTER_DIST",
+        ] {
+            for v in [&huge, &long_path] {
+                let mut vars = vec![(k, v.as_str()), ("PMI_RANK", "1")];
+                if k == "IBJITTER_TRACE_MAX" {
+                    vars.push(("IBJITTER_TRACE", "/tmp/t"));
+                }
+                if k != "IBJITTER_JITTER" {
+                    vars.push(("IBJITTER_DELAY", "1us"));
+                }
+                let w = settings(&vars).warning.unwrap_or_default();
+                assert!(!w.is_empty(), "{k}: no warning");
+                assert!(w.len() < 1000, "{k}: a {} byte warning", w.len());
+                assert!(w.contains(k), "{k}: {w}");
+            }
+        }
+        for (k, v) in [
+            ("IBJITTER_TABLE", &long_path),
+            ("IBJITTER_TABLE", &huge),
+            ("IBJITTER_DELAY", &huge),
+            ("IBJITTER_EPISODES", &huge),
+            ("IBJITTER_EPISODES", &format!("{long_path}:/b:1ms:1ms")),
+        ] {
+            let w = settings(&[(k, v)]).warning.unwrap_or_default();
+            assert!(w.len() < 1000, "{k}: a {} byte warning", w.len());
+            assert!(w.contains(k), "{k}: {w}");
+        }
+        let w = settings(&[("IBJITTER_DELAY", "1us"), ("IBJITTER_UNIT", &huge)])
+            .warning
+            .unwrap();
+        assert!(w.contains(&format!("… ({} bytes)", huge.len())), "{w}");
+    }
+
+    #[test]
+    fn completion_delays_are_bounded_like_send_delays() {
+        for (vars, says) in [
+            (
+                vec![("IBJITTER_CQ_DELAY", "3600s")],
+                "exceeds IBJITTER_MAX_DELAY",
+            ),
+            (
+                vec![("IBJITTER_CQ_DELAY", "2ms"), ("IBJITTER_MAX_DELAY", "1ms")],
+                "exceeds IBJITTER_MAX_DELAY",
+            ),
+            (vec![("IBJITTER_CQ_DELAY", "1e30s")], "too large"),
+            (vec![("IBJITTER_CQ_DELAY", "-1ms")], "non-negative"),
+            (vec![("IBJITTER_CQ_DELAY", "infs")], "IBJITTER_CQ_DELAY"),
+            (vec![("IBJITTER_CQ_DELAY", "nanms")], "IBJITTER_CQ_DELAY"),
+        ] {
+            let s = settings(&vars);
+            assert_eq!(s.cq, None, "{vars:?}");
+            let w = s.warning.unwrap_or_default();
+            assert!(
+                w.contains("IBJITTER_CQ_DELAY") && w.contains(says),
+                "{vars:?}: {w}"
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("ibjitter-cqmax-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let huge = dir.join("huge.tbl");
+        let line = format!("{}\n", ["9000000000000000000"; 8].join(" "));
+        std::fs::write(&huge, line.repeat(512)).unwrap();
+        let s = settings(&[("IBJITTER_CQ_TABLE", huge.to_str().unwrap())]);
+        assert_eq!(s.cq, None);
+        let w = s.warning.unwrap_or_default();
+        assert!(
+            w.contains("IBJITTER_CQ_TABLE") && w.contains("exceeds IBJITTER_MAX_DELAY"),
+            "{w}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let ok = settings(&[("IBJITTER_CQ_DELAY", "20s"), ("IBJITTER_MAX_DELAY", "30s")]);
+        assert_eq!(ok.cq.map(|d| d.max()), Some(20_000_000_000));
+        // Loops count the send side only: completions keep the default bound in ns.
+        let loops = settings(&[
+            ("IBJITTER_UNIT", "loops"),
+            ("IBJITTER_MAX_DELAY", "1000"),
+            ("IBJITTER_CQ_DELAY", "5ms"),
+        ]);
+        assert_eq!(loops.cq.map(|d| d.max()), Some(5_000_000));
+    }
+
+    #[test]
+    fn wrapping_durations_are_refused_everywhere() {
+        for k in [
+            "IBJITTER_DELAY",
+            "IBJITTER_MAX_DELAY",
+            "IBJITTER_START",
+            "IBJITTER_STOP",
+        ] {
+            for v in ["1e30s", "-5ms", "infms"] {
+                let mut vars = vec![(k, v)];
+                if k != "IBJITTER_DELAY" {
+                    vars.push(("IBJITTER_DELAY", "1us"));
+                }
+                let s = settings(&vars);
+                assert!(s.delays.is_none(), "{k}={v}");
+                let w = s.warning.unwrap_or_default();
+                // A delay beyond 64 bits is beyond IBJITTER_MAX_DELAY, which is at most that.
+                let names_it = w.contains(&format!("{k}="))
+                    || (k == "IBJITTER_DELAY" && w.contains("exceeds IBJITTER_MAX_DELAY"));
+                assert!(names_it, "{k}={v}: {w}");
+            }
+        }
+        let s = settings(&[("IBJITTER_UNIT", "loops"), ("IBJITTER_MAX_DELAY", "1e30")]);
+        assert!(s.warning.unwrap().contains("too large"));
+    }
+
+    #[test]
+    fn ranks_are_kept_as_ranges() {
+        let spec = (0..600)
+            .map(|i: u64| format!("{}-{}", i * 7_000_000, i * 7_000_000 + 4_000_000))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(spec.len() > 5000);
+        let t0 = std::time::Instant::now();
+        for (rank, inside) in [
+            ("0", true),
+            ("4000000", true),
+            ("4000001", false),
+            ("7000000", true),
+        ] {
+            let s = settings(&[
+                ("IBJITTER_DELAY", "1ms"),
+                ("IBJITTER_RANKS", &spec),
+                ("PMI_RANK", rank),
+            ]);
+            assert_eq!(s.warning, None);
+            assert_eq!(s.delays.is_some(), inside, "rank {rank}");
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            t0.elapsed()
+        );
+        let s = settings(&[
+            ("IBJITTER_DELAY", "1ms"),
+            ("IBJITTER_RANKS", "0-4294967295"),
+            ("PMI_RANK", "4294967295"),
+        ]);
+        assert!(s.delays.is_some() && s.warning.is_none());
     }
 }

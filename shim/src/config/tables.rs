@@ -1,7 +1,7 @@
 //! Loading and bounding the tables the settings name: the send table (`IBJITTER_TABLE`,
 //! `_DIST`, `_DELAY`, `_JITTER`), `IBJITTER_PROB`'s thinning, `IBJITTER_EPISODES`' two tables
 //! and the completion-side table (`IBJITTER_CQ_TABLE`, `_CQ_DELAY`).
-use crate::config::values::{parse_duration, Unit};
+use crate::config::values::{clipped, parse_duration, parse_duration_u64, quoted, shown, Unit};
 use ibjitter_table::{self as table, Kind, ENTRIES};
 use std::path::{Path, PathBuf};
 
@@ -59,32 +59,53 @@ pub fn with_probability(d: Delays, p: f64, seed: u64) -> Delays {
     }
 }
 
-/// `IBJITTER_CQ_TABLE=FILE` (an absolute table, absolute path) or `IBJITTER_CQ_DELAY=D` (a
-/// constant): how long completions are held.
-pub fn load_cq(var: Var<'_>) -> Result<Option<Delays>, String> {
-    match (var("IBJITTER_CQ_TABLE"), var("IBJITTER_CQ_DELAY")) {
-        (None, None) => Ok(None),
-        (Some(_), Some(_)) => Err("give IBJITTER_CQ_TABLE or IBJITTER_CQ_DELAY, not both".into()),
-        (Some(path), None) => {
-            let path = path.trim();
-            if !Path::new(path).is_absolute() {
-                return Err(format!("IBJITTER_CQ_TABLE={path}: give an absolute path"));
-            }
-            let t = table::read(Path::new(path), Kind::Absolute)
-                .map_err(|e| format!("IBJITTER_CQ_TABLE: {e}"))?;
-            Ok(Some(Delays {
-                source: path.to_string(),
-                values: t.entries.iter().map(|&e| e.max(0) as u64).collect(),
-            }))
-        }
-        (None, Some(d)) => {
-            let ns = parse_duration(&d, Unit::Ns).map_err(|e| format!("IBJITTER_CQ_DELAY={e}"))?;
-            Ok(Some(Delays {
-                source: format!("constant {} ns", ns.round()),
-                values: vec![ns.round() as u64; ENTRIES],
-            }))
-        }
+/// The longest path a table may have (Linux's PATH_MAX): a longer value is no file.
+const PATH_MAX_BYTES: usize = 4096;
+
+/// The absolute table at `path`, given as `what` (`IBJITTER_TABLE`, …), negative entries
+/// read as 0.
+fn read_absolute(what: &str, path: &str) -> Result<Delays, String> {
+    if path.len() > PATH_MAX_BYTES {
+        return Err(format!(
+            "{what}={}: too long for a path (at most {PATH_MAX_BYTES} bytes)",
+            shown(path)
+        ));
     }
+    if !Path::new(path).is_absolute() {
+        return Err(format!("{what}={}: give an absolute path", shown(path)));
+    }
+    let t = table::read(Path::new(path), Kind::Absolute)
+        .map_err(|e| format!("{what}: {}", clipped(e.to_string(), path)))?;
+    Ok(Delays {
+        source: path.to_string(),
+        values: t.entries.iter().map(|&e| e.max(0) as u64).collect(),
+    })
+}
+
+/// `IBJITTER_CQ_TABLE=FILE` (an absolute table, absolute path) or `IBJITTER_CQ_DELAY=D` (a
+/// constant): how long completions are held, in ns, each at most `limit_ns` (the send
+/// table's bound: a completion held for an hour hangs an event-driven poller as long).
+pub fn load_cq(var: Var<'_>, limit_ns: f64) -> Result<Option<Delays>, String> {
+    let (k, cq) = match (var("IBJITTER_CQ_TABLE"), var("IBJITTER_CQ_DELAY")) {
+        (None, None) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err("give IBJITTER_CQ_TABLE or IBJITTER_CQ_DELAY, not both".into())
+        }
+        (Some(path), None) => (
+            "IBJITTER_CQ_TABLE",
+            read_absolute("IBJITTER_CQ_TABLE", path.trim())?,
+        ),
+        (None, Some(d)) => {
+            let ns =
+                parse_duration_u64(&d, Unit::Ns).map_err(|e| format!("IBJITTER_CQ_DELAY={e}"))?;
+            let d = Delays {
+                source: format!("constant {ns} ns"),
+                values: vec![ns; ENTRIES],
+            };
+            ("IBJITTER_CQ_DELAY", d)
+        }
+    };
+    bounded(Some(cq), limit_ns, Unit::Ns).map_err(|e| format!("{k} ({e})"))
 }
 
 /// `IBJITTER_EPISODES=CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED`: two absolute tables
@@ -94,8 +115,9 @@ pub fn load_episodes(v: &str, var: Var<'_>) -> Result<(Delays, (f64, f64)), Stri
     let v = v.trim();
     let form = || {
         format!(
-            "IBJITTER_EPISODES={v}: expected CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED \
-             (absolute table paths, durations with units, e.g. /t/calm.dist:/t/cong.dist:50ms:10ms)"
+            "IBJITTER_EPISODES={}: expected CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED \
+             (absolute table paths, durations with units, e.g. /t/calm.dist:/t/cong.dist:50ms:10ms)",
+            shown(v)
         )
     };
     if [
@@ -122,28 +144,20 @@ pub fn load_episodes(v: &str, var: Var<'_>) -> Result<(Delays, (f64, f64)), Stri
     let Some((calm, congested)) = paths.split_once(':') else {
         return Err(form());
     };
-    let mean = |t: &str, which: &str| {
-        match parse_duration(t, Unit::Ns) {
+    let mean = |t: &str, which: &str| match parse_duration(t, Unit::Ns) {
         Ok(ns) if ns > 0.0 => Ok(ns),
         _ => Err(format!(
-            "IBJITTER_EPISODES: mean {which} dwell \"{t}\": expected a positive duration with a unit"
+            "IBJITTER_EPISODES: mean {which} dwell {}: expected a positive duration with a unit",
+            quoted(t)
         )),
-    }
     };
     let dwell = (mean(calm_mean, "calm")?, mean(congested_mean, "congested")?);
     let mut values = Vec::with_capacity(2 * ENTRIES);
     let mut means = Vec::new();
     for (path, which) in [(calm, "calm"), (congested, "congested")] {
-        let path = path.trim();
-        if !Path::new(path).is_absolute() {
-            return Err(format!(
-                "IBJITTER_EPISODES: {which} table {path}: give an absolute path"
-            ));
-        }
-        let t = table::read(Path::new(path), Kind::Absolute)
-            .map_err(|e| format!("IBJITTER_EPISODES ({which}): {e}"))?;
+        let t = read_absolute(&format!("IBJITTER_EPISODES ({which} table)"), path.trim())?;
         let before = values.len();
-        values.extend(t.entries.iter().map(|&e| e.max(0) as u64));
+        values.extend(t.values);
         let n = (values.len() - before) as f64;
         means.push(values[before..].iter().map(|&x| x as f64).sum::<f64>() / n);
     }
@@ -191,16 +205,7 @@ pub fn load_delays(var: Var<'_>, unit: Unit) -> Result<Option<Delays>, String> {
                     .into(),
             );
         }
-        let path = path.trim();
-        if !Path::new(path).is_absolute() {
-            return Err(format!("IBJITTER_TABLE={path}: give an absolute path"));
-        }
-        let t = table::read(Path::new(path), Kind::Absolute)
-            .map_err(|e| format!("IBJITTER_TABLE: {e}"))?;
-        return Ok(Some(Delays {
-            source: path.to_string(),
-            values: t.entries.iter().map(|&e| e.max(0) as u64).collect(),
-        }));
+        return read_absolute("IBJITTER_TABLE", path.trim()).map(Some);
     }
     let mu = delay
         .as_deref()
@@ -215,7 +220,8 @@ pub fn load_delays(var: Var<'_>, unit: Unit) -> Result<Option<Delays>, String> {
         (None, None, None) => Ok(None),
         (None, None, Some(_)) => Err("IBJITTER_JITTER needs IBJITTER_DELAY".into()),
         (Some(d), None, _) => Err(format!(
-            "IBJITTER_DIST={d} needs IBJITTER_DELAY (and IBJITTER_JITTER)"
+            "IBJITTER_DIST={} needs IBJITTER_DELAY (and IBJITTER_JITTER)",
+            shown(&d)
         )),
         (None, Some(mu), None) => Ok(Some(Delays {
             source: format!("constant {mu} {u}"),
@@ -237,14 +243,22 @@ pub fn load_delays(var: Var<'_>, unit: Unit) -> Result<Option<Delays>, String> {
         (Some(d), Some(mu), sigma) => {
             let sigma = sigma.unwrap_or(0.0);
             let d = d.trim();
+            if d.len() > PATH_MAX_BYTES {
+                return Err(format!(
+                    "IBJITTER_DIST={}: too long for a name or path (at most {PATH_MAX_BYTES} bytes)",
+                    shown(d)
+                ));
+            }
             let path: PathBuf = if d.contains('/') {
                 PathBuf::from(d)
             } else {
                 table::resolve_named_dist(d).ok_or_else(|| {
+                    let d = shown(d);
                     format!("IBJITTER_DIST={d}: no such named distribution (looked for {d}.dist in the project's distributions/ and iproute2's directory)")
                 })?
             };
-            let t = table::read(&path, Kind::Netem).map_err(|e| format!("IBJITTER_DIST: {e}"))?;
+            let t = table::read(&path, Kind::Netem)
+                .map_err(|e| format!("IBJITTER_DIST: {}", clipped(e.to_string(), d)))?;
             Ok(Some(Delays {
                 source: format!("{} mu={mu} sigma={sigma} {u}", path.display()),
                 values: t.netem_delays_ns(mu, sigma),

@@ -21,13 +21,68 @@ impl Unit {
     }
 }
 
+/// The most of a user's value a message quotes: a warning stays one readable line whatever
+/// was pasted into a variable.
+pub const QUOTE_MAX: usize = 200;
+
+/// `v` for a message: as is up to [`QUOTE_MAX`] bytes, else its start and its length
+/// ("abc… (131072 bytes)").
+pub fn shown(v: &str) -> std::borrow::Cow<'_, str> {
+    if v.len() <= QUOTE_MAX {
+        return v.into();
+    }
+    let mut end = QUOTE_MAX;
+    while !v.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &v[..end], v.len()).into()
+}
+
+/// `v` quoted for a message (`"…"`, escapes as Rust writes them), at most [`QUOTE_MAX`]
+/// bytes of it.
+pub fn quoted(v: &str) -> String {
+    if v.len() <= QUOTE_MAX {
+        return format!("{v:?}");
+    }
+    let mut end = QUOTE_MAX;
+    while !v.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &v[..end], v.len())
+}
+
+/// `msg` (another crate's message) with each quote of the user's `v` shortened as by
+/// [`shown`].
+pub fn clipped(msg: String, v: &str) -> String {
+    if v.len() <= QUOTE_MAX {
+        return msg;
+    }
+    msg.replace(v, &shown(v))
+}
+
+/// The words every boolean variable accepts, in any case.
+pub const BOOLEAN_WORDS: &str = "1/0, true/false, yes/no or on/off";
+
+/// A boolean variable (`IBJITTER_QUIET`, `_CONTROL`, `_SEED_PER_RANK`): one grammar for all.
+pub fn parse_bool(var: &str, v: &str) -> Result<bool, String> {
+    let t = v.trim();
+    match t.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!(
+            "{var}={}: expected 0 or 1 (or {BOOLEAN_WORDS}, any case)",
+            shown(t)
+        )),
+    }
+}
+
 /// `IBJITTER_PROB=p`, 0 < p <= 1.
 pub fn parse_probability(v: &str) -> Result<f64, String> {
     match v.trim().parse::<f64>() {
         Ok(p) if p > 0.0 && p <= 1.0 => Ok(p),
         _ => Err(format!(
             "IBJITTER_PROB={}: expected a probability in (0, 1], e.g. 0.1",
-            v.trim()
+            shown(v.trim())
         )),
     }
 }
@@ -42,36 +97,53 @@ pub fn parse_correlation(v: &str) -> Result<f64, String> {
     match rho {
         Ok(r) if (0.0..1.0).contains(&r) => Ok(r),
         _ => Err(format!(
-            "IBJITTER_CORRELATION={t}: expected a correlation in [0, 1), e.g. 0.5 or 50%"
+            "IBJITTER_CORRELATION={}: expected a correlation in [0, 1), e.g. 0.5 or 50%",
+            shown(t)
         )),
     }
 }
 
+/// `IBJITTER_RANKS=0,3-5`: ranks and inclusive ranges, kept as ranges (a range of a billion
+/// ranks costs 8 bytes, not 4 GB), sorted and merged: membership is a binary search.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ranks(Vec<(u32, u32)>);
+
+impl Ranks {
+    pub fn contains(&self, rank: u32) -> bool {
+        let i = self.0.partition_point(|&(_, last)| last < rank);
+        self.0.get(i).is_some_and(|&(first, _)| first <= rank)
+    }
+}
+
 /// `IBJITTER_RANKS=0,3-5`: ranks and inclusive ranges.
-pub fn parse_ranks(v: &str) -> Result<Vec<u32>, String> {
+pub fn parse_ranks(v: &str) -> Result<Ranks, String> {
     let bad = || {
         format!(
             "IBJITTER_RANKS={}: expected ranks and ranges like 0,3-5",
-            v.trim()
+            shown(v.trim())
         )
     };
-    let mut ranks = Vec::new();
+    let mut ranges = Vec::new();
     for part in v.split(',').map(str::trim) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) = (
-                    a.trim().parse().map_err(|_| bad())?,
-                    b.trim().parse().map_err(|_| bad())?,
-                );
-                if a > b || b - a > 1_000_000 {
-                    return Err(bad());
-                }
-                ranks.extend(a..=b);
-            }
-            None => ranks.push(part.parse().map_err(|_| bad())?),
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u32, u32) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        if a > b {
+            return Err(bad());
+        }
+        ranges.push((a, b));
+    }
+    ranges.sort_unstable();
+    let mut merged: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+    for (a, b) in ranges {
+        match merged.last_mut() {
+            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
         }
     }
-    Ok(ranks)
+    Ok(Ranks(merged))
 }
 
 /// A seed file holds one integer (and perhaps a comment): more is not a seed file.
@@ -84,15 +156,22 @@ pub fn parse_seed(v: &str) -> Result<(u64, String), String> {
         return Ok((n, "IBJITTER_SEED".into()));
     }
     let bytes = table::format::read_small_file(Path::new(v), MAX_SEED_BYTES).map_err(|e| {
-        format!("IBJITTER_SEED={v}: not an integer, and cannot read it as a seed file: {e}")
+        format!(
+            "IBJITTER_SEED={}: not an integer, and cannot read it as a seed file: {}",
+            shown(v),
+            clipped(e.to_string(), v)
+        )
     })?;
     let text = String::from_utf8_lossy(&bytes);
     let t = text.trim();
     parse_u64(t)
         .map(|n| (n, format!("file {v}")))
         .ok_or_else(|| {
-            let shown: String = t.chars().take(40).collect();
-            format!("IBJITTER_SEED={v}: seed file must hold one integer, found {shown:?}")
+            let found: String = t.chars().take(40).collect();
+            format!(
+                "IBJITTER_SEED={}: seed file must hold one integer, found {found:?}",
+                shown(v)
+            )
         })
 }
 
@@ -104,12 +183,27 @@ pub fn parse_u64(t: &str) -> Option<u64> {
     }
 }
 
+/// The longest text read as a duration: any real one is far shorter, and a long one would
+/// be quoted in full by the table crate's messages.
+const DURATION_MAX_BYTES: usize = 64;
+
+/// The largest duration (ns, or loops) any setting may hold: what a u64 holds. A larger
+/// one (`1e30s`) would wrap or saturate wherever it is converted, so it is refused here.
+pub const DURATION_MAX: f64 = u64::MAX as f64;
+
 /// Parses IBJITTER_DELAY/JITTER: a duration in the table crate's one grammar (a number and a
 /// unit: ns, us/µs/usec, ms/msec, s/sec, e.g. `1.5ms`, `250 ns`, `1e3us`), non-negative. A bare
 /// `0` needs no unit. A bare non-zero number is refused: tc reads it as µs, most readers as
 /// ns, so we ask instead of guessing. In loops mode the value is a plain loop count.
+/// Non-finite and negative values are refused.
 pub fn parse_duration(v: &str, unit: Unit) -> Result<f64, String> {
     let t = v.trim();
+    if t.len() > DURATION_MAX_BYTES {
+        return Err(format!(
+            "{}: too long for a duration (at most {DURATION_MAX_BYTES} bytes)",
+            quoted(t)
+        ));
+    }
     let bare: Option<f64> = t.parse().ok().filter(|n: &f64| n.is_finite());
     let n = match (unit, bare) {
         (Unit::Loops, Some(n)) => n,
@@ -126,10 +220,28 @@ pub fn parse_duration(v: &str, unit: Unit) -> Result<f64, String> {
             table::duration::parse_duration(t).map_err(|e| format!("{t:?}: {e}"))?
         }
     };
+    if !n.is_finite() {
+        return Err(format!("{t:?}: expected a finite duration"));
+    }
     if n < 0.0 {
         return Err(format!("{t:?}: expected a non-negative duration"));
     }
     Ok(n)
+}
+
+/// [`parse_duration`] for a value kept as a whole count (a bound, a time, a completion
+/// delay): larger than [`DURATION_MAX`] is refused, where a conversion would saturate or wrap.
+pub fn parse_duration_u64(v: &str, unit: Unit) -> Result<u64, String> {
+    let n = parse_duration(v, unit)?;
+    if n.round() >= DURATION_MAX {
+        return Err(format!(
+            "{:?}: too large (at most {} {u}, what 64 bits hold)",
+            v.trim(),
+            u64::MAX,
+            u = unit.name()
+        ));
+    }
+    Ok(n.round() as u64)
 }
 
 #[cfg(test)]
