@@ -131,9 +131,11 @@ pub const LAUNCHER_RANK_VARS: [&str; 5] = [
     "MV2_COMM_WORLD_RANK",
 ];
 
-/// Draws `IBJITTER_TRACE` keeps by default (4 bytes each), and at most.
+/// Draws `IBJITTER_TRACE` keeps by default (4 bytes each), and at most: 16 Mi draws, 64 MiB
+/// of address space (a shim in every process of a job must not ask for a gigabyte; a longer
+/// study takes several runs).
 pub const DEFAULT_TRACE_MAX: usize = 1_000_000;
-const MAX_TRACE_MAX: u64 = 1 << 28;
+const MAX_TRACE_MAX: u64 = 1 << 24;
 
 /// Reads variables and collects what is wrong with them, in the order they are read.
 struct Reader<'a> {

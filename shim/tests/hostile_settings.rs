@@ -1,0 +1,187 @@
+//! Settings a hostile host gives the injector, with the built libibjitter.so over the stub
+//! libibverbs: an address-space limit (`ulimit -v`, as batch systems set it). The rule: one
+//! clear warning, then pass-through; never an abort.
+//!
+//! Each case runs a child under `sh -c 'ulimit -v KB; exec ...'` with a time limit (a hang
+//! fails the test).
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// Built once for the tests of this binary (they run in parallel).
+fn built() -> &'static (PathBuf, PathBuf, PathBuf) {
+    static BUILT: std::sync::OnceLock<(PathBuf, PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        (
+            build_shim(),
+            build_stub(),
+            build_c("limited_post", "limited_post", &["-ldl"]),
+        )
+    })
+}
+
+/// Runs `program args` with the shim preloaded, only `env` of the `IBJITTER_*` variables,
+/// under `ulimit -v limit_kb` (None: no limit); fails the test after 30 s.
+fn run_limited(
+    limit_kb: Option<u64>,
+    env: &[(&str, &str)],
+    program: &Path,
+    args: &[&str],
+) -> Output {
+    let (so, _, _) = built();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        // The shim goes into the program only, not into this shell.
+        .arg(
+            r#"if [ "$0" != none ]; then ulimit -v "$0" || exit 99; fi
+               LD_PRELOAD="$1"; export LD_PRELOAD; shift; exec "$@""#,
+        )
+        .arg(limit_kb.map_or("none".to_string(), |k| k.to_string()))
+        .arg(so)
+        .arg(program)
+        .args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") || k == "RUST_BACKTRACE" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env_remove("LD_PRELOAD").envs(env.iter().copied());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn sh");
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("{cmd:?} still running after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// An address space of 64 MiB holds a shell and the shim many times over: settings that
+/// asked for more at load (a 1 GiB or 64 MiB trace buffer, a rank list expanded to 2 GB)
+/// aborted even `/bin/sh -c true` (exit 134). Now the shell runs; a setting the shim refuses
+/// is said.
+#[test]
+fn a_shell_under_an_address_space_limit_runs_whatever_the_settings() {
+    const LIMIT_KB: u64 = 64 * 1024;
+    // Ranges of a million ranks each: 5.9 KB of text, 300 million ranks.
+    let ranks: String = (0..300u64)
+        .map(|i| format!("{}-{}", i * 2_000_000, i * 2_000_000 + 1_000_000))
+        .collect::<Vec<_>>()
+        .join(",");
+    let trace = std::env::temp_dir().join(format!("ibjitter-limited-{}.trace", std::process::id()));
+    let trace = trace.to_str().unwrap();
+    for (env, warns) in [
+        (
+            vec![
+                ("IBJITTER_DELAY", "1us"),
+                ("IBJITTER_TRACE", trace),
+                ("IBJITTER_TRACE_MAX", "268435456"),
+            ],
+            Some("IBJITTER_TRACE_MAX=268435456: expected a number of draws, 1..=16777216"),
+        ),
+        (
+            vec![
+                ("IBJITTER_DELAY", "1us"),
+                ("IBJITTER_TRACE", trace),
+                ("IBJITTER_TRACE_MAX", "16777216"),
+            ],
+            None,
+        ),
+        (
+            vec![
+                ("IBJITTER_DELAY", "1us"),
+                ("IBJITTER_RANKS", &ranks),
+                ("PMI_RANK", "2500000"),
+            ],
+            None,
+        ),
+    ] {
+        let out = run_limited(Some(LIMIT_KB), &env, Path::new("/bin/sh"), &["-c", "true"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{env:?}: {}\n{err}", out.status);
+        match warns {
+            Some(w) => assert!(
+                err.lines()
+                    .filter(|l| l.starts_with("ibjitter: warning:"))
+                    .count()
+                    == 1
+                    && err.contains(w),
+                "{env:?}: {err}"
+            ),
+            None => assert!(!err.contains("ibjitter"), "{env:?}: {err}"),
+        }
+    }
+    assert!(!Path::new(trace).exists(), "no draw, no trace file");
+}
+
+/// A program that opens a device and posts, under a limit a few MiB above what it needs with
+/// the shim passing through: the send counters (4 MiB), the delay line's pool (3.7 MiB) and
+/// the trace buffer (64 MiB) do not fit. Each was allocated with an abort on failure (exit
+/// 134); now each is one warning and that feature off, and every post reaches the provider.
+#[test]
+fn a_verbs_program_under_an_address_space_limit_posts_with_features_off() {
+    let (_, stub, driver) = built();
+    let stub = stub.to_str().unwrap();
+    const POSTS: &str = "200";
+    // What the program needs with the shim loaded and doing nothing.
+    let base = run_limited(None, &[("IBJITTER_CONTROL", "0")], driver, &[stub, POSTS]);
+    let base_out = text(&base.stdout);
+    assert!(base.status.success(), "{}{}", base_out, text(&base.stderr));
+    let peak_kb: u64 = base_out
+        .split("vm_peak_kb=")
+        .nth(1)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no vm_peak_kb in {base_out}"));
+    let limit_kb = peak_kb + 3 * 1024;
+    let trace = std::env::temp_dir().join(format!(
+        "ibjitter-limited-post-{}.trace",
+        std::process::id()
+    ));
+    let out = run_limited(
+        Some(limit_kb),
+        &[
+            ("IBJITTER_CONTROL", "0"),
+            ("IBJITTER_DELAY", "1us"),
+            ("IBJITTER_STATS", "/dev/null"),
+            ("IBJITTER_CQ_DELAY", "1us"),
+            ("IBJITTER_MODE", "line"),
+            ("IBJITTER_TRACE", trace.to_str().unwrap()),
+            ("IBJITTER_TRACE_MAX", "16777216"),
+        ],
+        driver,
+        &[stub, POSTS],
+    );
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "ulimit -v {limit_kb}: {}\n{stdout}{err}",
+        out.status
+    );
+    assert!(
+        stdout.contains(&format!("posts={POSTS} provider={POSTS} ")),
+        "{stdout}"
+    );
+    for says in [
+        "cannot allocate the send counters",
+        "IBJITTER_MODE=line: cannot allocate the delay line",
+        "IBJITTER_TRACE: cannot allocate 64 MiB",
+    ] {
+        assert_eq!(
+            err.matches(says).count(),
+            1,
+            "ulimit -v {limit_kb}: once {says:?} in\n{err}"
+        );
+    }
+    let _ = std::fs::remove_file(&trace);
+}
