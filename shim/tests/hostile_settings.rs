@@ -185,3 +185,74 @@ fn a_verbs_program_under_an_address_space_limit_posts_with_features_off() {
     }
     let _ = std::fs::remove_file(&trace);
 }
+
+/// `IBJITTER_DIST=NAME` looks beside the loaded library (an installed layout,
+/// `PREFIX/lib/libibjitter.so` and `PREFIX/share/ibjitter/distributions/`), not under the path
+/// the library was built in: a copy installed elsewhere never reads the build's checkout.
+#[test]
+fn named_tables_are_found_beside_the_installed_library() {
+    let (so, stub, driver) = built();
+    let stub = stub.to_str().unwrap();
+    let prefix = std::env::temp_dir().join(format!("ibjitter-prefix-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&prefix);
+    let dists = prefix.join("share/ibjitter/distributions");
+    std::fs::create_dir_all(prefix.join("lib")).unwrap();
+    std::fs::create_dir_all(&dists).unwrap();
+    let checkout = workspace_root();
+    std::fs::copy(
+        checkout.join("distributions/normal.dist"),
+        dists.join("installed-only.dist"),
+    )
+    .unwrap();
+    let installed = prefix.join("lib/libibjitter.so");
+    std::fs::copy(so, &installed).unwrap();
+    let run = |name: &str| {
+        let mut cmd = Command::new(driver);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IBJITTER_") {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd
+            .args([stub, "10"])
+            .env("LD_PRELOAD", &installed)
+            .env("IBJITTER_CONTROL", "0")
+            .env("IBJITTER_DIST", name)
+            .env("IBJITTER_DELAY", "10us")
+            .env("IBJITTER_JITTER", "1us")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stderr)
+    };
+    let err = run("installed-only");
+    assert!(
+        err.contains(&format!(
+            "table {}",
+            dists.join("installed-only.dist").display()
+        )),
+        "{err}"
+    );
+    // The checkout has normal.dist; the installed copy must not read it.
+    let err = run("normal");
+    let ours = checkout.join("distributions");
+    assert!(!err.contains(ours.to_str().unwrap()), "{err}");
+    let iproute2 = [
+        "/usr/lib/x86_64-linux-gnu/tc",
+        "/usr/lib/tc",
+        "/usr/lib64/tc",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join("normal.dist"))
+    .find(|p| p.is_file());
+    match iproute2 {
+        Some(p) => assert!(err.contains(&format!("table {}", p.display())), "{err}"),
+        None => assert!(
+            err.contains(
+                "IBJITTER_DIST=normal: no such named distribution (looked for normal.dist in"
+            ) && err.contains(dists.to_str().unwrap()),
+            "{err}"
+        ),
+    }
+    std::fs::remove_dir_all(&prefix).unwrap();
+}

@@ -100,6 +100,9 @@ pub struct Settings {
     pub line: bool,
     /// `IBJITTER_CQ_TABLE`/`IBJITTER_CQ_DELAY`: completions are held this long (ns).
     pub cq: Option<Delays>,
+    /// `IBJITTER_DISTRIBUTIONS`: the first directory of named tables (kept for live `set`s,
+    /// which must not read the environment from the control thread).
+    pub distributions: Option<String>,
 }
 
 /// How draws follow each other (all off by default: i.i.d. draws from one table).
@@ -183,6 +186,7 @@ impl Settings {
             control: true,
             line: false,
             cq: None,
+            distributions: None,
         }
     }
 
@@ -239,11 +243,12 @@ impl Settings {
         }
     }
 
-    /// `IBJITTER_QUIET`, `IBJITTER_STATS`, `IBJITTER_CONTROL`. An unreadable boolean does the
+    /// `IBJITTER_QUIET`, `_STATS`, `_CONTROL`, `_DISTRIBUTIONS`. An unreadable boolean does the
     /// least: the shim is not quiet (its warning shows anyway) and starts no live control.
     fn read_outputs(&mut self, r: &mut Reader<'_>) {
         self.quiet = Self::read_bool(r, "IBJITTER_QUIET", false, false);
         self.stats = r.nonempty("IBJITTER_STATS");
+        self.distributions = r.nonempty("IBJITTER_DISTRIBUTIONS");
         self.control = Self::read_bool(r, "IBJITTER_CONTROL", true, false);
     }
 

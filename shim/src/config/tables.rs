@@ -1,6 +1,7 @@
 //! Loading and bounding the tables the settings name: the send table (`IBJITTER_TABLE`,
 //! `_DIST`, `_DELAY`, `_JITTER`), `IBJITTER_PROB`'s thinning, `IBJITTER_EPISODES`' two tables
 //! and the completion-side table (`IBJITTER_CQ_TABLE`, `_CQ_DELAY`).
+use crate::config::dists::{dist_dirs, find_named, own_path};
 use crate::config::values::{clipped, parse_duration, parse_duration_u64, quoted, shown, Unit};
 use ibjitter_table::{self as table, Kind, ENTRIES};
 use std::path::{Path, PathBuf};
@@ -252,10 +253,11 @@ pub fn load_delays(var: Var<'_>, unit: Unit) -> Result<Option<Delays>, String> {
             let path: PathBuf = if d.contains('/') {
                 PathBuf::from(d)
             } else {
-                table::resolve_named_dist(d).ok_or_else(|| {
-                    let d = shown(d);
-                    format!("IBJITTER_DIST={d}: no such named distribution (looked for {d}.dist in the project's distributions/ and iproute2's directory)")
-                })?
+                let dirs = dist_dirs(
+                    own_path().as_deref(),
+                    var("IBJITTER_DISTRIBUTIONS").as_deref(),
+                );
+                find_named(d, &dirs).map_err(|e| format!("IBJITTER_DIST={}: {e}", shown(d)))?
             };
             let t = table::read(&path, Kind::Netem)
                 .map_err(|e| format!("IBJITTER_DIST: {}", clipped(e.to_string(), d)))?;

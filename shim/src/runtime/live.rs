@@ -69,6 +69,10 @@ pub fn apply_live_set(text: &str) -> Result<String, String> {
     let unit = l.settings.unit;
     vars.insert("IBJITTER_UNIT".into(), unit.name().into());
     vars.insert("IBJITTER_SEED".into(), l.settings.seed.to_string());
+    // Named tables are found where they were at launch.
+    if let Some(d) = &l.settings.distributions {
+        vars.insert("IBJITTER_DISTRIBUTIONS".into(), d.clone());
+    }
     let s = Settings::from_vars(|k| vars.get(k).cloned());
     if let Some(w) = s.warning {
         return Err(w
