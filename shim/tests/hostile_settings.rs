@@ -256,3 +256,81 @@ fn named_tables_are_found_beside_the_installed_library() {
     }
     std::fs::remove_dir_all(&prefix).unwrap();
 }
+
+/// Starts the driver with the shim and `env`, posting `posts` sends then staying `hold_ms`;
+/// returns it once it has posted (its control file is served from its device open).
+fn start_held(env: &[(&str, &str)], posts: &str, hold_ms: &str) -> std::process::Child {
+    use std::io::BufRead;
+    let (so, stub, driver) = built();
+    let mut cmd = Command::new(driver);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut child = cmd
+        .args([stub.to_str().unwrap(), posts, hold_ms])
+        .env("LD_PRELOAD", so)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.starts_with("limited_post posts="), "{first:?}");
+    child
+}
+
+/// A process started with `IBJITTER_UNIT=loops` answers live control in its unit: the table
+/// and the sum are said in loops (status showed loops as ms), and a `set` it cannot read in
+/// loops is refused with the unit and how to give the value (`inject set --delay` sent ns, so
+/// no set could ever succeed). A plain loop count is applied.
+#[test]
+fn live_control_of_a_process_counting_loops_speaks_loops() {
+    use ibjitter_control::{self as ctl, Command as Request};
+    let wait = Duration::from_secs(2);
+    let mut loops = start_held(
+        &[("IBJITTER_UNIT", "loops"), ("IBJITTER_DELAY", "300")],
+        "50",
+        "4000",
+    );
+    let pid = loops.id();
+    let a = ctl::send(pid, Request::Status, "", wait).unwrap();
+    assert!(a.ok, "{a:?}");
+    assert_eq!(a.text, "table constant 300 loops (delays in loops)");
+    assert_eq!(
+        (a.delayed, a.sum_ns),
+        (50, 50 * 300),
+        "the sum counts loops"
+    );
+    let a = ctl::send(pid, Request::Set, "IBJITTER_DELAY=200000ns", wait).unwrap();
+    assert!(!a.ok, "{a:?}");
+    assert!(
+        a.text.contains("IBJITTER_UNIT=loops")
+            && a.text.contains("plain loop counts, e.g. --delay 5000"),
+        "{}",
+        a.text
+    );
+    let a = ctl::send(pid, Request::Set, "IBJITTER_DELAY=5000", wait).unwrap();
+    assert!(a.ok, "{a:?}");
+    assert_eq!(a.text, "table constant 5000 loops (delays in loops)");
+    assert!(loops.wait().unwrap().success());
+    // The shim leaves its control file at exit (`inject --all` clears such files): ours go.
+    let _ = std::fs::remove_file(ctl::path(pid));
+
+    let mut ns = start_held(&[("IBJITTER_DELAY", "1us")], "10", "4000");
+    let pid = ns.id();
+    let a = ctl::send(pid, Request::Status, "", wait).unwrap();
+    assert_eq!(a.text, "table constant 1000 ns");
+    let a = ctl::send(pid, Request::Set, "IBJITTER_DELAY=5000", wait).unwrap();
+    assert!(!a.ok, "{a:?}");
+    assert!(
+        a.text.contains("counts delays in ns") && a.text.contains("e.g. --delay 200us"),
+        "{}",
+        a.text
+    );
+    assert!(ns.wait().unwrap().success());
+    let _ = std::fs::remove_file(ctl::path(pid));
+}

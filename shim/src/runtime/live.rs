@@ -1,13 +1,27 @@
 //! `ibjitter inject`'s requests, applied: a new table (`set`), and what the answers say
 //! (counts, the table in force). The control thread ([`crate::runtime::control`]) calls these.
-use crate::config::Settings;
+use crate::config::{Settings, Unit};
 use crate::draw::{counts, episodes, table};
 use crate::report::sigstats;
 use crate::report::stats::path_for;
 use crate::runtime::loaded;
 use crate::state;
 
-/// For live control's answers: sends that passed a hook, delayed ones, their sum in ns.
+/// Said after the table in every answer of a process started with `IBJITTER_UNIT=loops`:
+/// its sums count loops, not ns (`ibjitter inject` reads this mark; the segment's layout
+/// stays as it is).
+pub const LOOPS_MARK: &str = " (delays in loops)";
+
+/// The mark of the process's unit for its answers ([`LOOPS_MARK`] or nothing).
+fn unit_mark(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Ns => "",
+        Unit::Loops => LOOPS_MARK,
+    }
+}
+
+/// For live control's answers: sends that passed a hook, delayed ones, their sum in the
+/// process's unit (ns, or loops: see [`LOOPS_MARK`]).
 pub fn live_counts() -> (u64, u64, u64) {
     let snap = counts::snapshot();
     let guard = loaded::get();
@@ -27,14 +41,14 @@ pub fn live_counts() -> (u64, u64, u64) {
 /// What is injected now, for live control's answers.
 pub fn table_now() -> String {
     let guard = loaded::get();
-    match guard
-        .as_ref()
-        .and_then(|g| g.as_ref())
-        .and_then(|l| l.settings.delays.as_ref())
-    {
-        Some(d) if state::paused() => format!("paused (table {})", d.source),
-        Some(d) => format!("table {}", d.source),
-        None => "no table (pass-through)".into(),
+    let Some(l) = guard.as_ref().and_then(|g| g.as_ref()) else {
+        return "no table (pass-through)".into();
+    };
+    let mark = unit_mark(l.settings.unit);
+    match &l.settings.delays {
+        Some(d) if state::paused() => format!("paused (table {}){mark}", d.source),
+        Some(d) => format!("table {}{mark}", d.source),
+        None => format!("no table (pass-through){mark}"),
     }
 }
 
@@ -75,9 +89,23 @@ pub fn apply_live_set(text: &str) -> Result<String, String> {
     }
     let s = Settings::from_vars(|k| vars.get(k).cloned());
     if let Some(w) = s.warning {
-        return Err(w
-            .trim_end_matches("; injection disabled (pass-through)")
-            .to_string());
+        let w = w.trim_end_matches("; injection disabled (pass-through)");
+        // A duration this process cannot read in its unit: say the unit and how to give it.
+        let duration = ["IBJITTER_DELAY=", "IBJITTER_JITTER="]
+            .iter()
+            .any(|k| w.contains(k));
+        return Err(match (duration, unit) {
+            (false, _) => w.to_string(),
+            (true, Unit::Ns) => format!(
+                "{w} (this process counts delays in ns: give --delay and --jitter a duration \
+                 with a unit, e.g. --delay 200us)"
+            ),
+            (true, Unit::Loops) => format!(
+                "{w} (this process was started with IBJITTER_UNIT=loops and counts delays in \
+                 busy-wait loops: give --delay and --jitter as plain loop counts, e.g. \
+                 --delay 5000, or a --table of loop counts)"
+            ),
+        });
     }
     let mut d = s
         .delays
@@ -94,7 +122,7 @@ pub fn apply_live_set(text: &str) -> Result<String, String> {
     if let Some(pattern) = &l.settings.stats {
         sigstats::arm(&path_for(pattern), Some(&d.values), unit, l.settings.seed);
     }
-    let now = format!("table {}", d.source);
+    let now = format!("table {}{}", d.source, unit_mark(unit));
     l.settings.delays = Some(d);
     Ok(now)
 }

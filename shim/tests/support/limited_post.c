@@ -3,9 +3,10 @@
  * CQ, posts POSTS sends through the context's post_send (verbs.h's inline ibv_post_send),
  * then prints how many reached the provider and the process's peak address space.
  *
- *   limited_post STUB_LIBIBVERBS POSTS
- * Output: "limited_post posts=N provider=M vm_peak_kb=K"; exits 0 when every post returned 0
- * and reached the provider.
+ *   limited_post STUB_LIBIBVERBS POSTS [HOLD_MS]
+ * Output: "limited_post posts=N provider=M vm_peak_kb=K"; then, with HOLD_MS, the process
+ * stays HOLD_MS ms (live control can address it). Exits 0 when every post returned 0 and
+ * reached the provider.
  * The verbs are looked up by name in the global scope, where the preloaded shim's exports
  * come first (as for any program linked with libibverbs). */
 #define _GNU_SOURCE
@@ -47,7 +48,7 @@ static long vm_peak_kb(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: limited_post STUB_LIBIBVERBS POSTS\n");
+        fprintf(stderr, "usage: limited_post STUB_LIBIBVERBS POSTS [HOLD_MS]\n");
         return 2;
     }
     long posts = atol(argv[2]);
@@ -107,5 +108,9 @@ int main(int argc, char **argv) {
     printf("limited_post posts=%ld provider=%lu vm_peak_kb=%ld\n", posts, reached,
            vm_peak_kb());
     fflush(stdout);
+    long hold_ms = argc > 3 ? atol(argv[3]) : 0;
+    struct timespec hold = {hold_ms / 1000, (hold_ms % 1000) * 1000000L};
+    if (hold_ms > 0)
+        nanosleep(&hold, NULL);
     return failed == 0 && reached == (unsigned long)posts ? 0 : 1;
 }
