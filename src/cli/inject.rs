@@ -52,17 +52,34 @@ struct SetArgs {
     /// IBJITTER_DIST: normal, pareto, paretonormal or a netem .dist file (with --delay)
     #[arg(long)]
     dist: Option<String>,
-    /// IBJITTER_DELAY, e.g. 200us
-    #[arg(long, value_parser = units::duration)]
-    delay: Option<Duration>,
-    /// IBJITTER_JITTER
-    #[arg(long, value_parser = units::duration)]
-    jitter: Option<Duration>,
+    /// IBJITTER_DELAY, e.g. 200us; a plain number is a loop count, for processes started
+    /// with IBJITTER_UNIT=loops
+    #[arg(long, value_parser = delay_value)]
+    delay: Option<Delay>,
+    /// IBJITTER_JITTER (a duration, or a loop count as --delay)
+    #[arg(long, value_parser = delay_value)]
+    jitter: Option<Delay>,
     /// IBJITTER_PROB: delay a send with this probability
     #[arg(long)]
     prob: Option<f64>,
     #[command(flatten)]
     targets: Targets,
+}
+
+/// A `--delay`/`--jitter` value: a duration, or a plain count of busy-wait loops (what a
+/// process started with `IBJITTER_UNIT=loops` counts; a process counting ns refuses it and
+/// says so).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Delay {
+    Time(Duration),
+    Loops(u64),
+}
+
+fn delay_value(text: &str) -> Result<Delay, String> {
+    match text.trim().parse::<u64>() {
+        Ok(n) => Ok(Delay::Loops(n)),
+        Err(_) => units::duration(text).map(Delay::Time),
+    }
 }
 
 impl SetArgs {
@@ -90,8 +107,10 @@ impl SetArgs {
             ("IBJITTER_DELAY", self.delay),
             ("IBJITTER_JITTER", self.jitter),
         ] {
-            if let Some(v) = v {
-                lines.push(format!("{k}={}ns", v.as_nanos()));
+            match v {
+                Some(Delay::Time(t)) => lines.push(format!("{k}={}ns", t.as_nanos())),
+                Some(Delay::Loops(n)) => lines.push(format!("{k}={n}")),
+                None => {}
             }
         }
         if let Some(p) = self.prob {
@@ -169,8 +188,13 @@ pub fn run(args: InjectArgs) -> i32 {
     i32::from(failed)
 }
 
+/// What the shim of a process started with `IBJITTER_UNIT=loops` says after its table
+/// (`runtime::live::LOOPS_MARK` in libibjitter.so): its sum counts loops, not ns.
+const LOOPS_MARK: &str = " (delays in loops)";
+
 /// One process's answer: "4242 injecting: table constant 200000 ns; 1200 sends, 800
-/// delayed, 160.000 ms in all (applied after 7.1 ms)".
+/// delayed, 160.000 ms in all (applied after 7.1 ms)"; with loops, "… 800 delayed, 4000000
+/// loops in all …".
 fn line(a: &Answer) -> String {
     let state = if !a.ok {
         "refused"
@@ -181,13 +205,74 @@ fn line(a: &Answer) -> String {
     } else {
         "pass-through"
     };
+    let sum = if a.text.contains(LOOPS_MARK) {
+        format!("{} loops", a.sum_ns)
+    } else {
+        format!("{:.3} ms", a.sum_ns as f64 / 1e6)
+    };
     format!(
-        "{} {state}: {}; {} sends, {} delayed, {:.3} ms in all (applied after {:.1} ms)",
+        "{} {state}: {}; {} sends, {} delayed, {sum} in all (applied after {:.1} ms)",
         a.pid,
         a.text,
         a.posts,
         a.delayed,
-        a.sum_ns as f64 / 1e6,
         a.applied_after.as_secs_f64() * 1e3
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(text: &str) -> Answer {
+        Answer {
+            pid: 42,
+            ok: true,
+            text: text.into(),
+            state: STATE_INJECTING,
+            posts: 10,
+            delayed: 4,
+            sum_ns: 20_000,
+            applied_after: Duration::from_millis(3),
+        }
+    }
+
+    #[test]
+    fn a_process_counting_loops_is_answered_in_loops() {
+        let l = line(&answer("table constant 5000 loops (delays in loops)"));
+        assert!(l.contains("4 delayed, 20000 loops in all"), "{l}");
+        let ns = line(&answer("table constant 5000 ns"));
+        assert!(ns.contains("4 delayed, 0.020 ms in all"), "{ns}");
+    }
+
+    #[test]
+    fn a_plain_delay_is_a_loop_count_and_a_unit_a_duration() {
+        assert_eq!(delay_value("5000"), Ok(Delay::Loops(5000)));
+        assert_eq!(
+            delay_value("200us"),
+            Ok(Delay::Time(Duration::from_micros(200)))
+        );
+        assert!(delay_value("soon").is_err());
+        let set = |delay| SetArgs {
+            table: None,
+            dist: None,
+            delay: Some(delay),
+            jitter: None,
+            prob: None,
+            targets: Targets {
+                pids: vec![1],
+                all: false,
+            },
+        };
+        assert_eq!(
+            set(Delay::Loops(5000)).settings().unwrap(),
+            "IBJITTER_DELAY=5000"
+        );
+        assert_eq!(
+            set(Delay::Time(Duration::from_micros(200)))
+                .settings()
+                .unwrap(),
+            "IBJITTER_DELAY=200000ns"
+        );
+    }
 }

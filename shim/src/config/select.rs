@@ -2,6 +2,7 @@
 //! and described; the opcode classes. What the post path does with them:
 //! [`crate::modes::select`].
 use crate::abi::verbs::*;
+use crate::config::values::{quoted, shown};
 use std::net::IpAddr;
 
 /// Opcode classes, as bits of the names' mask.
@@ -115,14 +116,14 @@ fn list<T>(
 ) -> Result<Vec<T>, String> {
     let mut out = Vec::new();
     for t in v.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-        if let Some(x) = item(t).map_err(|e| format!("{var}={}: {e}", v.trim()))? {
+        if let Some(x) = item(t).map_err(|e| format!("{var}={}: {e}", shown(v.trim())))? {
             out.push(x);
         }
     }
     if out.is_empty() {
         return Err(format!(
             "{var}={}: expected a comma-separated list",
-            v.trim()
+            shown(v.trim())
         ));
     }
     Ok(out)
@@ -135,7 +136,7 @@ fn parse_ops(v: &str) -> Result<u8, String> {
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(t))
             .map(|(_, b)| Some(*b))
-            .ok_or_else(|| format!("\"{t}\" is not one of {}", names.join(", ")))
+            .ok_or_else(|| format!("{} is not one of {}", quoted(t), names.join(", ")))
     })?;
     Ok(bits.into_iter().fold(0, |a, b| a | b))
 }
@@ -148,7 +149,8 @@ fn parse_qpn(t: &str) -> Result<u32, String> {
     match n {
         Ok(n) if n < 1 << 24 => Ok(n),
         _ => Err(format!(
-            "\"{t}\" is not a QP number (24 bits, decimal or 0x hex)"
+            "{} is not a QP number (24 bits, decimal or 0x hex)",
+            quoted(t)
         )),
     }
 }
@@ -161,13 +163,14 @@ fn parse_dest(t: &str) -> Result<Dest, String> {
         return l
             .parse()
             .map(Dest::Lid)
-            .map_err(|_| format!("\"{t}\": a LID is a 16-bit number"));
+            .map_err(|_| format!("{}: a LID is a 16-bit number", quoted(t)));
     }
     match t.strip_prefix("gid:").unwrap_or(t).parse::<IpAddr>() {
         Ok(IpAddr::V4(a)) => Ok(Dest::Gid(a.to_ipv6_mapped().octets())),
         Ok(IpAddr::V6(a)) => Ok(Dest::Gid(a.octets())),
         Err(_) => Err(format!(
-            "\"{t}\" is not qpn:N, lid:N, an IP address or a GID"
+            "{} is not qpn:N, lid:N, an IP address or a GID",
+            quoted(t)
         )),
     }
 }

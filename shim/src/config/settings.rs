@@ -1,27 +1,17 @@
-//! Configuration from the environment, read once at load. Any problem becomes one warning
-//! line and pass-through: the host program must never be harmed by a typo.
+//! The settings: what the `IBJITTER_*` environment asks for, read once at load (and for a
+//! live `set`). Any problem becomes one warning line and pass-through: the host program must
+//! never be harmed by a typo. The grammar of single values is in [`crate::config::values`],
+//! the tables in [`crate::config::tables`].
 use crate::config::select::Selection;
-use ibjitter_table::{self as table, Kind, ENTRIES};
-use std::path::{Path, PathBuf};
+use crate::config::tables::{
+    bounded, default_max_delay, load_cq, load_delays, load_episodes, with_probability, Delays, Var,
+};
+use crate::config::values::{
+    parse_bool, parse_correlation, parse_duration_u64, parse_probability, parse_ranks, parse_seed,
+    parse_u64, quoted, shown, Unit,
+};
 
 pub use crate::sys::rng::DEFAULT_SEED;
-
-/// What a table entry counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    Ns,
-    /// Raw busy-loop iterations, as the research's injector used.
-    Loops,
-}
-
-impl Unit {
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Ns => "ns",
-            Unit::Loops => "loops",
-        }
-    }
-}
 
 /// What one draw delays (`IBJITTER_PER`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,23 +67,6 @@ pub enum Spin {
     Pause,
 }
 
-/// A loaded delay table, in `Unit`s.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Delays {
-    /// How it was specified, for the startup line and the stats file.
-    pub source: String,
-    pub values: Vec<u64>,
-}
-
-impl Delays {
-    pub fn mean(&self) -> f64 {
-        self.values.iter().map(|&v| v as f64).sum::<f64>() / self.values.len() as f64
-    }
-    pub fn max(&self) -> u64 {
-        self.values.iter().copied().max().unwrap_or(0)
-    }
-}
-
 /// Everything the environment asked for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -127,6 +100,9 @@ pub struct Settings {
     pub line: bool,
     /// `IBJITTER_CQ_TABLE`/`IBJITTER_CQ_DELAY`: completions are held this long (ns).
     pub cq: Option<Delays>,
+    /// `IBJITTER_DISTRIBUTIONS`: the first directory of named tables (kept for live `set`s,
+    /// which must not read the environment from the control thread).
+    pub distributions: Option<String>,
 }
 
 /// How draws follow each other (all off by default: i.i.d. draws from one table).
@@ -158,6 +134,37 @@ pub const LAUNCHER_RANK_VARS: [&str; 5] = [
     "MV2_COMM_WORLD_RANK",
 ];
 
+/// Draws `IBJITTER_TRACE` keeps by default (4 bytes each), and at most: 16 Mi draws, 64 MiB
+/// of address space (a shim in every process of a job must not ask for a gigabyte; a longer
+/// study takes several runs).
+pub const DEFAULT_TRACE_MAX: usize = 1_000_000;
+const MAX_TRACE_MAX: u64 = 1 << 24;
+
+/// Reads variables and collects what is wrong with them, in the order they are read.
+struct Reader<'a> {
+    var: Var<'a>,
+    problems: Vec<String>,
+}
+
+impl Reader<'_> {
+    /// The variable, unless unset or blank.
+    fn nonempty(&self, k: &str) -> Option<String> {
+        (self.var)(k).filter(|v| !v.trim().is_empty())
+    }
+
+    fn problem(&mut self, p: impl Into<String>) {
+        self.problems.push(p.into());
+    }
+
+    /// The launcher's rank variable set in this process, if any (the first of
+    /// [`LAUNCHER_RANK_VARS`]).
+    fn rank_var(&self) -> Option<(&'static str, String)> {
+        LAUNCHER_RANK_VARS
+            .iter()
+            .find_map(|k| (self.var)(k).map(|r| (*k, r)))
+    }
+}
+
 impl Settings {
     /// Pass-through, default seed, no stats.
     pub fn passthrough() -> Settings {
@@ -179,226 +186,37 @@ impl Settings {
             control: true,
             line: false,
             cq: None,
+            distributions: None,
         }
     }
 
     /// Reads the `IBJITTER_*` variables through `var` (the process environment in the shim).
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Settings {
+        let mut r = Reader {
+            var: &var,
+            problems: Vec::new(),
+        };
         let mut s = Settings::passthrough();
-        let nonempty = |k: &str| var(k).filter(|v| !v.trim().is_empty());
-        s.quiet = nonempty("IBJITTER_QUIET").is_some_and(|v| v.trim() != "0");
-        s.stats = nonempty("IBJITTER_STATS");
-        s.control = nonempty("IBJITTER_CONTROL").is_none_or(|v| v.trim() != "0");
-        let mut problems: Vec<String> = Vec::new();
-        match nonempty("IBJITTER_UNIT").as_deref().map(str::trim) {
-            None | Some("ns") => {}
-            Some("loops") => s.unit = Unit::Loops,
-            Some(other) => problems.push(format!(
-                "IBJITTER_UNIT={other}: expected \"ns\" or \"loops\""
-            )),
-        }
-        match nonempty("IBJITTER_PER").as_deref().map(str::trim) {
-            None | Some("post") => {}
-            Some("wr") => s.per = Per::Wr,
-            Some(other) => problems.push(format!(
-                "IBJITTER_PER={other}: expected \"post\" (one delay per call or batch) or \"wr\" (one per work request)"
-            )),
-        }
-        match nonempty("IBJITTER_LAYER").as_deref().map(str::trim) {
-            None | Some("auto") => {}
-            Some("verbs") => s.layer = Layer::Verbs,
-            Some("ucp") => s.layer = Layer::Ucp,
-            Some(other) => problems.push(format!(
-                "IBJITTER_LAYER={other}: expected \"auto\" (UCP for UCX's messages, verbs for the rest), \"verbs\" or \"ucp\""
-            )),
-        }
-        match nonempty("IBJITTER_MODE").as_deref().map(str::trim) {
-            None | Some("spin") => {}
-            Some("line") if s.unit == Unit::Loops => problems.push(
-                "IBJITTER_MODE=line keeps time: it needs delays in ns, not IBJITTER_UNIT=loops"
-                    .into(),
-            ),
-            Some("line") => s.line = true,
-            Some(other) => problems.push(format!(
-                "IBJITTER_MODE={other}: expected \"spin\" (the posting thread waits) or \"line\" (a delay line: posts return at once)"
-            )),
-        }
-        match nonempty("IBJITTER_SPIN").as_deref().map(str::trim) {
-            None | Some("auto") => {}
-            Some("plain") => s.spin = Spin::Plain,
-            Some("pause") => s.spin = Spin::Pause,
-            Some(other) => problems.push(format!(
-                "IBJITTER_SPIN={other}: expected \"auto\", \"plain\" or \"pause\""
-            )),
-        }
-        match nonempty("IBJITTER_SEED") {
-            None => {}
-            Some(v) => match parse_seed(&v) {
-                Ok((seed, source)) => {
-                    s.seed = seed;
-                    s.seed_source = source;
-                }
-                Err(e) => problems.push(e),
-            },
-        }
-        // A launcher gives every rank the same environment, so the same seed: with
-        // IBJITTER_SEED_PER_RANK=1 each rank draws its own sequence (seed + rank), repeatably.
-        match nonempty("IBJITTER_SEED_PER_RANK").as_deref().map(str::trim) {
-            None | Some("0") => {}
-            Some("1") => {
-                let rank = LAUNCHER_RANK_VARS
-                    .iter()
-                    .find_map(|k| var(k).map(|r| (*k, r)));
-                if let Some((k, r)) = rank {
-                    match r.trim().parse::<u64>() {
-                        Ok(n) => {
-                            s.seed = s.seed.wrapping_add(n);
-                            s.seed_source = format!("{} + rank {n} ({k})", s.seed_source);
-                        }
-                        Err(_) => problems.push(format!(
-                            "IBJITTER_SEED_PER_RANK=1 but {k}={r:?} is not a rank number"
-                        )),
-                    }
-                }
-            }
-            Some(other) => {
-                problems.push(format!("IBJITTER_SEED_PER_RANK={other}: expected 0 or 1"))
-            }
-        }
-        let limit = match nonempty("IBJITTER_MAX_DELAY") {
-            Some(v) => parse_duration(&v, s.unit)
-                .map_err(|e| problems.push(format!("IBJITTER_MAX_DELAY={e}")))
-                .unwrap_or(f64::INFINITY),
-            None => default_max_delay(s.unit),
+        s.read_outputs(&mut r);
+        s.read_choices(&mut r);
+        s.read_seed(&mut r);
+        let limit = s.read_max_delay(&mut r);
+        let delays = s.read_table(&mut r, limit);
+        s.read_window(&mut r);
+        // Completions are held in ns: in loops mode IBJITTER_MAX_DELAY counts loops, so the
+        // completion side keeps the default bound.
+        let cq_limit = match s.unit {
+            Unit::Ns => limit,
+            Unit::Loops => default_max_delay(Unit::Ns),
         };
-        let loaded = match nonempty("IBJITTER_EPISODES") {
-            Some(v) => load_episodes(&v, &nonempty).map(|(d, dwell)| {
-                s.shape.episodes = Some(dwell);
-                Some(d)
-            }),
-            None => load_delays(&nonempty, s.unit),
-        };
-        let delays = match loaded.and_then(|d| bounded(d, limit, s.unit)) {
-            Ok(d) => d,
-            Err(e) => {
-                problems.push(e);
-                None
-            }
-        };
-        let delays = match nonempty("IBJITTER_PROB") {
-            Some(v) => match (parse_probability(&v), delays) {
-                (Ok(p), Some(d)) => Some(with_probability(d, p, s.seed)),
-                (Ok(_), None) => {
-                    problems.push(
-                        "IBJITTER_PROB needs a table (IBJITTER_TABLE, _DIST or _DELAY)".into(),
-                    );
-                    None
-                }
-                (Err(e), _) => {
-                    problems.push(e);
-                    None
-                }
-            },
-            None => delays,
-        };
-        let mut at = |k: &str| -> Option<u64> {
-            let v = nonempty(k)?;
-            match parse_duration(&v, Unit::Ns) {
-                Ok(ns) => Some(ns.round() as u64),
-                Err(e) => {
-                    problems.push(format!("{k}={e}"));
-                    None
-                }
-            }
-        };
-        let (start, stop) = (at("IBJITTER_START"), at("IBJITTER_STOP"));
-        if start.is_some() || stop.is_some() {
-            let w = Window {
-                start_ns: start.unwrap_or(0),
-                stop_ns: stop,
-            };
-            if w.stop_ns.is_some_and(|stop| stop <= w.start_ns) {
-                problems.push(format!(
-                    "IBJITTER_STOP must come after IBJITTER_START ({} ns <= {} ns)",
-                    w.stop_ns.unwrap_or(0),
-                    w.start_ns
-                ));
-            }
-            s.window = Some(w);
-        }
-        match load_cq(&nonempty) {
+        match load_cq(&|k| r.nonempty(k), cq_limit) {
             Ok(cq) => s.cq = cq,
-            Err(e) => problems.push(e),
+            Err(e) => r.problem(e),
         }
-        if let Some(v) = nonempty("IBJITTER_CORRELATION") {
-            match parse_correlation(&v) {
-                Ok(_) if delays.is_none() => problems.push(
-                    "IBJITTER_CORRELATION needs a table (IBJITTER_TABLE, _DIST, _DELAY or _EPISODES)"
-                        .into(),
-                ),
-                Ok(rho) => s.shape.correlation = Some(rho),
-                Err(e) => problems.push(e),
-            }
-        }
-        if let Some(path) = nonempty("IBJITTER_TRACE") {
-            let max = match nonempty("IBJITTER_TRACE_MAX") {
-                None => Some(DEFAULT_TRACE_MAX),
-                Some(v) => match parse_u64(v.trim()) {
-                    Some(n) if (1..=MAX_TRACE_MAX).contains(&n) => Some(n as usize),
-                    _ => {
-                        problems.push(format!(
-                            "IBJITTER_TRACE_MAX={}: expected a number of draws, 1..={MAX_TRACE_MAX}",
-                            v.trim()
-                        ));
-                        None
-                    }
-                },
-            };
-            if delays.is_none() {
-                problems.push("IBJITTER_TRACE records draws: it needs a table".into());
-            } else if let Some(max) = max {
-                s.shape.trace = Some((path.trim().to_string(), max));
-            }
-        }
-        match Selection::parse(
-            nonempty("IBJITTER_OPS").as_deref(),
-            nonempty("IBJITTER_QPN").as_deref(),
-            nonempty("IBJITTER_DEST").as_deref(),
-        ) {
-            Ok(sel) if sel.any() && delays.is_none() => problems.push(
-                "IBJITTER_OPS, _QPN and _DEST select among delayed sends: they need a table \
-                 (IBJITTER_TABLE, _DIST or _DELAY)"
-                    .into(),
-            ),
-            Ok(sel) => s.select = sel,
-            Err(e) => problems.push(e),
-        }
-        if let Some(v) = nonempty("IBJITTER_RANKS") {
-            match parse_ranks(&v) {
-                Ok(ranks) => {
-                    let rank = LAUNCHER_RANK_VARS
-                        .iter()
-                        .find_map(|k| var(k).map(|r| (*k, r)));
-                    match rank {
-                        Some((_, r)) if r.trim().parse::<u32>().is_ok_and(|r| ranks.contains(&r)) => {}
-                        Some((k, r)) => {
-                            s.not_this_process = Some(format!(
-                                "rank {} ({k}) is not in IBJITTER_RANKS={}: nothing is delayed in this process",
-                                r.trim(),
-                                v.trim()
-                            ))
-                        }
-                        None => problems.push(format!(
-                            "IBJITTER_RANKS={} but no rank variable ({}) is set: is this an MPI or Slurm rank?",
-                            v.trim(),
-                            LAUNCHER_RANK_VARS.join(", ")
-                        )),
-                    }
-                }
-                Err(e) => problems.push(e),
-            }
-        }
-        if problems.is_empty() {
+        s.read_shape(&mut r, delays.is_some());
+        s.read_selection(&mut r, delays.is_some());
+        s.read_ranks(&mut r);
+        if r.problems.is_empty() {
             s.delays = if s.not_this_process.is_some() {
                 None
             } else {
@@ -407,357 +225,263 @@ impl Settings {
         } else {
             s.warning = Some(format!(
                 "{}; injection disabled (pass-through)",
-                problems.join("; ")
+                r.problems.join("; ")
             ));
         }
         s
     }
-}
 
-/// The salt of the stream that chooses `IBJITTER_PROB`'s entries (the draws' streams use 0
-/// and fork numbers).
-const PROBABILITY_SALT: u64 = 0x7072_6f62; // "prob"
-
-/// `IBJITTER_PROB=p`, 0 < p <= 1.
-fn parse_probability(v: &str) -> Result<f64, String> {
-    match v.trim().parse::<f64>() {
-        Ok(p) if p > 0.0 && p <= 1.0 => Ok(p),
-        _ => Err(format!(
-            "IBJITTER_PROB={}: expected a probability in (0, 1], e.g. 0.1",
-            v.trim()
-        )),
-    }
-}
-
-/// The table with all but round(p x 4096) of its entries set to 0, the kept ones chosen by a
-/// shuffle seeded from `seed`: a draw (a uniform index) then delays with probability p, at
-/// no cost on the post path, and the delays it draws are a random sample of the table's.
-/// Probabilities are in steps of 1/4096 (and at least one entry is kept).
-pub fn with_probability(d: Delays, p: f64, seed: u64) -> Delays {
-    let keep = ((p * ENTRIES as f64).round() as usize).clamp(1, ENTRIES);
-    let mut order: Vec<usize> = (0..ENTRIES).collect();
-    // Fisher-Yates over a stream of the draws' own generator, salted apart from theirs:
-    // deterministic for a seed.
-    let mut rng = crate::sys::rng::stream(seed, PROBABILITY_SALT, 0);
-    for i in (1..ENTRIES).rev() {
-        let j = (rand_core::Rng::next_u64(&mut rng) % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
-    let mut values = d.values;
-    // Each table of IBJITTER_EPISODES keeps the same entries.
-    for table in values.chunks_mut(ENTRIES) {
-        for &i in &order[keep..] {
-            table[i] = 0;
-        }
-    }
-    Delays {
-        source: format!(
-            "{}, with probability {p} ({keep} of {ENTRIES} entries kept)",
-            d.source
-        ),
-        values,
-    }
-}
-
-/// `IBJITTER_CQ_TABLE=FILE` (an absolute table, absolute path) or `IBJITTER_CQ_DELAY=D` (a
-/// constant): how long completions are held.
-fn load_cq(var: &impl Fn(&str) -> Option<String>) -> Result<Option<Delays>, String> {
-    match (var("IBJITTER_CQ_TABLE"), var("IBJITTER_CQ_DELAY")) {
-        (None, None) => Ok(None),
-        (Some(_), Some(_)) => Err("give IBJITTER_CQ_TABLE or IBJITTER_CQ_DELAY, not both".into()),
-        (Some(path), None) => {
-            let path = path.trim();
-            if !Path::new(path).is_absolute() {
-                return Err(format!("IBJITTER_CQ_TABLE={path}: give an absolute path"));
+    /// A boolean variable: `default` when unset, `on_error` (and a problem) when unreadable.
+    fn read_bool(r: &mut Reader<'_>, k: &str, default: bool, on_error: bool) -> bool {
+        match r.nonempty(k).map(|v| parse_bool(k, &v)) {
+            None => default,
+            Some(Ok(b)) => b,
+            Some(Err(e)) => {
+                r.problem(e);
+                on_error
             }
-            let t = table::read(Path::new(path), Kind::Absolute)
-                .map_err(|e| format!("IBJITTER_CQ_TABLE: {e}"))?;
-            Ok(Some(Delays {
-                source: path.to_string(),
-                values: t.entries.iter().map(|&e| e.max(0) as u64).collect(),
-            }))
-        }
-        (None, Some(d)) => {
-            let ns = parse_duration(&d, Unit::Ns).map_err(|e| format!("IBJITTER_CQ_DELAY={e}"))?;
-            Ok(Some(Delays {
-                source: format!("constant {} ns", ns.round()),
-                values: vec![ns.round() as u64; ENTRIES],
-            }))
         }
     }
-}
 
-/// Draws `IBJITTER_TRACE` keeps by default (4 bytes each), and at most.
-pub const DEFAULT_TRACE_MAX: usize = 1_000_000;
-const MAX_TRACE_MAX: u64 = 1 << 28;
+    /// `IBJITTER_QUIET`, `_STATS`, `_CONTROL`, `_DISTRIBUTIONS`. An unreadable boolean does the
+    /// least: the shim is not quiet (its warning shows anyway) and starts no live control.
+    fn read_outputs(&mut self, r: &mut Reader<'_>) {
+        self.quiet = Self::read_bool(r, "IBJITTER_QUIET", false, false);
+        self.stats = r.nonempty("IBJITTER_STATS");
+        self.distributions = r.nonempty("IBJITTER_DISTRIBUTIONS");
+        self.control = Self::read_bool(r, "IBJITTER_CONTROL", true, false);
+    }
 
-/// `IBJITTER_CORRELATION=rho`: 0 <= rho < 1, or a percentage as netem writes it (`25%`).
-fn parse_correlation(v: &str) -> Result<f64, String> {
-    let t = v.trim();
-    let rho = match t.strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
-        None => t.parse::<f64>(),
-    };
-    match rho {
-        Ok(r) if (0.0..1.0).contains(&r) => Ok(r),
-        _ => Err(format!(
-            "IBJITTER_CORRELATION={t}: expected a correlation in [0, 1), e.g. 0.5 or 50%"
-        )),
+    /// The named choices: `IBJITTER_UNIT`, `_PER`, `_LAYER`, `_MODE`, `_SPIN`.
+    fn read_choices(&mut self, r: &mut Reader<'_>) {
+        match r.nonempty("IBJITTER_UNIT").as_deref().map(str::trim) {
+            None | Some("ns") => {}
+            Some("loops") => self.unit = Unit::Loops,
+            Some(other) => r.problem(format!(
+                "IBJITTER_UNIT={}: expected \"ns\" or \"loops\"",
+                shown(other)
+            )),
+        }
+        match r.nonempty("IBJITTER_PER").as_deref().map(str::trim) {
+            None | Some("post") => {}
+            Some("wr") => self.per = Per::Wr,
+            Some(other) => r.problem(format!(
+                "IBJITTER_PER={}: expected \"post\" (one delay per call or batch) or \"wr\" (one per work request)",
+                shown(other)
+            )),
+        }
+        match r.nonempty("IBJITTER_LAYER").as_deref().map(str::trim) {
+            None | Some("auto") => {}
+            Some("verbs") => self.layer = Layer::Verbs,
+            Some("ucp") => self.layer = Layer::Ucp,
+            Some(other) => r.problem(format!(
+                "IBJITTER_LAYER={}: expected \"auto\" (UCP for UCX's messages, verbs for the rest), \"verbs\" or \"ucp\"",
+                shown(other)
+            )),
+        }
+        match r.nonempty("IBJITTER_MODE").as_deref().map(str::trim) {
+            None | Some("spin") => {}
+            Some("line") if self.unit == Unit::Loops => r.problem(
+                "IBJITTER_MODE=line keeps time: it needs delays in ns, not IBJITTER_UNIT=loops",
+            ),
+            Some("line") => self.line = true,
+            Some(other) => r.problem(format!(
+                "IBJITTER_MODE={}: expected \"spin\" (the posting thread waits) or \"line\" (a delay line: posts return at once)",
+                shown(other)
+            )),
+        }
+        match r.nonempty("IBJITTER_SPIN").as_deref().map(str::trim) {
+            None | Some("auto") => {}
+            Some("plain") => self.spin = Spin::Plain,
+            Some("pause") => self.spin = Spin::Pause,
+            Some(other) => r.problem(format!(
+                "IBJITTER_SPIN={}: expected \"auto\", \"plain\" or \"pause\"",
+                shown(other)
+            )),
+        }
     }
-}
 
-/// `IBJITTER_EPISODES=CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED`: two absolute tables
-/// (absolute paths) and the mean dwell times (with units). Returns the calm table followed by
-/// the congested one, and the means in ns.
-fn load_episodes(
-    v: &str,
-    var: &impl Fn(&str) -> Option<String>,
-) -> Result<(Delays, (f64, f64)), String> {
-    let v = v.trim();
-    let form = || {
-        format!(
-            "IBJITTER_EPISODES={v}: expected CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED \
-             (absolute table paths, durations with units, e.g. /t/calm.dist:/t/cong.dist:50ms:10ms)"
-        )
-    };
-    if [
-        "IBJITTER_TABLE",
-        "IBJITTER_DIST",
-        "IBJITTER_DELAY",
-        "IBJITTER_JITTER",
-    ]
-    .iter()
-    .any(|k| var(k).is_some())
-    {
-        return Err(
-            "IBJITTER_EPISODES brings its own two tables: do not combine it with \
-                    IBJITTER_TABLE/DIST/DELAY/JITTER"
-                .into(),
-        );
+    /// `IBJITTER_SEED`, then `IBJITTER_SEED_PER_RANK`.
+    fn read_seed(&mut self, r: &mut Reader<'_>) {
+        if let Some(v) = r.nonempty("IBJITTER_SEED") {
+            match parse_seed(&v) {
+                Ok((seed, source)) => {
+                    self.seed = seed;
+                    self.seed_source = source;
+                }
+                Err(e) => r.problem(e),
+            }
+        }
+        // A launcher gives every rank the same environment, so the same seed: with
+        // IBJITTER_SEED_PER_RANK=1 each rank draws its own sequence (seed + rank), repeatably.
+        if !Self::read_bool(r, "IBJITTER_SEED_PER_RANK", false, false) {
+            return;
+        }
+        if let Some((k, rank)) = r.rank_var() {
+            match rank.trim().parse::<u64>() {
+                Ok(n) => {
+                    self.seed = self.seed.wrapping_add(n);
+                    self.seed_source = format!("{} + rank {n} ({k})", self.seed_source);
+                }
+                Err(_) => r.problem(format!(
+                    "IBJITTER_SEED_PER_RANK=1 but {k}={} is not a rank number",
+                    quoted(&rank)
+                )),
+            }
+        }
     }
-    let mut parts = v.rsplitn(3, ':');
-    let (Some(congested_mean), Some(calm_mean), Some(paths)) =
-        (parts.next(), parts.next(), parts.next())
-    else {
-        return Err(form());
-    };
-    let Some((calm, congested)) = paths.split_once(':') else {
-        return Err(form());
-    };
-    let mean = |t: &str, which: &str| {
-        match parse_duration(t, Unit::Ns) {
-        Ok(ns) if ns > 0.0 => Ok(ns),
-        _ => Err(format!(
-            "IBJITTER_EPISODES: mean {which} dwell \"{t}\": expected a positive duration with a unit"
-        )),
+
+    /// `IBJITTER_MAX_DELAY`, in the unit of the tables (infinite when unreadable: the problem
+    /// is said and nothing is injected).
+    fn read_max_delay(&self, r: &mut Reader<'_>) -> f64 {
+        match r.nonempty("IBJITTER_MAX_DELAY") {
+            Some(v) => match parse_duration_u64(&v, self.unit) {
+                Ok(l) => l as f64,
+                Err(e) => {
+                    r.problem(format!("IBJITTER_MAX_DELAY={e}"));
+                    f64::INFINITY
+                }
+            },
+            None => default_max_delay(self.unit),
+        }
     }
-    };
-    let dwell = (mean(calm_mean, "calm")?, mean(congested_mean, "congested")?);
-    let mut values = Vec::with_capacity(2 * ENTRIES);
-    let mut means = Vec::new();
-    for (path, which) in [(calm, "calm"), (congested, "congested")] {
-        let path = path.trim();
-        if !Path::new(path).is_absolute() {
-            return Err(format!(
-                "IBJITTER_EPISODES: {which} table {path}: give an absolute path"
+
+    /// The send table (`IBJITTER_EPISODES` or `_TABLE`/`_DIST`/`_DELAY`/`_JITTER`), bounded
+    /// by `IBJITTER_MAX_DELAY` and thinned by `IBJITTER_PROB`. None if none or refused.
+    fn read_table(&mut self, r: &mut Reader<'_>, limit: f64) -> Option<Delays> {
+        let loaded = match r.nonempty("IBJITTER_EPISODES") {
+            Some(v) => load_episodes(&v, &|k| r.nonempty(k)).map(|(d, dwell)| {
+                self.shape.episodes = Some(dwell);
+                Some(d)
+            }),
+            None => load_delays(&|k| r.nonempty(k), self.unit),
+        };
+        let delays = match loaded.and_then(|d| bounded(d, limit, self.unit)) {
+            Ok(d) => d,
+            Err(e) => {
+                r.problem(e);
+                None
+            }
+        };
+        let Some(v) = r.nonempty("IBJITTER_PROB") else {
+            return delays;
+        };
+        match (parse_probability(&v), delays) {
+            (Ok(p), Some(d)) => Some(with_probability(d, p, self.seed)),
+            (Ok(_), None) => {
+                r.problem("IBJITTER_PROB needs a table (IBJITTER_TABLE, _DIST or _DELAY)");
+                None
+            }
+            (Err(e), _) => {
+                r.problem(e);
+                None
+            }
+        }
+    }
+
+    /// `IBJITTER_START`/`IBJITTER_STOP`.
+    fn read_window(&mut self, r: &mut Reader<'_>) {
+        let mut at = |k: &str| -> Option<u64> {
+            let v = r.nonempty(k)?;
+            match parse_duration_u64(&v, Unit::Ns) {
+                Ok(ns) => Some(ns),
+                Err(e) => {
+                    r.problem(format!("{k}={e}"));
+                    None
+                }
+            }
+        };
+        let (start, stop) = (at("IBJITTER_START"), at("IBJITTER_STOP"));
+        if start.is_none() && stop.is_none() {
+            return;
+        }
+        let w = Window {
+            start_ns: start.unwrap_or(0),
+            stop_ns: stop,
+        };
+        if w.stop_ns.is_some_and(|stop| stop <= w.start_ns) {
+            r.problem(format!(
+                "IBJITTER_STOP must come after IBJITTER_START ({} ns <= {} ns)",
+                w.stop_ns.unwrap_or(0),
+                w.start_ns
             ));
         }
-        let t = table::read(Path::new(path), Kind::Absolute)
-            .map_err(|e| format!("IBJITTER_EPISODES ({which}): {e}"))?;
-        let before = values.len();
-        values.extend(t.entries.iter().map(|&e| e.max(0) as u64));
-        let n = (values.len() - before) as f64;
-        means.push(values[before..].iter().map(|&x| x as f64).sum::<f64>() / n);
+        self.window = Some(w);
     }
-    let source = format!(
-        "episodes: calm {calm} (mean {:.0} ns) for {calm_mean} on average, congested {congested} \
-         (mean {:.0} ns) for {congested_mean} on average",
-        means[0], means[1]
-    );
-    Ok((Delays { source, values }, dwell))
-}
 
-/// `IBJITTER_RANKS=0,3-5`: ranks and inclusive ranges.
-fn parse_ranks(v: &str) -> Result<Vec<u32>, String> {
-    let bad = || {
-        format!(
-            "IBJITTER_RANKS={}: expected ranks and ranges like 0,3-5",
-            v.trim()
-        )
-    };
-    let mut ranks = Vec::new();
-    for part in v.split(',').map(str::trim) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) = (
-                    a.trim().parse().map_err(|_| bad())?,
-                    b.trim().parse().map_err(|_| bad())?,
-                );
-                if a > b || b - a > 1_000_000 {
-                    return Err(bad());
-                }
-                ranks.extend(a..=b);
+    /// `IBJITTER_CORRELATION`, `IBJITTER_TRACE` and `_TRACE_MAX`: they shape a table's draws.
+    fn read_shape(&mut self, r: &mut Reader<'_>, has_table: bool) {
+        if let Some(v) = r.nonempty("IBJITTER_CORRELATION") {
+            match parse_correlation(&v) {
+                Ok(_) if !has_table => r.problem(
+                    "IBJITTER_CORRELATION needs a table (IBJITTER_TABLE, _DIST, _DELAY or _EPISODES)",
+                ),
+                Ok(rho) => self.shape.correlation = Some(rho),
+                Err(e) => r.problem(e),
             }
-            None => ranks.push(part.parse().map_err(|_| bad())?),
+        }
+        let Some(path) = r.nonempty("IBJITTER_TRACE") else {
+            return;
+        };
+        let max = match r.nonempty("IBJITTER_TRACE_MAX") {
+            None => Some(DEFAULT_TRACE_MAX),
+            Some(v) => match parse_u64(v.trim()) {
+                Some(n) if (1..=MAX_TRACE_MAX).contains(&n) => Some(n as usize),
+                _ => {
+                    r.problem(format!(
+                        "IBJITTER_TRACE_MAX={}: expected a number of draws, 1..={MAX_TRACE_MAX}",
+                        shown(v.trim())
+                    ));
+                    None
+                }
+            },
+        };
+        if !has_table {
+            r.problem("IBJITTER_TRACE records draws: it needs a table");
+        } else if let Some(max) = max {
+            self.shape.trace = Some((path.trim().to_string(), max));
         }
     }
-    Ok(ranks)
-}
 
-/// A seed file holds one integer (and perhaps a comment): more is not a seed file.
-const MAX_SEED_BYTES: u64 = 4096;
-
-/// `IBJITTER_SEED=N` (decimal or 0x hex) or `IBJITTER_SEED=FILE` holding one integer.
-fn parse_seed(v: &str) -> Result<(u64, String), String> {
-    let v = v.trim();
-    if let Some(n) = parse_u64(v) {
-        return Ok((n, "IBJITTER_SEED".into()));
-    }
-    let bytes = table::format::read_small_file(Path::new(v), MAX_SEED_BYTES).map_err(|e| {
-        format!("IBJITTER_SEED={v}: not an integer, and cannot read it as a seed file: {e}")
-    })?;
-    let text = String::from_utf8_lossy(&bytes);
-    let t = text.trim();
-    parse_u64(t)
-        .map(|n| (n, format!("file {v}")))
-        .ok_or_else(|| {
-            let shown: String = t.chars().take(40).collect();
-            format!("IBJITTER_SEED={v}: seed file must hold one integer, found {shown:?}")
-        })
-}
-
-fn parse_u64(t: &str) -> Option<u64> {
-    if let Some(hex) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        u64::from_str_radix(hex, 16).ok()
-    } else {
-        t.parse().ok()
-    }
-}
-
-/// Parses IBJITTER_DELAY/JITTER: a duration in the table crate's one grammar (a number and a
-/// unit: ns, us/µs/usec, ms/msec, s/sec, e.g. `1.5ms`, `250 ns`, `1e3us`), non-negative. A bare
-/// `0` needs no unit. A bare non-zero number is refused: tc reads it as µs, most readers as
-/// ns, so we ask instead of guessing. In loops mode the value is a plain loop count.
-pub fn parse_duration(v: &str, unit: Unit) -> Result<f64, String> {
-    let t = v.trim();
-    let bare: Option<f64> = t.parse().ok().filter(|n: &f64| n.is_finite());
-    let n = match (unit, bare) {
-        (Unit::Loops, Some(n)) => n,
-        (Unit::Loops, None) => {
-            return Err(format!(
-                "{t:?}: with IBJITTER_UNIT=loops give a plain loop count"
-            ))
+    /// `IBJITTER_OPS`, `IBJITTER_QPN`, `IBJITTER_DEST`.
+    fn read_selection(&mut self, r: &mut Reader<'_>, has_table: bool) {
+        match Selection::parse(
+            r.nonempty("IBJITTER_OPS").as_deref(),
+            r.nonempty("IBJITTER_QPN").as_deref(),
+            r.nonempty("IBJITTER_DEST").as_deref(),
+        ) {
+            Ok(sel) if sel.any() && !has_table => r.problem(
+                "IBJITTER_OPS, _QPN and _DEST select among delayed sends: they need a table \
+                 (IBJITTER_TABLE, _DIST or _DELAY)",
+            ),
+            Ok(sel) => self.select = sel,
+            Err(e) => r.problem(e),
         }
-        (Unit::Ns, Some(0.0)) => 0.0,
-        (Unit::Ns, Some(n)) => {
-            return Err(format!("{t:?}: missing unit (write e.g. {n}us or {n}ns)"))
-        }
-        (Unit::Ns, None) => {
-            table::duration::parse_duration(t).map_err(|e| format!("{t:?}: {e}"))?
-        }
-    };
-    if n < 0.0 {
-        return Err(format!("{t:?}: expected a non-negative duration"));
     }
-    Ok(n)
-}
 
-/// The longest delay accepted without IBJITTER_MAX_DELAY: 10 s (in loops mode 10^10 loops,
-/// seconds on any machine). A longer one is a typo far more often than an experiment, and
-/// a post that waits for hours looks like a hung program.
-fn default_max_delay(unit: Unit) -> f64 {
-    match unit {
-        Unit::Ns => 10e9,
-        Unit::Loops => 1e10,
-    }
-}
-
-/// `delays`, unless one of them exceeds `limit` (then the configuration is refused).
-fn bounded(delays: Option<Delays>, limit: f64, unit: Unit) -> Result<Option<Delays>, String> {
-    match delays {
-        Some(d) if d.max() as f64 > limit => Err(format!(
-            "{}: its largest delay, {} {u}, exceeds IBJITTER_MAX_DELAY ({limit} {u}; set it higher to allow that)",
-            d.source,
-            d.max(),
-            u = unit.name()
-        )),
-        d => Ok(d),
-    }
-}
-
-type Var<'a> = &'a dyn Fn(&str) -> Option<String>;
-
-/// The table the environment selects, None if it selects none.
-fn load_delays(var: Var<'_>, unit: Unit) -> Result<Option<Delays>, String> {
-    let table = var("IBJITTER_TABLE");
-    let dist = var("IBJITTER_DIST");
-    let delay = var("IBJITTER_DELAY");
-    let jitter = var("IBJITTER_JITTER");
-    if let Some(path) = table {
-        if dist.is_some() || delay.is_some() || jitter.is_some() {
-            return Err(
-                "IBJITTER_TABLE is an absolute table: do not combine it with IBJITTER_DIST/DELAY/JITTER"
-                    .into(),
-            );
-        }
-        let path = path.trim();
-        if !Path::new(path).is_absolute() {
-            return Err(format!("IBJITTER_TABLE={path}: give an absolute path"));
-        }
-        let t = table::read(Path::new(path), Kind::Absolute)
-            .map_err(|e| format!("IBJITTER_TABLE: {e}"))?;
-        return Ok(Some(Delays {
-            source: path.to_string(),
-            values: t.entries.iter().map(|&e| e.max(0) as u64).collect(),
-        }));
-    }
-    let mu = delay
-        .as_deref()
-        .map(|d| parse_duration(d, unit).map_err(|e| format!("IBJITTER_DELAY={e}")))
-        .transpose()?;
-    let sigma = jitter
-        .as_deref()
-        .map(|d| parse_duration(d, unit).map_err(|e| format!("IBJITTER_JITTER={e}")))
-        .transpose()?;
-    let u = unit.name();
-    match (dist, mu, sigma) {
-        (None, None, None) => Ok(None),
-        (None, None, Some(_)) => Err("IBJITTER_JITTER needs IBJITTER_DELAY".into()),
-        (Some(d), None, _) => Err(format!(
-            "IBJITTER_DIST={d} needs IBJITTER_DELAY (and IBJITTER_JITTER)"
-        )),
-        (None, Some(mu), None) => Ok(Some(Delays {
-            source: format!("constant {mu} {u}"),
-            values: vec![mu.round() as u64; ENTRIES],
-        })),
-        (None, Some(mu), Some(sigma)) => {
-            // netem without a distribution: uniform over [mu - sigma, mu + sigma].
-            let values = (0..ENTRIES)
-                .map(|i| {
-                    let x = mu - sigma + 2.0 * sigma * (i as f64 + 0.5) / ENTRIES as f64;
-                    x.max(0.0).round() as u64
-                })
-                .collect();
-            Ok(Some(Delays {
-                source: format!("uniform {mu}±{sigma} {u}"),
-                values,
-            }))
-        }
-        (Some(d), Some(mu), sigma) => {
-            let sigma = sigma.unwrap_or(0.0);
-            let d = d.trim();
-            let path: PathBuf = if d.contains('/') {
-                PathBuf::from(d)
-            } else {
-                table::resolve_named_dist(d).ok_or_else(|| {
-                    format!("IBJITTER_DIST={d}: no such named distribution (looked for {d}.dist in the project's distributions/ and iproute2's directory)")
-                })?
-            };
-            let t = table::read(&path, Kind::Netem).map_err(|e| format!("IBJITTER_DIST: {e}"))?;
-            Ok(Some(Delays {
-                source: format!("{} mu={mu} sigma={sigma} {u}", path.display()),
-                values: t.netem_delays_ns(mu, sigma),
-            }))
+    /// `IBJITTER_RANKS`: whether this process, by its launcher's rank, injects at all.
+    fn read_ranks(&mut self, r: &mut Reader<'_>) {
+        let Some(v) = r.nonempty("IBJITTER_RANKS") else {
+            return;
+        };
+        let ranks = match parse_ranks(&v) {
+            Ok(ranks) => ranks,
+            Err(e) => return r.problem(e),
+        };
+        match r.rank_var() {
+            Some((_, rank)) if rank.trim().parse::<u32>().is_ok_and(|n| ranks.contains(n)) => {}
+            Some((k, rank)) => {
+                self.not_this_process = Some(format!(
+                    "rank {} ({k}) is not in IBJITTER_RANKS={}: nothing is delayed in this process",
+                    shown(rank.trim()),
+                    shown(v.trim())
+                ))
+            }
+            None => r.problem(format!(
+                "IBJITTER_RANKS={} but no rank variable ({}) is set: is this an MPI or Slurm rank?",
+                shown(v.trim()),
+                LAUNCHER_RANK_VARS.join(", ")
+            )),
         }
     }
 }
@@ -926,6 +650,7 @@ mod tests {
     }
 
     use super::*;
+    use ibjitter_table::{self as table, ENTRIES};
     use std::collections::HashMap;
 
     fn settings(pairs: &[(&str, &str)]) -> Settings {
@@ -991,30 +716,8 @@ mod tests {
         assert_eq!(s.seed_source, "IBJITTER_SEED + rank 3 (PMI_RANK)");
         // One process, no launcher: the seed as given.
         assert_eq!(with(&[("IBJITTER_SEED_PER_RANK", "1")]).seed, 100);
-        let bad = with(&[("IBJITTER_SEED_PER_RANK", "yes")]);
+        let bad = with(&[("IBJITTER_SEED_PER_RANK", "perhaps")]);
         assert!(bad.warning.unwrap().contains("expected 0 or 1"));
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("1.5ms", Unit::Ns), Ok(1.5e6));
-        assert_eq!(parse_duration("250 ns", Unit::Ns), Ok(250.0));
-        assert_eq!(parse_duration("2sec", Unit::Ns), Ok(2e9));
-        assert_eq!(parse_duration("0", Unit::Ns), Ok(0.0));
-        assert!(parse_duration("100", Unit::Ns)
-            .unwrap_err()
-            .contains("missing unit"));
-        assert!(parse_duration("1furlong", Unit::Ns).is_err());
-        // The table grammar's forms: exponents, µ/μ, any ASCII case.
-        assert_eq!(parse_duration("1e3us", Unit::Ns), Ok(1e6));
-        assert_eq!(parse_duration("6.1µs", Unit::Ns), Ok(6100.0));
-        assert_eq!(parse_duration("2MS", Unit::Ns), Ok(2e6));
-        assert!(parse_duration("1e400ms", Unit::Ns).is_err());
-        assert!(parse_duration("inf", Unit::Ns).is_err());
-        assert!(parse_duration("-1", Unit::Loops).is_err());
-        assert!(parse_duration("-3us", Unit::Ns).is_err());
-        assert_eq!(parse_duration("300", Unit::Loops), Ok(300.0));
-        assert!(parse_duration("3us", Unit::Loops).is_err());
     }
 
     #[test]
@@ -1128,5 +831,216 @@ mod tests {
         let d = s.delays.unwrap();
         assert_eq!(*d.values.iter().min().unwrap(), 0);
         assert!(d.max() < 30_000 && d.max() > 29_900);
+    }
+
+    #[test]
+    fn every_boolean_reads_the_same_words_and_warns_on_others() {
+        for (v, b) in [
+            ("1", true),
+            ("true", true),
+            ("YES", true),
+            (" On ", true),
+            ("0", false),
+            ("False", false),
+            ("no", false),
+            ("OFF", false),
+        ] {
+            let s = settings(&[
+                ("IBJITTER_DELAY", "1us"),
+                ("IBJITTER_QUIET", v),
+                ("IBJITTER_CONTROL", v),
+                ("IBJITTER_SEED_PER_RANK", v),
+                ("IBJITTER_SEED", "100"),
+                ("PMI_RANK", "3"),
+            ]);
+            assert_eq!(s.warning, None, "{v}");
+            assert_eq!((s.quiet, s.control), (b, b), "{v}");
+            assert_eq!(s.seed, if b { 103 } else { 100 }, "{v}");
+        }
+        for k in [
+            "IBJITTER_QUIET",
+            "IBJITTER_CONTROL",
+            "IBJITTER_SEED_PER_RANK",
+        ] {
+            let s = settings(&[("IBJITTER_DELAY", "1us"), (k, "enabled")]);
+            let w = s.warning.unwrap_or_default();
+            assert!(
+                w.contains(&format!("{k}=enabled: expected 0 or 1"))
+                    && w.contains("true/false, yes/no or on/off"),
+                "{k}: {w}"
+            );
+            assert!(s.delays.is_none() && !s.quiet, "{k}");
+            // An unreadable IBJITTER_CONTROL starts no control; the others leave it on.
+            assert_eq!(s.control, k != "IBJITTER_CONTROL", "{k}");
+        }
+    }
+
+    #[test]
+    fn a_huge_bad_value_is_quoted_by_its_start_and_its_length() {
+        let huge = "x".repeat(130 * 1024);
+        let long_path = format!("/{}", "y".repeat(130 * 1024));
+        for k in [
+            "IBJITTER_UNIT",
+            "IBJITTER_PER",
+            "IBJITTER_LAYER",
+            "IBJITTER_MODE",
+            "IBJITTER_SPIN",
+            "IBJITTER_SEED",
+            "IBJITTER_SEED_PER_RANK",
+            "IBJITTER_QUIET",
+            "IBJITTER_CONTROL",
+            "IBJITTER_MAX_DELAY",
+            "IBJITTER_JITTER",
+            "IBJITTER_PROB",
+            "IBJITTER_START",
+            "IBJITTER_STOP",
+            "IBJITTER_CQ_DELAY",
+            "IBJITTER_CQ_TABLE",
+            "IBJITTER_CORRELATION",
+            "IBJITTER_TRACE_MAX",
+            "IBJITTER_OPS",
+            "IBJITTER_QPN",
+            "IBJITTER_DEST",
+            "IBJITTER_RANKS",
+            "IBJITTER_DIST",
+        ] {
+            for v in [&huge, &long_path] {
+                let mut vars = vec![(k, v.as_str()), ("PMI_RANK", "1")];
+                if k == "IBJITTER_TRACE_MAX" {
+                    vars.push(("IBJITTER_TRACE", "/tmp/t"));
+                }
+                if k != "IBJITTER_JITTER" {
+                    vars.push(("IBJITTER_DELAY", "1us"));
+                }
+                let w = settings(&vars).warning.unwrap_or_default();
+                assert!(!w.is_empty(), "{k}: no warning");
+                assert!(w.len() < 1000, "{k}: a {} byte warning", w.len());
+                assert!(w.contains(k), "{k}: {w}");
+            }
+        }
+        for (k, v) in [
+            ("IBJITTER_TABLE", &long_path),
+            ("IBJITTER_TABLE", &huge),
+            ("IBJITTER_DELAY", &huge),
+            ("IBJITTER_EPISODES", &huge),
+            ("IBJITTER_EPISODES", &format!("{long_path}:/b:1ms:1ms")),
+        ] {
+            let w = settings(&[(k, v)]).warning.unwrap_or_default();
+            assert!(w.len() < 1000, "{k}: a {} byte warning", w.len());
+            assert!(w.contains(k), "{k}: {w}");
+        }
+        let w = settings(&[("IBJITTER_DELAY", "1us"), ("IBJITTER_UNIT", &huge)])
+            .warning
+            .unwrap();
+        assert!(w.contains(&format!("… ({} bytes)", huge.len())), "{w}");
+    }
+
+    #[test]
+    fn completion_delays_are_bounded_like_send_delays() {
+        for (vars, says) in [
+            (
+                vec![("IBJITTER_CQ_DELAY", "3600s")],
+                "exceeds IBJITTER_MAX_DELAY",
+            ),
+            (
+                vec![("IBJITTER_CQ_DELAY", "2ms"), ("IBJITTER_MAX_DELAY", "1ms")],
+                "exceeds IBJITTER_MAX_DELAY",
+            ),
+            (vec![("IBJITTER_CQ_DELAY", "1e30s")], "too large"),
+            (vec![("IBJITTER_CQ_DELAY", "-1ms")], "non-negative"),
+            (vec![("IBJITTER_CQ_DELAY", "infs")], "IBJITTER_CQ_DELAY"),
+            (vec![("IBJITTER_CQ_DELAY", "nanms")], "IBJITTER_CQ_DELAY"),
+        ] {
+            let s = settings(&vars);
+            assert_eq!(s.cq, None, "{vars:?}");
+            let w = s.warning.unwrap_or_default();
+            assert!(
+                w.contains("IBJITTER_CQ_DELAY") && w.contains(says),
+                "{vars:?}: {w}"
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("ibjitter-cqmax-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let huge = dir.join("huge.tbl");
+        let line = format!("{}\n", ["9000000000000000000"; 8].join(" "));
+        std::fs::write(&huge, line.repeat(512)).unwrap();
+        let s = settings(&[("IBJITTER_CQ_TABLE", huge.to_str().unwrap())]);
+        assert_eq!(s.cq, None);
+        let w = s.warning.unwrap_or_default();
+        assert!(
+            w.contains("IBJITTER_CQ_TABLE") && w.contains("exceeds IBJITTER_MAX_DELAY"),
+            "{w}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let ok = settings(&[("IBJITTER_CQ_DELAY", "20s"), ("IBJITTER_MAX_DELAY", "30s")]);
+        assert_eq!(ok.cq.map(|d| d.max()), Some(20_000_000_000));
+        // Loops count the send side only: completions keep the default bound in ns.
+        let loops = settings(&[
+            ("IBJITTER_UNIT", "loops"),
+            ("IBJITTER_MAX_DELAY", "1000"),
+            ("IBJITTER_CQ_DELAY", "5ms"),
+        ]);
+        assert_eq!(loops.cq.map(|d| d.max()), Some(5_000_000));
+    }
+
+    #[test]
+    fn wrapping_durations_are_refused_everywhere() {
+        for k in [
+            "IBJITTER_DELAY",
+            "IBJITTER_MAX_DELAY",
+            "IBJITTER_START",
+            "IBJITTER_STOP",
+        ] {
+            for v in ["1e30s", "-5ms", "infms"] {
+                let mut vars = vec![(k, v)];
+                if k != "IBJITTER_DELAY" {
+                    vars.push(("IBJITTER_DELAY", "1us"));
+                }
+                let s = settings(&vars);
+                assert!(s.delays.is_none(), "{k}={v}");
+                let w = s.warning.unwrap_or_default();
+                // A delay beyond 64 bits is beyond IBJITTER_MAX_DELAY, which is at most that.
+                let names_it = w.contains(&format!("{k}="))
+                    || (k == "IBJITTER_DELAY" && w.contains("exceeds IBJITTER_MAX_DELAY"));
+                assert!(names_it, "{k}={v}: {w}");
+            }
+        }
+        let s = settings(&[("IBJITTER_UNIT", "loops"), ("IBJITTER_MAX_DELAY", "1e30")]);
+        assert!(s.warning.unwrap().contains("too large"));
+    }
+
+    #[test]
+    fn ranks_are_kept_as_ranges() {
+        let spec = (0..600)
+            .map(|i: u64| format!("{}-{}", i * 7_000_000, i * 7_000_000 + 4_000_000))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(spec.len() > 5000);
+        let t0 = std::time::Instant::now();
+        for (rank, inside) in [
+            ("0", true),
+            ("4000000", true),
+            ("4000001", false),
+            ("7000000", true),
+        ] {
+            let s = settings(&[
+                ("IBJITTER_DELAY", "1ms"),
+                ("IBJITTER_RANKS", &spec),
+                ("PMI_RANK", rank),
+            ]);
+            assert_eq!(s.warning, None);
+            assert_eq!(s.delays.is_some(), inside, "rank {rank}");
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            t0.elapsed()
+        );
+        let s = settings(&[
+            ("IBJITTER_DELAY", "1ms"),
+            ("IBJITTER_RANKS", "0-4294967295"),
+            ("PMI_RANK", "4294967295"),
+        ]);
+        assert!(s.delays.is_some() && s.warning.is_none());
     }
 }

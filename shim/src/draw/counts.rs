@@ -38,16 +38,28 @@ pub struct Slot {
 /// EXCLUSIVE_SLOTS + 1 slots, allocated once at load when stats are on (null otherwise).
 static SLOTS: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
 
-/// Allocates the slots (once; later calls zero them).
+/// Allocates the slots (once; later calls zero them). Under an address-space limit
+/// (`ulimit -v`) with no room for them: one warning, and nothing is counted (the counts'
+/// readers see no slots), never an abort.
 pub fn enable() {
     if SLOTS.load(Acquire).is_null() {
         // Zeroed memory straight from the allocator (fresh pages for this size): a thread's
         // slot costs resident memory only once it counts.
         // Never freed. SAFETY: all-zero is a valid Slot (atomics only); a non-zero layout.
-        let layout = std::alloc::Layout::array::<Slot>(EXCLUSIVE_SLOTS + 1).expect("layout");
+        let Ok(layout) = std::alloc::Layout::array::<Slot>(EXCLUSIVE_SLOTS + 1) else {
+            return;
+        };
         let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
         if p.is_null() {
-            std::alloc::handle_alloc_error(layout);
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, Relaxed) {
+                crate::sys::say::warn(&format!(
+                    "cannot allocate the send counters ({} KiB; address space limit?): sends are \
+                     not counted, and the stats and exit line say none",
+                    layout.size() >> 10
+                ));
+            }
+            return;
         }
         SLOTS.store(p, Release);
     } else {

@@ -1,31 +1,83 @@
 //! `IBJITTER_TRACE=FILE`: the draws in the order they were made, for checking what a shaped
 //! source (`IBJITTER_EPISODES`, `IBJITTER_CORRELATION`) produced, e.g. its autocorrelation.
 //! A buffer of `IBJITTER_TRACE_MAX` 4-byte records (thread index and table index) is
-//! allocated at load; each draw takes the next record with one atomic add (no lock, no
-//! syscall); the file is written at exit: `thread index delay` per line, and a first line
+//! allocated at the first draw, once, fallibly (a process that never draws, like every shell a
+//! launcher starts, reserves nothing; under `ulimit -v` a refused allocation is one warning and
+//! no trace, never an abort); each later draw takes the next record with one atomic add (no
+//! lock, no syscall); the file is written at exit: `thread index delay` per line, and a first line
 //! saying how many draws were made and kept. A forked child starts an empty trace.
 use std::io::Write;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
 
 static BUF: AtomicPtr<u32> = AtomicPtr::new(std::ptr::null_mut());
 static CAP: AtomicUsize = AtomicUsize::new(0);
 static NEXT: AtomicUsize = AtomicUsize::new(0);
+/// The buffer: not wanted, wanted (armed), being allocated, ready, or refused.
+static BUF_STATE: AtomicU8 = AtomicU8::new(NONE);
+const NONE: u8 = 0;
+const ARMED: u8 = 1;
+const ALLOCATING: u8 = 2;
+const READY: u8 = 3;
+const REFUSED: u8 = 4;
 
 /// Table indices take 13 bits (two tables of 4096); the thread index the rest.
 const INDEX_BITS: u32 = 13;
 
-/// Allocates room for `cap` draws (at load).
+/// Asks for room for `cap` draws (at configuration; allocated at the first draw).
 pub fn arm(cap: usize) {
-    if BUF.load(Acquire).is_null() && cap > 0 {
-        let b: Box<[u32]> = vec![0; cap].into_boxed_slice();
+    if cap > 0
+        && BUF_STATE
+            .compare_exchange(NONE, ARMED, AcqRel, Acquire)
+            .is_ok()
+    {
         CAP.store(cap, Release);
-        BUF.store(Box::leak(b).as_mut_ptr(), Release);
     }
+}
+
+/// The first draw's one allocation: zeroed pages from the allocator (touched only as records
+/// are written), or None, said once, when the address space has no room for them.
+#[cold]
+fn allocate() -> bool {
+    match BUF_STATE.compare_exchange(ARMED, ALLOCATING, AcqRel, Acquire) {
+        Ok(_) => {}
+        Err(READY) => return true,
+        Err(ALLOCATING) => {
+            // Another thread's first draw is allocating: a bounded wait (one allocation call).
+            while BUF_STATE.load(Acquire) == ALLOCATING {
+                std::hint::spin_loop();
+            }
+            return BUF_STATE.load(Acquire) == READY;
+        }
+        Err(_) => return false,
+    }
+    let cap = CAP.load(Acquire);
+    let p = std::alloc::Layout::array::<u32>(cap)
+        .ok()
+        .filter(|l| l.size() > 0)
+        // SAFETY: a non-zero layout; the memory is leaked on purpose (read at exit).
+        .map_or(std::ptr::null_mut(), |l| unsafe {
+            std::alloc::alloc_zeroed(l) as *mut u32
+        });
+    if p.is_null() {
+        crate::sys::say::warn(&format!(
+            "IBJITTER_TRACE: cannot allocate {} MiB for {cap} draws (address space limit?): no \
+             trace is kept",
+            (cap * 4) >> 20
+        ));
+        BUF_STATE.store(REFUSED, Release);
+        return false;
+    }
+    BUF.store(p, Release);
+    BUF_STATE.store(READY, Release);
+    true
 }
 
 /// Records one draw (the post path, when tracing).
 #[inline]
 pub fn record(thread: u32, index: usize) {
+    if BUF_STATE.load(Acquire) != READY && !allocate() {
+        return;
+    }
     let k = NEXT.fetch_add(1, Relaxed);
     let buf = BUF.load(Relaxed);
     if k < CAP.load(Relaxed) && !buf.is_null() {

@@ -211,21 +211,32 @@ pub fn start() -> bool {
 }
 
 fn start_once() -> bool {
-    let pool: Box<[UnsafeCell<Slot>]> = (0..SLOTS)
-        .map(|_| {
-            UnsafeCell::new(Slot {
-                qp: null_mut(),
-                gen: 0,
-                due: 0,
-                seq: 0,
-                units: 0,
-                // SAFETY: all-zero is a valid ibv_send_wr and ibv_sge (integers, pointers).
-                wr: unsafe { std::mem::zeroed() },
-                sge: unsafe { std::mem::zeroed() },
-                inline: [0; INLINE_BYTES],
-            })
+    // The pool (a few MiB) is reserved fallibly: under an address-space limit (`ulimit -v`)
+    // the line does not start and posts wait in place, never an abort. (Its queues and the
+    // histogram after it are small.)
+    let mut pool: Vec<UnsafeCell<Slot>> = Vec::new();
+    if pool.try_reserve_exact(SLOTS).is_err() {
+        say::warn(&format!(
+            "IBJITTER_MODE=line: cannot allocate the delay line's {} KiB (address space \
+             limit?); posts wait in place (spin)",
+            (SLOTS * std::mem::size_of::<Slot>()) >> 10
+        ));
+        return false;
+    }
+    pool.extend((0..SLOTS).map(|_| {
+        UnsafeCell::new(Slot {
+            qp: null_mut(),
+            gen: 0,
+            due: 0,
+            seq: 0,
+            units: 0,
+            // SAFETY: all-zero is a valid ibv_send_wr and ibv_sge (integers, pointers).
+            wr: unsafe { std::mem::zeroed() },
+            sge: unsafe { std::mem::zeroed() },
+            inline: [0; INLINE_BYTES],
         })
-        .collect();
+    }));
+    let pool = pool.into_boxed_slice();
     let free = ArrayQueue::new(SLOTS);
     for i in 0..SLOTS as u32 {
         let _ = free.push(i);

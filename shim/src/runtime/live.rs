@@ -1,6 +1,6 @@
 //! `ibjitter inject`'s requests, applied: a new table (`set`), and what the answers say
 //! (counts, the table in force). The control thread ([`crate::runtime::control`]) calls these.
-use crate::config::Settings;
+use crate::config::{Settings, Unit};
 use crate::draw::{counts, episodes, table};
 use crate::modes::line;
 use crate::report::sigstats;
@@ -8,7 +8,21 @@ use crate::report::stats::path_for;
 use crate::runtime::loaded;
 use crate::state;
 
-/// For live control's answers: sends that passed a hook, delayed ones, their sum in ns.
+/// Said after the table in every answer of a process started with `IBJITTER_UNIT=loops`:
+/// its sums count loops, not ns (`ibjitter inject` reads this mark; the segment's layout
+/// stays as it is).
+pub const LOOPS_MARK: &str = " (delays in loops)";
+
+/// The mark of the process's unit for its answers ([`LOOPS_MARK`] or nothing).
+fn unit_mark(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Ns => "",
+        Unit::Loops => LOOPS_MARK,
+    }
+}
+
+/// For live control's answers: sends that passed a hook, delayed ones, their sum in the
+/// process's unit (ns, or loops: see [`LOOPS_MARK`]).
 pub fn live_counts() -> (u64, u64, u64) {
     let snap = counts::snapshot();
     let guard = loaded::get();
@@ -28,23 +42,27 @@ pub fn live_counts() -> (u64, u64, u64) {
 /// What is injected now, for live control's answers.
 pub fn table_now() -> String {
     let guard = loaded::get();
-    let settings = guard.as_ref().and_then(|g| g.as_ref()).map(|l| &l.settings);
-    if let Some(why) = settings.and_then(|s| s.not_this_process.as_ref()) {
+    let Some(l) = guard.as_ref().and_then(|g| g.as_ref()) else {
+        return "no table (pass-through)".into();
+    };
+    if let Some(why) = &l.settings.not_this_process {
         return format!("pass-through: {why}");
     }
-    let now = match settings.and_then(|s| s.delays.as_ref()) {
+    let mark = unit_mark(l.settings.unit);
+    let now = match &l.settings.delays {
         Some(d) if state::paused() => format!("paused (table {})", d.source),
         Some(d) => format!("table {}", d.source),
-        None => "no table (pass-through)".into(),
+        None => "no table (pass-through)".to_string(),
     };
-    // The delay line: how late it handed requests over so far.
+    // The delay line: how late it handed requests over so far. The unit's mark ends the
+    // answer (the CLI reads it there).
     match line::lateness().filter(|_| state::line_mode()) {
         Some((n, p50, p99, _)) => format!(
-            "{now}; line handed {n} requests over late by {:.1} us (p50), {:.1} us (p99)",
+            "{now}; line handed {n} requests over late by {:.1} us (p50), {:.1} us (p99){mark}",
             p50 as f64 / 1e3,
             p99 as f64 / 1e3
         ),
-        None => now,
+        None => format!("{now}{mark}"),
     }
 }
 
@@ -84,11 +102,29 @@ pub fn apply_live_set(text: &str) -> Result<String, String> {
     let unit = l.settings.unit;
     vars.insert("IBJITTER_UNIT".into(), unit.name().into());
     vars.insert("IBJITTER_SEED".into(), l.settings.seed.to_string());
+    // Named tables are found where they were at launch.
+    if let Some(d) = &l.settings.distributions {
+        vars.insert("IBJITTER_DISTRIBUTIONS".into(), d.clone());
+    }
     let s = Settings::from_vars(|k| vars.get(k).cloned());
     if let Some(w) = s.warning {
-        return Err(w
-            .trim_end_matches("; injection disabled (pass-through)")
-            .to_string());
+        let w = w.trim_end_matches("; injection disabled (pass-through)");
+        // A duration this process cannot read in its unit: say the unit and how to give it.
+        let duration = ["IBJITTER_DELAY=", "IBJITTER_JITTER="]
+            .iter()
+            .any(|k| w.contains(k));
+        return Err(match (duration, unit) {
+            (false, _) => w.to_string(),
+            (true, Unit::Ns) => format!(
+                "{w} (this process counts delays in ns: give --delay and --jitter a duration \
+                 with a unit, e.g. --delay 200us)"
+            ),
+            (true, Unit::Loops) => format!(
+                "{w} (this process was started with IBJITTER_UNIT=loops and counts delays in \
+                 busy-wait loops: give --delay and --jitter as plain loop counts, e.g. \
+                 --delay 5000, or a --table of loop counts)"
+            ),
+        });
     }
     let mut d = s
         .delays
@@ -114,7 +150,7 @@ pub fn apply_live_set(text: &str) -> Result<String, String> {
             &base_hits,
         );
     }
-    let now = format!("table {}", d.source);
+    let now = format!("table {}{}", d.source, unit_mark(unit));
     l.settings.delays = Some(d);
     Ok(now)
 }

@@ -1,0 +1,336 @@
+//! Settings a hostile host gives the injector, with the built libibjitter.so over the stub
+//! libibverbs: an address-space limit (`ulimit -v`, as batch systems set it). The rule: one
+//! clear warning, then pass-through; never an abort.
+//!
+//! Each case runs a child under `sh -c 'ulimit -v KB; exec ...'` with a time limit (a hang
+//! fails the test).
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// Built once for the tests of this binary (they run in parallel).
+fn built() -> &'static (PathBuf, PathBuf, PathBuf) {
+    static BUILT: std::sync::OnceLock<(PathBuf, PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        (
+            build_shim(),
+            build_stub(),
+            build_c("limited_post", "limited_post", &["-ldl"]),
+        )
+    })
+}
+
+/// Runs `program args` with the shim preloaded, only `env` of the `IBJITTER_*` variables,
+/// under `ulimit -v limit_kb` (None: no limit); fails the test after 30 s.
+fn run_limited(
+    limit_kb: Option<u64>,
+    env: &[(&str, &str)],
+    program: &Path,
+    args: &[&str],
+) -> Output {
+    let (so, _, _) = built();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        // The shim goes into the program only, not into this shell.
+        .arg(
+            r#"if [ "$0" != none ]; then ulimit -v "$0" || exit 99; fi
+               LD_PRELOAD="$1"; export LD_PRELOAD; shift; exec "$@""#,
+        )
+        .arg(limit_kb.map_or("none".to_string(), |k| k.to_string()))
+        .arg(so)
+        .arg(program)
+        .args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") || k == "RUST_BACKTRACE" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env_remove("LD_PRELOAD").envs(env.iter().copied());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn sh");
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("{cmd:?} still running after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// An address space of 64 MiB holds a shell and the shim many times over: settings that
+/// asked for more at load (a 1 GiB or 64 MiB trace buffer, a rank list expanded to 2 GB)
+/// aborted even `/bin/sh -c true` (exit 134). Now the shell runs; a setting the shim refuses
+/// is said.
+#[test]
+fn a_shell_under_an_address_space_limit_runs_whatever_the_settings() {
+    const LIMIT_KB: u64 = 64 * 1024;
+    // Ranges of a million ranks each: 5.9 KB of text, 300 million ranks.
+    let ranks: String = (0..300u64)
+        .map(|i| format!("{}-{}", i * 2_000_000, i * 2_000_000 + 1_000_000))
+        .collect::<Vec<_>>()
+        .join(",");
+    let trace = std::env::temp_dir().join(format!("ibjitter-limited-{}.trace", std::process::id()));
+    let trace = trace.to_str().unwrap();
+    for (env, warns) in [
+        (
+            vec![
+                ("IBJITTER_DELAY", "1us"),
+                ("IBJITTER_TRACE", trace),
+                ("IBJITTER_TRACE_MAX", "268435456"),
+            ],
+            Some("IBJITTER_TRACE_MAX=268435456: expected a number of draws, 1..=16777216"),
+        ),
+        (
+            vec![
+                ("IBJITTER_DELAY", "1us"),
+                ("IBJITTER_TRACE", trace),
+                ("IBJITTER_TRACE_MAX", "16777216"),
+            ],
+            None,
+        ),
+        (
+            vec![
+                ("IBJITTER_DELAY", "1us"),
+                ("IBJITTER_RANKS", &ranks),
+                ("PMI_RANK", "2500000"),
+            ],
+            None,
+        ),
+    ] {
+        let out = run_limited(Some(LIMIT_KB), &env, Path::new("/bin/sh"), &["-c", "true"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{env:?}: {}\n{err}", out.status);
+        match warns {
+            Some(w) => assert!(
+                err.lines()
+                    .filter(|l| l.starts_with("ibjitter: warning:"))
+                    .count()
+                    == 1
+                    && err.contains(w),
+                "{env:?}: {err}"
+            ),
+            None => assert!(!err.contains("ibjitter"), "{env:?}: {err}"),
+        }
+    }
+    assert!(!Path::new(trace).exists(), "no draw, no trace file");
+}
+
+/// A program that opens a device and posts, under a limit a few MiB above what it needs with
+/// the shim passing through: the send counters (4 MiB), the delay line's pool (3.7 MiB) and
+/// the trace buffer (64 MiB) do not fit. Each was allocated with an abort on failure (exit
+/// 134); now each is one warning and that feature off, and every post reaches the provider.
+#[test]
+fn a_verbs_program_under_an_address_space_limit_posts_with_features_off() {
+    let (_, stub, driver) = built();
+    let stub = stub.to_str().unwrap();
+    const POSTS: &str = "200";
+    // What the program needs with the shim loaded and doing nothing.
+    let base = run_limited(None, &[("IBJITTER_CONTROL", "0")], driver, &[stub, POSTS]);
+    let base_out = text(&base.stdout);
+    assert!(base.status.success(), "{}{}", base_out, text(&base.stderr));
+    let peak_kb: u64 = base_out
+        .split("vm_peak_kb=")
+        .nth(1)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no vm_peak_kb in {base_out}"));
+    let limit_kb = peak_kb + 3 * 1024;
+    let trace = std::env::temp_dir().join(format!(
+        "ibjitter-limited-post-{}.trace",
+        std::process::id()
+    ));
+    let out = run_limited(
+        Some(limit_kb),
+        &[
+            ("IBJITTER_CONTROL", "0"),
+            ("IBJITTER_DELAY", "1us"),
+            ("IBJITTER_STATS", "/dev/null"),
+            ("IBJITTER_CQ_DELAY", "1us"),
+            ("IBJITTER_MODE", "line"),
+            ("IBJITTER_TRACE", trace.to_str().unwrap()),
+            ("IBJITTER_TRACE_MAX", "16777216"),
+        ],
+        driver,
+        &[stub, POSTS],
+    );
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "ulimit -v {limit_kb}: {}\n{stdout}{err}",
+        out.status
+    );
+    assert!(
+        stdout.contains(&format!("posts={POSTS} provider={POSTS} ")),
+        "{stdout}"
+    );
+    for says in [
+        "cannot allocate the send counters",
+        "IBJITTER_MODE=line: cannot allocate the delay line",
+        "IBJITTER_TRACE: cannot allocate 64 MiB",
+    ] {
+        assert_eq!(
+            err.matches(says).count(),
+            1,
+            "ulimit -v {limit_kb}: once {says:?} in\n{err}"
+        );
+    }
+    let _ = std::fs::remove_file(&trace);
+}
+
+/// `IBJITTER_DIST=NAME` looks beside the loaded library (an installed layout,
+/// `PREFIX/lib/libibjitter.so` and `PREFIX/share/ibjitter/distributions/`), not under the path
+/// the library was built in: a copy installed elsewhere never reads the build's checkout.
+#[test]
+fn named_tables_are_found_beside_the_installed_library() {
+    let (so, stub, driver) = built();
+    let stub = stub.to_str().unwrap();
+    let prefix = std::env::temp_dir().join(format!("ibjitter-prefix-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&prefix);
+    let dists = prefix.join("share/ibjitter/distributions");
+    std::fs::create_dir_all(prefix.join("lib")).unwrap();
+    std::fs::create_dir_all(&dists).unwrap();
+    let checkout = workspace_root();
+    std::fs::copy(
+        checkout.join("distributions/normal.dist"),
+        dists.join("installed-only.dist"),
+    )
+    .unwrap();
+    let installed = prefix.join("lib/libibjitter.so");
+    std::fs::copy(so, &installed).unwrap();
+    let run = |name: &str| {
+        let mut cmd = Command::new(driver);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IBJITTER_") {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd
+            .args([stub, "10"])
+            .env("LD_PRELOAD", &installed)
+            .env("IBJITTER_CONTROL", "0")
+            .env("IBJITTER_DIST", name)
+            .env("IBJITTER_DELAY", "10us")
+            .env("IBJITTER_JITTER", "1us")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stderr)
+    };
+    let err = run("installed-only");
+    assert!(
+        err.contains(&format!(
+            "table {}",
+            dists.join("installed-only.dist").display()
+        )),
+        "{err}"
+    );
+    // The checkout has normal.dist; the installed copy must not read it.
+    let err = run("normal");
+    let ours = checkout.join("distributions");
+    assert!(!err.contains(ours.to_str().unwrap()), "{err}");
+    let iproute2 = [
+        "/usr/lib/x86_64-linux-gnu/tc",
+        "/usr/lib/tc",
+        "/usr/lib64/tc",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join("normal.dist"))
+    .find(|p| p.is_file());
+    match iproute2 {
+        Some(p) => assert!(err.contains(&format!("table {}", p.display())), "{err}"),
+        None => assert!(
+            err.contains(
+                "IBJITTER_DIST=normal: no such named distribution (looked for normal.dist in"
+            ) && err.contains(dists.to_str().unwrap()),
+            "{err}"
+        ),
+    }
+    std::fs::remove_dir_all(&prefix).unwrap();
+}
+
+/// Starts the driver with the shim and `env`, posting `posts` sends then staying `hold_ms`;
+/// returns it once it has posted (its control file is served from its device open).
+fn start_held(env: &[(&str, &str)], posts: &str, hold_ms: &str) -> std::process::Child {
+    use std::io::BufRead;
+    let (so, stub, driver) = built();
+    let mut cmd = Command::new(driver);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut child = cmd
+        .args([stub.to_str().unwrap(), posts, hold_ms])
+        .env("LD_PRELOAD", so)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.starts_with("limited_post posts="), "{first:?}");
+    child
+}
+
+/// A process started with `IBJITTER_UNIT=loops` answers live control in its unit: the table
+/// and the sum are said in loops (status showed loops as ms), and a `set` it cannot read in
+/// loops is refused with the unit and how to give the value (`inject set --delay` sent ns, so
+/// no set could ever succeed). A plain loop count is applied.
+#[test]
+fn live_control_of_a_process_counting_loops_speaks_loops() {
+    use ibjitter_control::{self as ctl, Command as Request};
+    let wait = Duration::from_secs(2);
+    let mut loops = start_held(
+        &[("IBJITTER_UNIT", "loops"), ("IBJITTER_DELAY", "300")],
+        "50",
+        "4000",
+    );
+    let pid = loops.id();
+    let a = ctl::send(pid, Request::Status, "", wait).unwrap();
+    assert!(a.ok, "{a:?}");
+    assert_eq!(a.text, "table constant 300 loops (delays in loops)");
+    assert_eq!(
+        (a.delayed, a.sum_ns),
+        (50, 50 * 300),
+        "the sum counts loops"
+    );
+    let a = ctl::send(pid, Request::Set, "IBJITTER_DELAY=200000ns", wait).unwrap();
+    assert!(!a.ok, "{a:?}");
+    assert!(
+        a.text.contains("IBJITTER_UNIT=loops")
+            && a.text.contains("plain loop counts, e.g. --delay 5000"),
+        "{}",
+        a.text
+    );
+    let a = ctl::send(pid, Request::Set, "IBJITTER_DELAY=5000", wait).unwrap();
+    assert!(a.ok, "{a:?}");
+    assert_eq!(a.text, "table constant 5000 loops (delays in loops)");
+    assert!(loops.wait().unwrap().success());
+    // The shim leaves its control file at exit (`inject --all` clears such files): ours go.
+    let _ = std::fs::remove_file(ctl::path(pid));
+
+    let mut ns = start_held(&[("IBJITTER_DELAY", "1us")], "10", "4000");
+    let pid = ns.id();
+    let a = ctl::send(pid, Request::Status, "", wait).unwrap();
+    assert_eq!(a.text, "table constant 1000 ns");
+    let a = ctl::send(pid, Request::Set, "IBJITTER_DELAY=5000", wait).unwrap();
+    assert!(!a.ok, "{a:?}");
+    assert!(
+        a.text.contains("counts delays in ns") && a.text.contains("e.g. --delay 200us"),
+        "{}",
+        a.text
+    );
+    assert!(ns.wait().unwrap().success());
+    let _ = std::fs::remove_file(ctl::path(pid));
+}

@@ -1,0 +1,116 @@
+/* A verbs program for the stub libibverbs, run with the shim preloaded under an address-space
+ * limit (ulimit -v): it opens a fake device (a verbs_context it builds), creates a QP and a
+ * CQ, posts POSTS sends through the context's post_send (verbs.h's inline ibv_post_send),
+ * then prints how many reached the provider and the process's peak address space.
+ *
+ *   limited_post STUB_LIBIBVERBS POSTS [HOLD_MS]
+ * Output: "limited_post posts=N provider=M vm_peak_kb=K"; then, with HOLD_MS, the process
+ * stays HOLD_MS ms (live control can address it). Exits 0 when every post returned 0 and
+ * reached the provider.
+ * The verbs are looked up by name in the global scope, where the preloaded shim's exports
+ * come first (as for any program linked with libibverbs). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static unsigned long provider_posts; /* atomic: a delay line posts from its own thread */
+
+static int provider_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+                              struct ibv_send_wr **bad) {
+    (void)qp; (void)wr; (void)bad;
+    __atomic_fetch_add(&provider_posts, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static struct ibv_qp *no_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a) {
+    (void)ctx; (void)a;
+    return NULL;
+}
+
+static void noop_wr_start(struct ibv_qp_ex *q) { (void)q; }
+static int noop_wr_complete(struct ibv_qp_ex *q) { (void)q; return 0; }
+
+static long vm_peak_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmPeak: %ld kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: limited_post STUB_LIBIBVERBS POSTS [HOLD_MS]\n");
+        return 2;
+    }
+    long posts = atol(argv[2]);
+    if (!dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL)) {
+        fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
+        return 2;
+    }
+    struct ibv_context *(*open_device)(void *) = dlsym(RTLD_DEFAULT, "ibv_open_device");
+    struct ibv_qp *(*create_qp)(void *, void *) = dlsym(RTLD_DEFAULT, "ibv_create_qp");
+    struct ibv_cq *(*create_cq)(void *, int, void *, void *, int) =
+        dlsym(RTLD_DEFAULT, "ibv_create_cq");
+    if (!open_device || !create_qp || !create_cq) {
+        fprintf(stderr, "verbs not found\n");
+        return 2;
+    }
+    /* The stub hands back what it is given: the device is our context, the PD our QP, the
+     * context argument of ibv_create_cq our CQ. */
+    struct verbs_context *v = calloc(1, sizeof *v);
+    struct ibv_qp_ex *qpx = calloc(1, sizeof *qpx);
+    struct ibv_cq *fake_cq = calloc(1, sizeof *fake_cq);
+    if (!v || !qpx || !fake_cq) {
+        fprintf(stderr, "calloc failed\n");
+        return 2;
+    }
+    v->sz = sizeof *v;
+    v->context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    v->context.ops.post_send = provider_post_send;
+    v->create_qp_ex = no_create_qp_ex;
+    struct ibv_context *ctx = open_device(&v->context);
+    qpx->qp_base.context = ctx;
+    qpx->wr_start = noop_wr_start;
+    qpx->wr_complete = noop_wr_complete;
+    struct ibv_qp *qp = create_qp(qpx, NULL);
+    fake_cq->context = ctx;
+    struct ibv_cq *cq = create_cq(fake_cq, 16, NULL, NULL, 0);
+    if (!ctx || !qp || !cq) {
+        fprintf(stderr, "open/create failed\n");
+        return 2;
+    }
+    long failed = 0;
+    for (long i = 0; i < posts; i++) {
+        struct ibv_send_wr wr, *bad = NULL;
+        memset(&wr, 0, sizeof wr);
+        wr.opcode = IBV_WR_RDMA_WRITE;
+        if (ibv_post_send(qp, &wr, &bad) != 0)
+            failed++;
+    }
+    /* A delay line hands posts to the provider later: wait for them, at most 2 s. */
+    unsigned long reached = 0;
+    for (int i = 0; i < 2000; i++) {
+        reached = __atomic_load_n(&provider_posts, __ATOMIC_RELAXED);
+        if (reached >= (unsigned long)posts)
+            break;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    printf("limited_post posts=%ld provider=%lu vm_peak_kb=%ld\n", posts, reached,
+           vm_peak_kb());
+    fflush(stdout);
+    long hold_ms = argc > 3 ? atol(argv[3]) : 0;
+    struct timespec hold = {hold_ms / 1000, (hold_ms % 1000) * 1000000L};
+    if (hold_ms > 0)
+        nanosleep(&hold, NULL);
+    return failed == 0 && reached == (unsigned long)posts ? 0 : 1;
+}
