@@ -5,7 +5,7 @@
 //!
 //! - `ibv_poll_cq` is a static inline through `ctx->ops.poll_cq`, patched with the context
 //!   ([`crate::wrappers::patch`]). CQs made by the exported `ibv_create_cq` get a holding ring
-//!   ([`CAP`] completions, allocated there, freed by `ibv_destroy_cq`); CQs made by
+//!   ([`crate::modes::hold::CAP`] completions, allocated there, freed by `ibv_destroy_cq`); CQs made by
 //!   `ibv_create_cq_ex` get theirs in [`crate::modes::cq_ex`], which holds the extended poll API's
 //!   completions. A CQ without a ring (the table of CQs full) passes through, its
 //!   completions counted apart (`cq.unheld`).
@@ -17,6 +17,7 @@
 //!   empty) would sleep on held completions: there the polling thread waits for the next one
 //!   instead of returning without it.
 use crate::abi::verbs::*;
+use crate::modes::hold::HoldRing;
 use crate::sys::clock::{self, WaitKind};
 use crate::sys::{addr_table, rng};
 use ibjitter_table::ENTRIES;
@@ -24,8 +25,6 @@ use std::ffi::c_int;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 
-/// Completions a CQ's ring holds (completions beyond wait in the provider's CQ).
-pub const CAP: usize = 1024;
 /// Completions taken from the provider per poll.
 const BATCH: usize = 32;
 
@@ -40,14 +39,7 @@ static HELD: AtomicU64 = AtomicU64::new(0);
 static SUM_NS: AtomicU64 = AtomicU64::new(0);
 static UNHELD: AtomicU64 = AtomicU64::new(0);
 
-struct Ring {
-    head: usize,
-    len: usize,
-    last_due: u64,
-    wc: [ibv_wc; CAP],
-    due: [u64; CAP],
-    ns: [u64; CAP],
-}
+type Ring = HoldRing<ibv_wc>;
 
 struct CqEntry {
     key: AtomicUsize,
@@ -93,24 +85,21 @@ pub unsafe fn cq_created(cq: *mut ibv_cq) {
         return;
     }
     let key = cq as usize;
-    // SAFETY: all-zero is a valid Ring (integers and ibv_wc, integers only); made on the
-    // heap (65 KiB), never on the caller's stack.
     // Under an address-space limit (`ulimit -v`) with no room for it: one warning, and this
     // CQ's completions pass undelayed (counted as unheld), never an abort.
-    let layout = std::alloc::Layout::new::<Ring>();
-    let p = std::alloc::alloc_zeroed(layout) as *mut Ring;
-    if p.is_null() {
+    // SAFETY: all-zero is a valid ibv_wc (integers only).
+    let Some(ring) = Ring::try_new(std::mem::zeroed()) else {
         static SAID: AtomicBool = AtomicBool::new(false);
         if !SAID.swap(true, Relaxed) {
             crate::sys::say::warn(&format!(
                 "IBJITTER_CQ_TABLE: cannot allocate a CQ's holding ring ({} KiB; address space \
                  limit?): completions of such CQs pass undelayed",
-                layout.size() >> 10
+                Ring::bytes() >> 10
             ));
         }
         return;
-    }
-    let ring: Box<Ring> = Box::from_raw(p);
+    };
+    let ring = Box::new(ring);
     if let Some(e) = addr_table::claim(&CQS, key, PROBES, |e| &e.key) {
         e.ring.store(Box::into_raw(ring), Release);
         return;
@@ -173,7 +162,7 @@ pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -
     }
     let ring = &mut *r;
     // Take what the provider has, as far as the ring has room.
-    let room = (CAP - ring.len).min(BATCH);
+    let room = ring.room().min(BATCH);
     if room > 0 {
         let mut fresh: [std::mem::MaybeUninit<ibv_wc>; BATCH] =
             [const { std::mem::MaybeUninit::uninit() }; BATCH];
@@ -185,28 +174,19 @@ pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -
         let now = now_units();
         for f in fresh.iter().take(got as usize) {
             let (units, ns) = draw();
-            let due = (now + units).max(ring.last_due);
-            ring.last_due = due;
-            let slot = (ring.head + ring.len) % CAP;
-            ring.wc[slot] = f.assume_init_read();
-            ring.due[slot] = due;
-            ring.ns[slot] = ns;
-            ring.len += 1;
+            ring.push(f.assume_init_read(), now, units, ns);
         }
     }
     // An event-driven program would sleep on what is held: wait for the head here instead.
-    if ring.len > 0 && !(*cq).channel.is_null() {
-        while now_units() < ring.due[ring.head] {
-            std::hint::spin_loop();
-        }
+    if !(*cq).channel.is_null() {
+        ring.wait_for_head();
     }
     let now = now_units();
     let mut k = 0usize;
-    while k < n.max(0) as usize && ring.len > 0 && ring.due[ring.head] <= now {
-        *wc.add(k) = ring.wc[ring.head];
-        handed_over(ring.ns[ring.head]);
-        ring.head = (ring.head + 1) % CAP;
-        ring.len -= 1;
+    while k < n.max(0) as usize && ring.due_head(now).is_some() {
+        let (w, ns) = ring.pop().expect("a due head");
+        *wc.add(k) = w;
+        handed_over(ns);
         k += 1;
     }
     e.busy.store(false, Release);
@@ -218,7 +198,8 @@ pub(crate) fn handed_over(ns: u64) {
     PASSED.fetch_add(1, Relaxed);
     if ns > 0 {
         HELD.fetch_add(1, Relaxed);
-        SUM_NS.fetch_add(ns, Relaxed);
+        // Saturating: the exit line must never claim a sum that wrapped.
+        let _ = SUM_NS.fetch_update(Relaxed, Relaxed, |s| Some(s.saturating_add(ns)));
     }
 }
 

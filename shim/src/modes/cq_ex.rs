@@ -8,6 +8,7 @@
 //! Order, try-lock and completion-channel rules are [`crate::modes::cq`]'s.
 use crate::abi::verbs::*;
 use crate::modes::cq;
+use crate::modes::hold::HoldRing;
 use crate::sys::addr_table;
 use std::ffi::{c_int, c_uint};
 use std::ptr::null_mut;
@@ -115,12 +116,9 @@ reads! {
 /// One extended CQ: its provider's pointers and its ring.
 struct ExCq {
     orig: Originals,
-    head: usize,
-    len: usize,
-    last_due: u64,
     /// A completion is presented (between a successful start/next poll and the next call).
     presented: bool,
-    entries: Box<[(Fields, u64, u64)]>,
+    ring: HoldRing<Fields>,
 }
 
 struct Entry {
@@ -149,7 +147,10 @@ fn find(key: usize) -> Option<&'static Entry> {
 unsafe fn current(cq: *mut ibv_cq_ex) -> Option<Fields> {
     let e = find(cq as usize)?;
     let x = e.cq.load(Acquire).as_ref()?;
-    (x.presented && x.len > 0).then(|| x.entries[x.head].0)
+    if !x.presented {
+        return None;
+    }
+    x.ring.due_head(u64::MAX).copied()
 }
 
 /// After the provider's `create_cq_ex`: ring and pointer swap (off any data path).
@@ -168,14 +169,19 @@ pub unsafe fn created(cq: *mut ibv_cq_ex) {
         return;
     };
     // SAFETY: all-zero is a valid Fields (integers only).
-    let blank: Fields = std::mem::zeroed();
+    let Some(ring) = HoldRing::try_new(std::mem::zeroed()) else {
+        // Under an address-space limit: this CQ passes undelayed (its pointers unswapped).
+        slot.key.store(addr_table::REMOVED, Release);
+        crate::sys::say::warn(
+            "IBJITTER_CQ_TABLE: cannot allocate an extended CQ's holding ring (address space \
+             limit?): its completions pass undelayed",
+        );
+        return;
+    };
     let x = Box::new(ExCq {
         orig: swap_pointers(cq),
-        head: 0,
-        len: 0,
-        last_due: 0,
         presented: false,
-        entries: vec![(blank, 0, 0); cq::CAP].into_boxed_slice(),
+        ring,
     });
     slot.cq.store(Box::into_raw(x), Release);
 }
@@ -197,8 +203,7 @@ pub unsafe fn destroyed(cq: *mut ibv_cq) {
 
 /// Presents the ring's head if it is due (sets `status` and `wr_id` as a provider does).
 unsafe fn present(cq: *mut ibv_cq_ex, x: &mut ExCq) -> c_int {
-    if x.len > 0 && x.entries[x.head].1 <= cq::now_units() {
-        let f = x.entries[x.head].0;
+    if let Some(&f) = x.ring.due_head(cq::now_units()) {
         (*cq).status = f.status;
         (*cq).wr_id = f.wr_id;
         x.presented = true;
@@ -211,10 +216,10 @@ unsafe fn present(cq: *mut ibv_cq_ex, x: &mut ExCq) -> c_int {
 
 /// Consumes the presented completion (counted as handed over).
 fn consume(x: &mut ExCq) {
-    if x.presented && x.len > 0 {
-        cq::handed_over(x.entries[x.head].2);
-        x.head = (x.head + 1) % cq::CAP;
-        x.len -= 1;
+    if x.presented {
+        if let Some((_, ns)) = x.ring.pop() {
+            cq::handed_over(ns);
+        }
     }
     x.presented = false;
 }
@@ -241,7 +246,7 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
     // corrupts its queue; start+end with one completion is right on every provider.
     let now = cq::now_units();
     for _ in 0..BATCH {
-        if x.len == cq::CAP {
+        if x.ring.room() == 0 {
             break;
         }
         let rc = sp(cq, attr);
@@ -249,25 +254,19 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
             break;
         }
         if rc != 0 {
-            if x.len == 0 {
+            if x.ring.is_empty() {
                 e.busy.store(false, Release);
                 return rc;
             }
             break;
         }
         let (units, ns) = cq::draw();
-        let due = (now + units).max(x.last_due);
-        x.last_due = due;
-        let slot = (x.head + x.len) % cq::CAP;
-        x.entries[slot] = (capture(cq, &o), due, ns);
-        x.len += 1;
+        x.ring.push(capture(cq, &o), now, units, ns);
         ep(cq);
     }
     // An event-driven program would sleep on what is held: wait for the head instead.
-    if x.len > 0 && !(*cq).channel.is_null() {
-        while cq::now_units() < x.entries[x.head].1 {
-            std::hint::spin_loop();
-        }
+    if !(*cq).channel.is_null() {
+        x.ring.wait_for_head();
     }
     let rc = present(cq, x);
     if rc != 0 {
@@ -283,10 +282,8 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
     };
     consume(x);
     // As in start_poll: an event-driven program would sleep on what is held.
-    if x.len > 0 && !(*cq).channel.is_null() {
-        while cq::now_units() < x.entries[x.head].1 {
-            std::hint::spin_loop();
-        }
+    if !(*cq).channel.is_null() {
+        x.ring.wait_for_head();
     }
     present(cq, x)
 }
