@@ -42,8 +42,50 @@ unsafe extern "C" fn empty_poll_cq(_cq: *mut ibv_cq, _n: c_int, _wc: *mut ibv_wc
     0
 }
 
+/// A full node, for this process: its main thread and the shim's timer thread share CPU 0,
+/// the timer thread in `SCHED_IDLE` (it runs only when the main thread does not).
+fn starve_the_timer_thread() {
+    // SAFETY: plain affinity and scheduler calls on this process's own threads.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+        // The thread names itself as it starts: look until it has.
+        let find = || {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .find(|e| {
+                    std::fs::read_to_string(e.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "ibjitter-line")
+                })
+                .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        };
+        let t0 = std::time::Instant::now();
+        let tid = loop {
+            match find() {
+                Some(t) => break t,
+                None if t0.elapsed() < Duration::from_secs(5) => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                None => panic!("the delay line's timer thread never named itself"),
+            }
+        };
+        assert_eq!(
+            libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+        let param = libc::sched_param { sched_priority: 0 };
+        assert_eq!(libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param), 0);
+    }
+}
+
 /// The child: posts `n` inline SENDs `gap` apart, then either busy-polls its CQ until the
-/// provider saw them all ("poll") or returns at once ("exit"); emits when each was posted.
+/// provider saw them all ("poll", "poll-full-node": the timer thread starved first) or
+/// returns at once ("exit"); emits when each was posted.
 fn child(how: &str, n: u64, gap: Duration) {
     let shim = load_child_shim();
     let mut fc = FakeContext::new(provider_post_send);
@@ -54,6 +96,9 @@ fn child(how: &str, n: u64, gap: Duration) {
     let qpx: *mut ibv_qp_ex = &mut *q;
     // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
     let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    if how == "poll-full-node" {
+        starve_the_timer_thread();
+    }
     // SAFETY: all-zero is a valid ibv_cq.
     let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
     cq.context = ctx;
@@ -82,7 +127,7 @@ fn child(how: &str, n: u64, gap: Duration) {
         assert_eq!(rc, 0);
         std::thread::sleep(gap);
     }
-    if how == "poll" {
+    if how.starts_with("poll") {
         let t0 = now_ns();
         let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
         while (SEEN.lock().unwrap().len() as u64) < n && now_ns() - t0 < 10_000_000_000 {
@@ -131,17 +176,18 @@ fn scenario() -> Option<String> {
     std::env::var(CHILD).ok()
 }
 
-/// A program that posts, then busy-polls its CQ (as an MPI rank does), has its due
-/// requests handed over by its own `ibv_poll_cq` calls, in order and never early; the stats
-/// say who handed them over and how late.
+/// On a full node (the shim's timer thread gets no core: here it shares the program's in
+/// `SCHED_IDLE`), a program that posts, then busy-polls its CQ (as an MPI rank does), has
+/// its due requests handed over by its own `ibv_poll_cq` calls, in order and never early;
+/// the stats say who handed them over and how late.
 #[test]
 fn due_requests_leave_from_the_programs_own_polls() {
     if scenario().is_some() {
-        return child("poll", 100, Duration::from_micros(20));
+        return child("poll-full-node", 100, Duration::ZERO);
     }
     let (r, stderr, s) = run(
         "due_requests_leave_from_the_programs_own_polls",
-        "poll",
+        "poll-full-node",
         &[("IBJITTER_DELAY", "300us")],
     );
     let posted: Vec<u64> = serde_json::from_value(r["posted"].clone()).unwrap();
