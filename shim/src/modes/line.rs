@@ -22,7 +22,10 @@
 //!   provider all the time: each patched `ibv_post_send` and `ibv_poll_cq` hands over what is
 //!   more than [`GRACE_NS`] overdue ([`flush_if_due`]: one atomic load while the line is
 //!   empty, a clock read and a compare while nothing is overdue). One thread flushes at a
-//!   time (a try-flag: a thread that finds it taken goes on, never waits).
+//!   time (a try-flag: a thread that finds it taken goes on, never waits). Once the
+//!   program's calls have made several hand-overs in a row, the timer thread yields to them:
+//!   it sleeps as a backstop ([`BACKSTOP_NS`] past due) instead of waking for every request,
+//!   until it has to hand one over itself again.
 //! - **Posting from another thread** (the timer thread, or a thread polling a CQ) uses the
 //!   provider's `post_send`, which takes the QP's
 //!   send-queue lock (rxe: `qp->sq.lock`; mlx5: `qp->sq.lock`, unless `MLX5_SINGLE_THREADED`
@@ -61,6 +64,14 @@ pub const EARLY_NS: u64 = 20_000;
 pub const GRACE_NS: u64 = 10_000;
 /// [`GRACE_NS`] in clock units (set when the line starts).
 static GRACE_UNITS: AtomicU64 = AtomicU64::new(0);
+/// Hand-overs in a row the program's own calls made: from [`YIELD_AFTER`] on the node is
+/// busy and the program is flushing; the timer thread then yields to it (it sleeps as a
+/// backstop, [`BACKSTOP_NS`] past the due time, and at most [`IDLE_BACKSTOP_NS`] while the
+/// line is empty) instead of waking for every request and taking a rank's core.
+static PROGRAM_STREAK: AtomicU32 = AtomicU32::new(0);
+const YIELD_AFTER: u32 = 8;
+pub const BACKSTOP_NS: u64 = 500_000;
+pub const IDLE_BACKSTOP_NS: u64 = 1_000_000;
 
 /// One deferred work request.
 struct Slot {
@@ -462,6 +473,7 @@ fn overdue(now: u64) -> bool {
 #[inline(never)]
 fn flush(by: &AtomicU64) -> bool {
     let Some(line) = LINE.get() else { return false };
+    let before = by.load(Relaxed);
     if FLUSHING.swap(true, Acquire) {
         return false;
     }
@@ -501,6 +513,13 @@ fn flush(by: &AtomicU64) -> bool {
         }
     }
     FLUSHING.store(false, Release);
+    if by.load(Relaxed) != before {
+        if std::ptr::eq(by, &BY_TIMER) {
+            PROGRAM_STREAK.store(0, Relaxed);
+        } else {
+            PROGRAM_STREAK.fetch_add(1, Relaxed);
+        }
+    }
     true
 }
 
@@ -511,20 +530,34 @@ fn timer_thread() {
     // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
     let early = clock::ns_to_units(EARLY_NS, clock::kind());
+    let backstop = clock::ns_to_units(BACKSTOP_NS, clock::kind());
     loop {
+        let yielding = PROGRAM_STREAK.load(Relaxed) >= YIELD_AFTER;
         let nap = if IN_LINE.load(Acquire) == 0 {
-            IDLE_NS
+            if yielding {
+                IDLE_BACKSTOP_NS
+            } else {
+                IDLE_NS
+            }
         } else {
             let (next, now) = (NEXT_DUE.load(Acquire), now_units());
-            if next <= now.saturating_add(early) {
+            if yielding {
+                // A backstop: only what the program's calls left far past its due time.
+                if next.saturating_add(backstop) <= now {
+                    flush(&BY_TIMER);
+                    continue;
+                }
+                units_to_ns(next.saturating_add(backstop) - now).min(IDLE_BACKSTOP_NS)
+            } else if next <= now.saturating_add(early) {
                 // Due within EARLY_NS: spin to it, unless someone hands it over first.
                 while now_units() < next && NEXT_DUE.load(Acquire) == next {
                     std::hint::spin_loop();
                 }
                 flush(&BY_TIMER);
                 continue;
+            } else {
+                (units_to_ns(next - now) - EARLY_NS).min(IDLE_NS)
             }
-            (units_to_ns(next - now) - EARLY_NS).min(IDLE_NS)
         };
         std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
     }
