@@ -114,8 +114,9 @@ fn shim_candidates(exe: &Path) -> Vec<PathBuf> {
 /// The installed tables (`PREFIX/share/ibjitter/distributions`) for the binary at `exe`,
 /// if it is installed.
 pub fn installed_distributions(exe: &Path) -> Option<PathBuf> {
-    let dir = exe.parent()?.join("../share/ibjitter/distributions");
-    dir.is_dir().then_some(dir)
+    std::fs::canonicalize(exe.parent()?.join("../share/ibjitter/distributions"))
+        .ok()
+        .filter(|d| d.is_dir())
 }
 
 /// The `LD_PRELOAD` that loads `shim` first and then what was preloaded already.
