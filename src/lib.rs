@@ -8,6 +8,7 @@
 //! - [`report`]: what a run measured, and `report::export` for its output formats.
 //! - [`pcap`]: wire-level analysis of RoCE / InfiniBand captures (`ibjitter pcap`).
 //! - [`control`]: live control of processes under the injector (`ibjitter inject`).
+//! - [`inject_env`]: the environment that runs a program under the injector (`ibjitter exec`).
 //! - [`study`]: a program's sensitivity to latency variation and congestion (`ibjitter study`).
 //!
 //! The LD_PRELOAD injector lives in the `shim/` crate and depends on `ibjitter-table` alone.
@@ -15,6 +16,7 @@
 pub mod control;
 pub mod gen;
 pub mod incast;
+pub mod inject_env;
 pub mod pcap;
 pub mod report;
 pub mod study;

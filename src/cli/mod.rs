@@ -1,7 +1,9 @@
 //! Command-line parsing (clap) and dispatch. Each subcommand has its own file; the logic it
 //! calls lives in the library, so it can be tested without a process.
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use std::path::{Path, PathBuf};
 
+mod exec;
 mod exit;
 mod incast;
 mod inject;
@@ -37,10 +39,26 @@ enum Command {
     /// How sensitive is a program to latency variation and congestion: runs it clean and
     /// perturbed, interleaved, and reports slowdowns, correlations and a verdict
     Study(study::StudyArgs),
+    /// Run a program under libibjitter.so: mpirun -np 4 ibjitter exec --delay 50us -- ./app
+    Exec(exec::ExecArgs),
+    /// Write a man page for ibjitter and each subcommand into DIR (used by tools/install)
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Write the shell completion script for SHELL into DIR (used by tools/install)
+    #[command(hide = true)]
+    Completions {
+        shell: clap_complete::Shell,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 /// Runs the CLI and returns the process exit code.
 pub fn main() -> i32 {
+    use_installed_distributions();
     let cli = Cli::parse();
     match cli.command {
         Command::Table(args) => table::run(args),
@@ -50,6 +68,41 @@ pub fn main() -> i32 {
         Command::Pcap(args) => pcap::run(args),
         Command::Inject(args) => inject::run(args),
         Command::Study(args) => study::run(args),
+        Command::Exec(args) => exec::run(args),
+        Command::Man { out } => write_docs("man pages", &out, |dir| {
+            clap_mangen::generate_to(Cli::command(), dir)
+        }),
+        Command::Completions { shell, out } => write_docs("completions", &out, |dir| {
+            clap_complete::generate_to(shell, &mut Cli::command(), "ibjitter", dir).map(|_| ())
+        }),
+    }
+}
+
+/// An installed ibjitter (PREFIX/bin) names its tables (PREFIX/share/ibjitter/distributions)
+/// to itself and to what it starts (the shim under `exec` and `study`), unless the user
+/// chose a directory with IBJITTER_DISTRIBUTIONS.
+fn use_installed_distributions() {
+    let var = ibjitter::table::format::DISTRIBUTIONS_ENV;
+    if std::env::var_os(var).is_some() {
+        return;
+    }
+    let dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| ibjitter::inject_env::installed_distributions(&exe));
+    if let Some(dir) = dir {
+        // Still single-threaded: nothing else reads the environment yet.
+        std::env::set_var(var, dir);
+    }
+}
+
+/// Writes generated documentation into `dir`, created if need be.
+fn write_docs(what: &str, dir: &Path, write: impl Fn(&Path) -> std::io::Result<()>) -> i32 {
+    match std::fs::create_dir_all(dir).and_then(|()| write(dir)) {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("ibjitter: cannot write {what} into {}: {e}", dir.display());
+            exit::SETUP
+        }
     }
 }
 

@@ -58,7 +58,8 @@ pub struct StudyArgs {
     /// How long the congestor runs before the program starts
     #[arg(long, default_value = "2s", value_parser = duration)]
     congestor_settle: Duration,
-    /// libibjitter.so (default: beside this binary)
+    /// libibjitter.so (default: PREFIX/lib/ibjitter/ of an installed ibjitter, else beside
+    /// this binary)
     #[arg(long)]
     shim: Option<PathBuf>,
     /// More injector settings for every table run (repeatable): IBJITTER_CORRELATION=0.5.
@@ -209,7 +210,12 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
         .any(|c| matches!(c.perturbation, Perturbation::Table { .. }));
     let shim = match &a.shim {
         Some(p) => p.clone(),
-        None => self_exe.with_file_name("libibjitter.so"),
+        // Installed (PREFIX/lib/ibjitter/) or built (beside this binary).
+        None => match ibjitter::inject_env::find_shim(&self_exe) {
+            Ok(p) => p,
+            Err(e) if needs_shim => return Err(e),
+            Err(_) => self_exe.with_file_name("libibjitter.so"),
+        },
     };
     if needs_shim && !shim.is_file() {
         return Err(format!(

@@ -9,6 +9,7 @@ use super::plan::{Configuration, Perturbation, Plan, Slot};
 use super::record::Row;
 use crate::gen::stop::StopToken;
 use crate::incast::launcher::{shell_quote, signal_group, spawn};
+use crate::inject_env::InjectorEnv;
 use regex::Regex;
 use std::fs::File;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -127,19 +128,16 @@ impl Runner {
             });
         }
         if let Perturbation::Table { path, .. } = &config.perturbation {
-            let preload = match std::env::var("LD_PRELOAD") {
-                Ok(p) if !p.is_empty() => format!("{} {p}", self.shim.display()),
-                _ => self.shim.display().to_string(),
-            };
-            cmd.env("LD_PRELOAD", preload)
-                .env("IBJITTER_TABLE", path)
-                .env("IBJITTER_SEED", seed.to_string())
+            let mut env = InjectorEnv::new(self.shim.clone());
+            env.set("IBJITTER_TABLE", path)
+                .set("IBJITTER_SEED", seed.to_string())
                 // Every rank of an MPI job its own sequence (--shim-env may turn it off).
-                .env("IBJITTER_SEED_PER_RANK", "1")
-                .env("IBJITTER_STATS", self.stats_pattern(slot.index));
+                .set("IBJITTER_SEED_PER_RANK", "1")
+                .set("IBJITTER_STATS", self.stats_pattern(slot.index));
             for (k, v) in &self.shim_env {
-                cmd.env(k, v);
+                env.set(k.clone(), v);
             }
+            env.apply(&mut cmd);
         }
         let started = Instant::now();
         let status = match cmd.spawn() {
