@@ -2,6 +2,7 @@
 //! calls lives in the library, so it can be tested without a process.
 use clap::{Args, Parser, Subcommand};
 
+mod doctor;
 mod exit;
 mod incast;
 mod inject;
@@ -37,6 +38,8 @@ enum Command {
     /// How sensitive is a program to latency variation and congestion: runs it clean and
     /// perturbed, interleaved, and reports slowdowns, correlations and a verdict
     Study(study::StudyArgs),
+    /// Is this machine ready for injection: device, clock, shim, a delayed ping-pong per path
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Runs the CLI and returns the process exit code.
@@ -50,6 +53,7 @@ pub fn main() -> i32 {
         Command::Pcap(args) => pcap::run(args),
         Command::Inject(args) => inject::run(args),
         Command::Study(args) => study::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
 
