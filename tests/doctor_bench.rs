@@ -25,7 +25,9 @@ fn doctor_passes_on_the_bench_with_a_verdict_and_the_delay_per_path() {
     let dir = scratch_dir("doctor");
     let json = dir.join("doctor.json");
     let script = format!(
-        "{} doctor --device rxe0 --delay {D_US}us --iters 300 --rounds 3 --json {}",
+        "{} doctor --device rxe0 --delay {D_US}us --iters 300 --rounds 3 --keep --json {}; rc=$?\n\
+         for f in /tmp/ibjitter-doctor.*/ucx_perftest*-clean-0.*.out; do echo \"--- $f\"; head -c 3000 \"$f\"; done\n\
+         exit $rc",
         bin.display(),
         json.display()
     );

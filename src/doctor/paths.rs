@@ -25,7 +25,7 @@ struct Probe {
     /// How the report names it ("ib_write_lat --use_old_post_send").
     name: String,
     program: &'static str,
-    /// Arguments of both sides; the client adds "localhost".
+    /// Arguments of both sides; the client adds the server's address, 127.0.0.1.
     args: Vec<String>,
     /// Environment of both sides.
     env: Vec<(String, String)>,
@@ -68,13 +68,11 @@ pub fn path_summary(path: &str, shown: &[(String, Verdict, String)]) -> Check {
     let name = format!("{path} path");
     if by.is_empty() {
         return Check::new(GROUP, name, Verdict::Warn)
-            .detail("no program here exercised it: not checked")
+            .detail("no program exercised it (missing, or failed without the injector: above): not checked")
             .advice(match path {
-                "UCP" => "install UCX's ucx-utils (ucx_perftest) to check the UCP layer",
-                "ibv_wr_*" => {
-                    "install rdma-core's ibverbs-utils (ibv_rc_pingpong with -N) to check it"
-                }
-                _ => "install perftest (ib_write_lat) or ibverbs-utils (ibv_rc_pingpong)",
+                "UCP" => "needs UCX's ucx_perftest (ucx-utils) running over the device",
+                "ibv_wr_*" => "needs rdma-core's ibv_rc_pingpong with -N (ibverbs-utils)",
+                _ => "needs perftest's ib_write_lat or rdma-core's ibv_rc_pingpong",
             });
     }
     let worst = by.iter().map(|s| s.1).max().unwrap_or(Verdict::Ok);
@@ -178,7 +176,9 @@ fn probes(opts: &Options, t: &Target, ucx: bool, out: &mut Vec<Check>) -> Vec<Pr
         // The user's own UCX_TLS / UCX_NET_DEVICES win.
         let mut env = Vec::new();
         if std::env::var_os("UCX_TLS").is_none() {
-            env.push(("UCX_TLS".into(), "^shm,tcp".into()));
+            // UCX's alias for RC with UD for wire-up, on mlx5 (rc_mlx5) and plain verbs
+            // (rc_verbs) alike.
+            env.push(("UCX_TLS".into(), "rc".into()));
         }
         if std::env::var_os("UCX_NET_DEVICES").is_none() {
             env.push(("UCX_NET_DEVICES".into(), format!("{}:{}", t.device, t.port)));
@@ -325,7 +325,7 @@ fn run_pair(
         server.args(&p.args).args(&port_args);
     }
     let mut client = Command::new(p.program);
-    client.args(&p.args).args(&port_args).arg("localhost");
+    client.args(&p.args).args(&port_args).arg("127.0.0.1");
     for (k, v) in &p.env {
         server.env(k, v);
         client.env(k, v);
