@@ -183,6 +183,11 @@ fn probes(opts: &Options, t: &Target, ucx: bool, out: &mut Vec<Check>) -> Vec<Pr
         if std::env::var_os("UCX_NET_DEVICES").is_none() {
             env.push(("UCX_NET_DEVICES".into(), format!("{}:{}", t.device, t.port)));
         }
+        if std::env::var_os("UCX_UD_VERBS_ETH_DGID_CHECK").is_none() {
+            // A loopback over RoCE: UD wire-up's check of the destination GID refuses the
+            // device's own (a fatal "UD endpoint ... unhandled timeout" otherwise).
+            env.push(("UCX_UD_VERBS_ETH_DGID_CHECK".into(), "n".into()));
+        }
         v.push(Probe {
             name: "ucx_perftest -t tag_lat".into(),
             program: "ucx_perftest",
