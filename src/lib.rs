@@ -14,6 +14,7 @@
 //! The LD_PRELOAD injector lives in the `shim/` crate and depends on `ibjitter-table` alone.
 
 pub mod control;
+pub mod doctor;
 pub mod gen;
 pub mod incast;
 pub mod inject_env;

@@ -3,6 +3,7 @@
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
+mod doctor;
 mod exec;
 mod exit;
 mod incast;
@@ -41,6 +42,8 @@ enum Command {
     Study(study::StudyArgs),
     /// Run a program under libibjitter.so: mpirun -np 4 ibjitter exec --delay 50us -- ./app
     Exec(exec::ExecArgs),
+    /// Is this machine ready for injection: device, clock, shim, a delayed ping-pong per path
+    Doctor(doctor::DoctorArgs),
     /// Write a man page for ibjitter and each subcommand into DIR (used by tools/install)
     #[command(hide = true)]
     Man {
@@ -69,6 +72,7 @@ pub fn main() -> i32 {
         Command::Inject(args) => inject::run(args),
         Command::Study(args) => study::run(args),
         Command::Exec(args) => exec::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Man { out } => write_docs("man pages", &out, |dir| {
             clap_mangen::generate_to(Cli::command(), dir)
         }),
