@@ -192,7 +192,7 @@ fn the_readme_quick_starts_run_as_written() {
     // 2: the incast's summary line as the README quotes it, and its report.
     let incast = &results[1].2;
     assert!(
-        incast.contains("incast into h0: 30 flows (10 per sender x 3), started 30,"),
+        incast.contains("incast into h0 (10.0.0.1): 30 flows (10 per sender x 3), started 30,"),
         "{incast}"
     );
     assert!(dir.join("incast-results/incast.json").is_file(), "{incast}");
