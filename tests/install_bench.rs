@@ -1,7 +1,8 @@
 //! From install to a first result, as a user without root, on the bench: `tools/install` into
 //! a fresh prefix, then `mpirun -np 2 PREFIX/bin/ibjitter exec --delay 100us -- PROGRAM`
 //! (the wrapper after the launcher, as HPC interposers go) delays both ranks, each rank's
-//! coverage line exact; and `PREFIX/bin/ibjitter doctor` exits 0 with a verdict per path.
+//! coverage line exact; and `PREFIX/bin/ibjitter doctor` (found its installed shim) exits 0
+//! with a verdict per path.
 mod common;
 
 use common::bench::{mpi_pingpong, release_artifact, repo_root, scratch_dir, Vm};
@@ -20,11 +21,13 @@ fn a_user_installs_without_root_and_injects_into_an_mpi_job() {
         .unwrap()
         .display()
         .to_string();
-    // The bench has no udev: rdma-core's rules make the verbs device files 0666 on a real
-    // system, so the test does what they do. Then everything runs as `nobody`.
+    // The bench has no udev and no limits.conf: rdma-core's rules make the verbs device files
+    // 0666 and an HPC site's limits give users unlimited locked memory (UCX registers tens of
+    // MB), so the test does what they do. Then everything runs as `nobody`.
     let script = format!(
         r#"set -u
         chmod 666 /dev/infiniband/* 2>/dev/null
+        ulimit -l unlimited
         as_user() {{ setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp "$@"; }}
         prefix=/tmp/ibjitter-prefix
         as_user env CARGO_TARGET_DIR={target} {repo}/tools/install --prefix $prefix --no-build || exit 11

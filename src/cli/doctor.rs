@@ -35,7 +35,7 @@ pub struct DoctorArgs {
     /// Clean/delayed pairs of runs per program (the fastest of each side counts)
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     rounds: u32,
-    /// libibjitter.so (default: beside this binary)
+    /// libibjitter.so (default: PREFIX/lib/ibjitter/ when installed, else beside this binary)
     #[arg(long)]
     shim: Option<PathBuf>,
     /// Write every check, with its figures, as JSON
@@ -69,9 +69,14 @@ fn doctor_run(a: DoctorArgs) -> Result<i32, String> {
     }
     let shim = match a.shim {
         Some(p) => p,
-        None => std::env::current_exe()
-            .map_err(|e| format!("cannot find this program's path: {e}"))?
-            .with_file_name("libibjitter.so"),
+        // Where `exec` finds it: the installed layout, then beside the binary. A shim that
+        // is nowhere is the doctor's first finding, not a usage error.
+        None => {
+            let exe = std::env::current_exe()
+                .map_err(|e| format!("cannot find this program's path: {e}"))?;
+            ibjitter::inject_env::find_shim(&exe)
+                .unwrap_or_else(|_| exe.with_file_name("libibjitter.so"))
+        }
     };
     let shim = std::fs::canonicalize(&shim).unwrap_or(shim);
     let work_dir = std::env::temp_dir().join(format!("ibjitter-doctor.{}", std::process::id()));
