@@ -17,15 +17,12 @@
 //!   requests into a heap ordered by due time and hands the due ones to the provider.
 //! - **Who flushes.** The timer thread, when it has a core: it sleeps until [`EARLY_NS`]
 //!   before the earliest due time (at most [`IDLE_NS`], so it sees new requests) and spins
-//!   the rest, never longer (it used to spin the last 150 µs of every wait). On a busy node
+//!   the rest, unless the program's calls hand the request over first. On a busy node
 //!   it gets no core in time, and the ranks that fill the cores are the ones calling into the
 //!   provider all the time: each patched `ibv_post_send` and `ibv_poll_cq` hands over what is
 //!   more than [`GRACE_NS`] overdue ([`flush_if_due`]: one atomic load while the line is
 //!   empty, a clock read and a compare while nothing is overdue). One thread flushes at a
-//!   time (a try-flag: a thread that finds it taken goes on, never waits). Once the
-//!   program's calls have made several hand-overs in a row, the timer thread yields to them:
-//!   it sleeps as a backstop ([`BACKSTOP_NS`] past due) instead of waking for every request,
-//!   until it has to hand one over itself again.
+//!   time (a try-flag: a thread that finds it taken goes on, never waits).
 //! - **Posting from another thread** (the timer thread, or a thread polling a CQ) uses the
 //!   provider's `post_send`, which takes the QP's
 //!   send-queue lock (rxe: `qp->sq.lock`; mlx5: `qp->sq.lock`, unless `MLX5_SINGLE_THREADED`
@@ -56,22 +53,15 @@ pub const INLINE_BYTES: usize = 512;
 /// Longest sleep of the timer thread (how late a new request may be seen when the program
 /// makes no call).
 pub const IDLE_NS: u64 = 50_000;
-/// The timer thread wakes this long before a due time and spins the rest (a sleep's wake-up
-/// is late by about this much on a busy host); never longer.
-pub const EARLY_NS: u64 = 20_000;
+/// The timer thread wakes this long before a due time and spins the rest: a sleep's wake-up
+/// is late by up to about this much on the bench (a shorter spin, 20 us, measured no better
+/// on a full node and worse on an idle one).
+pub const EARLY_NS: u64 = 150_000;
 /// How long after its due time a request waits for the timer thread before the program's
 /// own calls hand it over.
 pub const GRACE_NS: u64 = 10_000;
 /// [`GRACE_NS`] in clock units (set when the line starts).
 static GRACE_UNITS: AtomicU64 = AtomicU64::new(0);
-/// Hand-overs in a row the program's own calls made: from [`YIELD_AFTER`] on the node is
-/// busy and the program is flushing; the timer thread then yields to it (it sleeps as a
-/// backstop, [`BACKSTOP_NS`] past the due time, and at most [`IDLE_BACKSTOP_NS`] while the
-/// line is empty) instead of waking for every request and taking a rank's core.
-static PROGRAM_STREAK: AtomicU32 = AtomicU32::new(0);
-const YIELD_AFTER: u32 = 8;
-pub const BACKSTOP_NS: u64 = 500_000;
-pub const IDLE_BACKSTOP_NS: u64 = 1_000_000;
 
 /// One deferred work request.
 struct Slot {
@@ -473,7 +463,6 @@ fn overdue(now: u64) -> bool {
 #[inline(never)]
 fn flush(by: &AtomicU64) -> bool {
     let Some(line) = LINE.get() else { return false };
-    let before = by.load(Relaxed);
     if FLUSHING.swap(true, Acquire) {
         return false;
     }
@@ -513,13 +502,6 @@ fn flush(by: &AtomicU64) -> bool {
         }
     }
     FLUSHING.store(false, Release);
-    if by.load(Relaxed) != before {
-        if std::ptr::eq(by, &BY_TIMER) {
-            PROGRAM_STREAK.store(0, Relaxed);
-        } else {
-            PROGRAM_STREAK.fetch_add(1, Relaxed);
-        }
-    }
     true
 }
 
@@ -530,34 +512,20 @@ fn timer_thread() {
     // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
     let early = clock::ns_to_units(EARLY_NS, clock::kind());
-    let backstop = clock::ns_to_units(BACKSTOP_NS, clock::kind());
     loop {
-        let yielding = PROGRAM_STREAK.load(Relaxed) >= YIELD_AFTER;
         let nap = if IN_LINE.load(Acquire) == 0 {
-            if yielding {
-                IDLE_BACKSTOP_NS
-            } else {
-                IDLE_NS
-            }
+            IDLE_NS
         } else {
             let (next, now) = (NEXT_DUE.load(Acquire), now_units());
-            if yielding {
-                // A backstop: only what the program's calls left far past its due time.
-                if next.saturating_add(backstop) <= now {
-                    flush(&BY_TIMER);
-                    continue;
-                }
-                units_to_ns(next.saturating_add(backstop) - now).min(IDLE_BACKSTOP_NS)
-            } else if next <= now.saturating_add(early) {
+            if next <= now.saturating_add(early) {
                 // Due within EARLY_NS: spin to it, unless someone hands it over first.
                 while now_units() < next && NEXT_DUE.load(Acquire) == next {
                     std::hint::spin_loop();
                 }
                 flush(&BY_TIMER);
                 continue;
-            } else {
-                (units_to_ns(next - now) - EARLY_NS).min(IDLE_NS)
             }
+            (units_to_ns(next - now) - EARLY_NS).min(IDLE_NS)
         };
         std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
     }
