@@ -37,7 +37,7 @@ fn a_user_installs_without_root_and_injects_into_an_mpi_job() {
             {repo}/tools/mpi/rank-device $prefix/bin/ibjitter exec --delay 100us --layer verbs \
             -- {pp} 300 8 > {d}/mpi.out 2>&1 || {{ cat {d}/mpi.out; exit 13; }}
         cat {d}/mpi.out
-        as_user $prefix/bin/ibjitter doctor --device rxe0 --delay 1ms > {d}/doctor.out 2>&1
+        as_user $prefix/bin/ibjitter doctor --device rxe0 --delay 1000us > {d}/doctor.out 2>&1
         echo "doctor rc=$?"
         cat {d}/doctor.out
         exit 0
