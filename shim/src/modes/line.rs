@@ -694,29 +694,38 @@ pub fn drain(limit_ns: u64) -> u64 {
 /// The sum of the own delays (ns) of the requests still in the line.
 fn undelivered_ns() -> u64 {
     let Some(line) = LINE.get() else { return 0 };
+    with_flusher(|f| {
+        let mut sum = 0u64;
+        // SAFETY: the flusher's state is ours, and so are the slots it and `pending` hold.
+        unsafe {
+            while let Some(i) = line.pending.pop() {
+                let s = &*line.pool.0[i as usize].get();
+                f.heap.push(std::cmp::Reverse((s.due, s.seq, i)));
+            }
+            for r in f.heap.iter() {
+                let s = &*line.pool.0[r.0 .2 as usize].get();
+                sum = sum.saturating_add(units_to_ns(s.units));
+            }
+        }
+        sum
+    })
+    .unwrap_or(0)
+}
+
+/// Runs `f` on the flusher's state, holding the line as a flusher does; waits at most 10 ms
+/// for a thread flushing now (off the post path: exit, stats, control answers). None when
+/// the line has no state or stayed busy.
+fn with_flusher<R>(f: impl FnOnce(&mut Flusher) -> R) -> Option<R> {
     for _ in 0..1000 {
         if !FLUSHING.swap(true, Acquire) {
-            // SAFETY: FLUSHING is ours: so are the flusher's state and the slots it holds.
-            let sum = unsafe {
-                let mut sum = 0u64;
-                if let Some(f) = (*FLUSHER.0.get()).as_mut() {
-                    while let Some(i) = line.pending.pop() {
-                        let s = &*line.pool.0[i as usize].get();
-                        f.heap.push(std::cmp::Reverse((s.due, s.seq, i)));
-                    }
-                    for r in f.heap.iter() {
-                        let s = &*line.pool.0[r.0 .2 as usize].get();
-                        sum = sum.saturating_add(units_to_ns(s.units));
-                    }
-                }
-                sum
-            };
+            // SAFETY: FLUSHING is ours: so is the flusher's state.
+            let r = unsafe { (*FLUSHER.0.get()).as_mut() }.map(f);
             FLUSHING.store(false, Release);
-            return sum;
+            return r;
         }
         std::thread::sleep(std::time::Duration::from_micros(10));
     }
-    0
+    None
 }
 
 /// Requests never handed over (still in the line at exit) and their delays' sum (ns).
@@ -727,24 +736,18 @@ pub fn not_delivered() -> (u64, u64) {
 /// How late requests were handed over (ns after their due time): (count, p50, p99, max).
 /// None when nothing was handed over, or the line is busy (a thread flushing for over 10 ms).
 pub fn lateness() -> Option<(u64, u64, u64, u64)> {
-    for _ in 0..1000 {
-        if !FLUSHING.swap(true, Acquire) {
-            // SAFETY: FLUSHING is ours.
-            let f = unsafe { (*FLUSHER.0.get()).as_ref() };
-            let r = f.map(|f| &f.late).filter(|h| !h.is_empty()).map(|h| {
-                (
-                    h.len(),
-                    h.value_at_quantile(0.5),
-                    h.value_at_quantile(0.99),
-                    h.max(),
-                )
-            });
-            FLUSHING.store(false, Release);
-            return r;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(10));
-    }
-    None
+    with_flusher(|f| {
+        let h = &f.late;
+        (!h.is_empty()).then(|| {
+            (
+                h.len(),
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99),
+                h.max(),
+            )
+        })
+    })
+    .flatten()
 }
 
 /// fork() child: no timer thread here; the child's posts wait in place, and the parent's
