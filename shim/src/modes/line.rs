@@ -15,14 +15,16 @@
 //! - **Hand-off.** Slot indices go through two lock-free bounded queues (free, pending): the
 //!   post path takes no lock and makes no syscall. Whoever flushes the line moves pending
 //!   requests into a heap ordered by due time and hands the due ones to the provider.
-//! - **Who flushes.** The timer thread, when it has a core: it sleeps until [`EARLY_NS`]
-//!   before the earliest due time (at most [`IDLE_NS`], so it sees new requests) and spins
-//!   the rest, unless the program's calls hand the request over first. On a busy node
-//!   it gets no core in time, and the ranks that fill the cores are the ones calling into the
-//!   provider all the time: each patched `ibv_post_send` and `ibv_poll_cq` hands over what is
-//!   more than [`GRACE_NS`] overdue ([`flush_if_due`]: one atomic load while the line is
-//!   empty, a clock read and a compare while nothing is overdue). One thread flushes at a
-//!   time (a try-flag: a thread that finds it taken goes on, never waits).
+//! - **Who flushes.** The program's own calls, first: each patched `ibv_post_send` and
+//!   `ibv_poll_cq` hands over what is due ([`flush_if_due`]: one atomic load while the line
+//!   is empty, a clock read and a compare while nothing is due; no syscall, no wait). On a
+//!   busy node the ranks that fill the cores are the ones calling into the provider all the
+//!   time. The timer thread is for programs that sleep (completion channels, idle phases):
+//!   while the program's calls are flushing (one saw requests in the line within
+//!   [`ACTIVE_NS`]) it only sleeps, to [`BACKSTOP_NS`] past the earliest due time, leaving
+//!   the core to the program; otherwise it sleeps until [`EARLY_NS`] before the earliest due
+//!   time (at most [`IDLE_NS`], so it sees new requests) and spins the rest. One thread
+//!   flushes at a time (a try-flag: a thread that finds it taken goes on, never waits).
 //! - **Posting from another thread** (the timer thread, or a thread polling a CQ) uses the
 //!   provider's `post_send`, which takes the QP's
 //!   send-queue lock (rxe: `qp->sq.lock`; mlx5: `qp->sq.lock`, unless `MLX5_SINGLE_THREADED`
@@ -53,15 +55,18 @@ pub const INLINE_BYTES: usize = 512;
 /// Longest sleep of the timer thread (how late a new request may be seen when the program
 /// makes no call).
 pub const IDLE_NS: u64 = 50_000;
-/// The timer thread wakes this long before a due time and spins the rest: a sleep's wake-up
-/// is late by up to about this much on the bench (a shorter spin, 20 us, measured no better
-/// on a full node and worse on an idle one).
+/// The timer thread wakes this long before a due time and spins the rest, while the program
+/// makes no calls: a sleep's wake-up is late by up to about this much on the bench.
 pub const EARLY_NS: u64 = 150_000;
-/// How long after its due time a request waits for the timer thread before the program's
-/// own calls hand it over.
-pub const GRACE_NS: u64 = 10_000;
-/// [`GRACE_NS`] in clock units (set when the line starts).
-static GRACE_UNITS: AtomicU64 = AtomicU64::new(0);
+/// The program counts as calling (polling, posting) if one of its calls saw requests in the
+/// line this recently: its calls then hand requests over at their due time, and the timer
+/// thread only sleeps, as a backstop.
+pub const ACTIVE_NS: u64 = 100_000;
+/// While the program is calling, how long after its due time a request waits for the
+/// program's calls before the timer thread hands it over.
+pub const BACKSTOP_NS: u64 = 50_000;
+/// The latest clock reading (units) of a program call that found requests in the line.
+static PROGRAM_SEEN: AtomicU64 = AtomicU64::new(0);
 
 /// One deferred work request.
 struct Slot {
@@ -270,7 +275,6 @@ fn start_once() -> bool {
         .spawn(timer_thread)
     {
         Ok(_) => {
-            GRACE_UNITS.store(clock::ns_to_units(GRACE_NS, clock::kind()), Relaxed);
             ON.store(true, Release);
             true
         }
@@ -358,8 +362,11 @@ pub unsafe fn post(
     // What is due leaves first (the program's own call hands it over). One clock read
     // serves both that check and this request's due time.
     let now = now_units();
-    if IN_LINE.load(Relaxed) != 0 && overdue(now) {
-        flush(&BY_PROGRAM);
+    if IN_LINE.load(Relaxed) != 0 {
+        PROGRAM_SEEN.store(now, Relaxed);
+        if overdue(now) {
+            flush(&BY_PROGRAM);
+        }
     }
     let (Some(line), Some(q)) = (LINE.get(), entry(qp, true)) else {
         return direct(qp, wr, bad, units, None);
@@ -440,21 +447,20 @@ unsafe fn direct(
 /// while the line is empty, then a clock read while nothing is due; no syscall, no wait.
 #[inline]
 pub fn flush_if_due() {
-    if IN_LINE.load(Relaxed) == 0 || !overdue(now_units()) {
+    if IN_LINE.load(Relaxed) == 0 {
         return;
     }
-    flush(&BY_PROGRAM);
+    let now = now_units();
+    PROGRAM_SEEN.store(now, Relaxed);
+    if overdue(now) {
+        flush(&BY_PROGRAM);
+    }
 }
 
-/// Whether the earliest request is [`GRACE_NS`] past its due time at `now`: the timer thread,
-/// when it has a core, hands requests over at their due time from that core (on rxe a post
-/// is the kernel's whole transmit path: better not in the program's thread); past the grace
-/// it has not, the node's cores are busy, and the program's own calls do it.
+/// Whether the earliest request is due at `now`.
 #[inline(always)]
 fn overdue(now: u64) -> bool {
-    now >= NEXT_DUE
-        .load(Acquire)
-        .saturating_add(GRACE_UNITS.load(Relaxed))
+    now >= NEXT_DUE.load(Acquire)
 }
 
 /// Moves pending requests to the heap and hands the due ones over, counting them in `by`;
@@ -505,27 +511,40 @@ fn flush(by: &AtomicU64) -> bool {
     true
 }
 
-/// Hands requests over at their due time when it has a core, and for programs that sleep:
-/// sleeps until [`EARLY_NS`] before the earliest due time (at most [`IDLE_NS`], so it sees
-/// new requests), spins the rest, unless the program's calls handed it over meanwhile.
+/// Hands requests over for programs that sleep (completion channels, idle phases), and as a
+/// backstop for those that call. While the program's calls are flushing the line (one saw
+/// requests in it within [`ACTIVE_NS`]) it only sleeps, to [`BACKSTOP_NS`] past the earliest
+/// due time, and leaves the core to the program. Otherwise it sleeps until [`EARLY_NS`]
+/// before the earliest due time (at most [`IDLE_NS`], so it sees new requests) and spins the
+/// rest, unless a program call hands the request over first.
 fn timer_thread() {
     // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
-    let early = clock::ns_to_units(EARLY_NS, clock::kind());
+    let units = |ns| clock::ns_to_units(ns, clock::kind());
+    let (early, active, backstop) = (units(EARLY_NS), units(ACTIVE_NS), units(BACKSTOP_NS));
     loop {
         let nap = if IN_LINE.load(Acquire) == 0 {
             IDLE_NS
         } else {
             let (next, now) = (NEXT_DUE.load(Acquire), now_units());
-            if next <= now.saturating_add(early) {
+            if now.saturating_sub(PROGRAM_SEEN.load(Relaxed)) < active {
+                // The program's calls hand requests over: a backstop only.
+                let wake = next.saturating_add(backstop);
+                if now >= wake {
+                    flush(&BY_TIMER);
+                    continue;
+                }
+                units_to_ns(wake - now).min(ACTIVE_NS)
+            } else if next <= now.saturating_add(early) {
                 // Due within EARLY_NS: spin to it, unless someone hands it over first.
                 while now_units() < next && NEXT_DUE.load(Acquire) == next {
                     std::hint::spin_loop();
                 }
                 flush(&BY_TIMER);
                 continue;
+            } else {
+                (units_to_ns(next - now) - EARLY_NS).min(IDLE_NS)
             }
-            (units_to_ns(next - now) - EARLY_NS).min(IDLE_NS)
         };
         std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
     }
