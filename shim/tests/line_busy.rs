@@ -42,6 +42,25 @@ unsafe extern "C" fn empty_poll_cq(_cq: *mut ibv_cq, _n: c_int, _wc: *mut ibv_wc
     0
 }
 
+/// Calls of the fake provider's extended `start_poll` (an empty CQ).
+static START_POLLS: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn empty_start_poll(_cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
+    START_POLLS.fetch_add(1, Relaxed);
+    libc::ENOENT
+}
+
+unsafe extern "C" fn empty_create_cq_ex(
+    ctx: *mut ibv_context,
+    _attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    // SAFETY: all-zero is a valid ibv_cq_ex (pointers, integers, Option<fn>).
+    let mut cq: Box<ibv_cq_ex> = Box::new(unsafe { std::mem::zeroed() });
+    cq.context = ctx;
+    cq.start_poll = Some(empty_start_poll);
+    Box::into_raw(cq)
+}
+
 /// A full node, for this process: its main thread and the shim's timer thread share CPU 0,
 /// the timer thread in `SCHED_IDLE` (it runs only when the main thread does not).
 fn starve_the_timer_thread() {
@@ -84,21 +103,25 @@ fn starve_the_timer_thread() {
 }
 
 /// The child: posts `n` inline SENDs `gap` apart, then either busy-polls its CQ until the
-/// provider saw them all ("poll", "poll-full-node": the timer thread starved first) or
-/// returns at once ("exit"); emits when each was posted.
+/// provider saw them all ("poll", "poll-full-node": the timer thread starved first; with
+/// "-ex", an extended CQ polled with `ibv_start_poll`) or returns at once ("exit"); emits
+/// when each was posted.
 fn child(how: &str, n: u64, gap: Duration) {
     let shim = load_child_shim();
     let mut fc = FakeContext::new(provider_post_send);
     fc.set_poll_cq(empty_poll_cq);
+    fc.set_create_cq_ex(empty_create_cq_ex);
     // SAFETY: the stub returns the fake context we pass as the device.
     let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
     let mut q = fake_qp(ctx);
     let qpx: *mut ibv_qp_ex = &mut *q;
     // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
     let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
-    if how == "poll-full-node" {
+    if how.starts_with("poll-full-node") {
         starve_the_timer_thread();
     }
+    // SAFETY: all-zero attributes; the inline ibv_create_cq_ex calls this pointer.
+    let cq_ex = unsafe { fc.create_cq_ex()(ctx, &mut std::mem::zeroed()) };
     // SAFETY: all-zero is a valid ibv_cq.
     let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
     cq.context = ctx;
@@ -131,17 +154,24 @@ fn child(how: &str, n: u64, gap: Duration) {
         let t0 = now_ns();
         let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
         while (SEEN.lock().unwrap().len() as u64) < n && now_ns() - t0 < 10_000_000_000 {
-            // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
+            // SAFETY: as verbs.h's inline ibv_poll_cq and ibv_start_poll, on the patched
+            // fake context and extended CQ.
             unsafe {
-                let f = (*ctx).ops.poll_cq.unwrap();
-                f(&mut *cq, 4, wc.as_mut_ptr());
+                if how.ends_with("-ex") {
+                    let f = (*cq_ex).start_poll.unwrap();
+                    f(cq_ex, &mut std::mem::zeroed());
+                } else {
+                    let f = (*ctx).ops.poll_cq.unwrap();
+                    f(&mut *cq, 4, wc.as_mut_ptr());
+                }
             }
         }
     }
     let seen = SEEN.lock().unwrap().clone();
     println!(
         "RESULT {}",
-        serde_json::json!({ "posted": posted, "seen": seen })
+        serde_json::json!({ "posted": posted, "seen": seen,
+                            "start_polls": START_POLLS.load(Relaxed) })
     );
 }
 
@@ -185,11 +215,28 @@ fn due_requests_leave_from_the_programs_own_polls() {
     if scenario().is_some() {
         return child("poll-full-node", 100, Duration::ZERO);
     }
-    let (r, stderr, s) = run(
+    programs_polls_hand_over(
         "due_requests_leave_from_the_programs_own_polls",
         "poll-full-node",
-        &[("IBJITTER_DELAY", "300us")],
     );
+}
+
+/// The same with an extended CQ polled with `ibv_start_poll` (perftest's and UCX's newer
+/// paths): its `start_poll` hands the line over too, and still reaches the provider's.
+#[test]
+fn due_requests_leave_from_the_programs_extended_polls() {
+    if scenario().is_some() {
+        return child("poll-full-node-ex", 100, Duration::ZERO);
+    }
+    let r = programs_polls_hand_over(
+        "due_requests_leave_from_the_programs_extended_polls",
+        "poll-full-node-ex",
+    );
+    assert!(r["start_polls"].as_u64().unwrap() > 0, "{r}");
+}
+
+fn programs_polls_hand_over(test: &str, how: &str) -> Value {
+    let (r, stderr, s) = run(test, how, &[("IBJITTER_DELAY", "300us")]);
     let posted: Vec<u64> = serde_json::from_value(r["posted"].clone()).unwrap();
     let seen: Vec<(u64, u64)> = serde_json::from_value(r["seen"].clone()).unwrap();
     assert_eq!(seen.len(), 100, "{stderr}");
@@ -202,7 +249,9 @@ fn due_requests_leave_from_the_programs_own_polls() {
         line["handed_over_by_program_calls"].as_u64().unwrap(),
         line["handed_over_by_timer_thread"].as_u64().unwrap(),
     );
-    eprintln!("handed over by the program's polls {program}, by the timer thread {timer}; {line}");
+    eprintln!(
+        "{how}: handed over by the program's polls {program}, by the timer thread {timer}; {line}"
+    );
     assert_eq!(program + timer, 100, "{line}");
     assert!(
         program > 0,
@@ -210,6 +259,7 @@ fn due_requests_leave_from_the_programs_own_polls() {
     );
     assert_eq!(line["late_ns"]["count"], 100, "{line}");
     assert_eq!(line["not_delivered"], 0, "{line}");
+    r
 }
 
 /// Requests still in the line when the process ends (their delay runs past the 2 s drain)

@@ -6,9 +6,14 @@
 //! provider can read into the CQ's ring with a due time; then it and `next_poll` present the ring's due head
 //! (`status`, `wr_id` and the read calls answer from it), and `end_poll` releases the CQ.
 //! Order, try-lock and completion-channel rules are [`crate::modes::cq`]'s.
+//!
+//! In line mode (`IBJITTER_MODE=line`) every `start_poll` first hands over what the delay
+//! line has due, as `ibv_poll_cq` does: with completion-side delay off, only `start_poll` is
+//! swapped, for one that flushes and calls the provider's.
 use crate::abi::verbs::*;
 use crate::modes::cq;
 use crate::modes::hold::HoldRing;
+use crate::modes::line;
 use crate::sys::addr_table;
 use std::ffi::{c_int, c_uint};
 use std::ptr::null_mut;
@@ -125,6 +130,8 @@ struct Entry {
     key: AtomicUsize,
     busy: AtomicBool,
     cq: AtomicPtr<ExCq>,
+    /// Line mode without completion-side delay: the provider's `start_poll` (an address).
+    flush_only: AtomicUsize,
 }
 
 const SLOTS: usize = 1024;
@@ -133,6 +140,7 @@ const EMPTY: Entry = Entry {
     key: AtomicUsize::new(0),
     busy: AtomicBool::new(false),
     cq: AtomicPtr::new(null_mut()),
+    flush_only: AtomicUsize::new(0),
 };
 static TABLE: [Entry; SLOTS] = [EMPTY; SLOTS];
 
@@ -158,7 +166,13 @@ unsafe fn current(cq: *mut ibv_cq_ex) -> Option<Fields> {
 /// # Safety
 /// `cq` null or a CQ just created, not yet polled.
 pub unsafe fn created(cq: *mut ibv_cq_ex) {
-    if cq.is_null() || !cq::on() {
+    if cq.is_null() {
+        return;
+    }
+    if !cq::on() {
+        if crate::state::line_mode() {
+            flush_before_start_poll(cq);
+        }
         return;
     }
     let key = cq as usize;
@@ -186,6 +200,30 @@ pub unsafe fn created(cq: *mut ibv_cq_ex) {
     slot.cq.store(Box::into_raw(x), Release);
 }
 
+/// Line mode, completion-side delay off: `start_poll` flushes the line, then is the
+/// provider's.
+unsafe fn flush_before_start_poll(cq: *mut ibv_cq_ex) {
+    let Some(orig) = (*cq).start_poll else { return };
+    let Some(slot) = addr_table::claim(&TABLE, cq as usize, PROBES, |e| &e.key) else {
+        crate::sys::say::warn_once(
+            "IBJITTER_MODE=line: too many extended CQs; ibv_start_poll on later ones does not \
+             hand over the delay line (the timer thread does)",
+        );
+        return;
+    };
+    slot.flush_only.store(orig as usize, Release);
+    (*cq).start_poll = Some(start_poll_flushing);
+}
+
+unsafe extern "C" fn start_poll_flushing(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    line::flush_if_due();
+    match find(cq as usize).map(|e| e.flush_only.load(Acquire)) {
+        // SAFETY: the address was the CQ's own start_poll, stored when it was swapped.
+        Some(f) if f != 0 => std::mem::transmute::<usize, StartPollFn>(f)(cq, attr),
+        _ => libc::ENOENT,
+    }
+}
+
 /// Before `ibv_destroy_cq`: the ring goes.
 ///
 /// # Safety
@@ -194,6 +232,7 @@ pub unsafe fn destroyed(cq: *mut ibv_cq) {
     if let Some(e) = find(cq as usize) {
         // The ring first, then the slot: a CQ created meanwhile never has its ring taken.
         let x = e.cq.swap(null_mut(), AcqRel);
+        e.flush_only.store(0, Release);
         e.key.store(addr_table::REMOVED, Release);
         if !x.is_null() {
             drop(Box::from_raw(x));
@@ -225,6 +264,7 @@ fn consume(x: &mut ExCq) {
 }
 
 unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    line::flush_if_due();
     let Some(e) = find(cq as usize) else {
         return libc::ENOENT;
     };

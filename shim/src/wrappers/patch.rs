@@ -68,7 +68,9 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     };
     let ours_ccqe: CreateCqExFn = create_cq_ex_hook;
     let cq_vctx = verbs_ctx_for_create_cq_ex(ctx);
-    let orig_ccqe = if cq::on() && !cq_vctx.is_null() {
+    // Extended CQs: completion-side delay swaps their poll calls; the delay line has their
+    // start_poll hand over what is due.
+    let orig_ccqe = if (cq::on() || state::line_mode()) && !cq_vctx.is_null() {
         (*cq_vctx)
             .create_cq_ex
             .filter(|&f| address(f) != address(ours_ccqe))
