@@ -865,19 +865,21 @@ fn ten_thousand_flows_start_move_data_and_take_under_16_kib_each() {
 }
 
 /// Flow-level workload: the web-search CDF (scaled to a tenth, 300 B to 3 MB) with Poisson
-/// flow arrivals at load 0.5 of a 100 Mbit bottleneck between two emulated hosts (at 200 Mbit
-/// a CI run in the bench's slow speed could not offer the 100 Mbit: exit 4, overloaded). The report's
+/// flow arrivals at load 0.25 of a 200 Mbit bottleneck between two emulated hosts (at load 0.5
+/// a CI run in the bench's slow speed could not offer the 100 Mbit, exit 4, overloaded; at 0.5
+/// of 100 Mbit the achieved load was 0.38: the bottleneck's losses and RC's go-back-N
+/// retransmissions leave well under the line rate). The report's
 /// FCT and slowdown per size bucket are recomputed from the per-flow CSV and agree (within the
 /// histograms' 3 significant digits); a flow cannot beat the line rate (large buckets'
 /// slowdown at least ~1), and the achieved load is near the one asked for.
 #[test]
-fn websearch_flows_at_half_load_report_slowdown_per_size_bucket() {
+fn websearch_flows_at_quarter_load_report_slowdown_per_size_bucket() {
     let bin = ibjitter();
     let out_dir = scratch_dir("gen-fct");
     let o = out_dir.display();
     let out = Vm::new()
         .hosts(2)
-        .bottleneck("100mbit")
+        .bottleneck("200mbit")
         .timeout(600)
         .writable(&out_dir)
         .run(&format!(
@@ -886,7 +888,7 @@ fn websearch_flows_at_half_load_report_slowdown_per_size_bucket() {
         wait_until 20 tcp_listening 18515
         tools/vm/on-host h1 {bin} run 10.0.0.1 --no-progress --flows 8 --depth 16 \
             --flow-sizes distributions/websearch.cdf --size-scale 0.1 --flow-arrival poisson \
-            --load 0.5 --line-rate 100mbit --duration 12s --warmup 1s \
+            --load 0.25 --line-rate 200mbit --duration 14s --warmup 1s \
             --fct {o}/fct.csv --json {o}/fct.json
         echo "fct_rc=$?"
         wait"#
@@ -896,7 +898,7 @@ fn websearch_flows_at_half_load_report_slowdown_per_size_bucket() {
     let r = read_json(&out_dir.join("fct.json"));
     let fct = &r["fct"];
     let line_gbps = fct["line_gbps"].as_f64().unwrap();
-    assert_eq!(line_gbps, 0.1);
+    assert_eq!(line_gbps, 0.2);
     assert_eq!(fct["base_latency_ns"], 0);
 
     // Recompute each bucket from the CSV: nearest-rank percentiles, as HdrHistogram ranks.
@@ -960,17 +962,17 @@ fn websearch_flows_at_half_load_report_slowdown_per_size_bucket() {
     // Every bucket of the scaled web search has flows (>= 1 MB: 3 % of them).
     assert!(by_bucket.iter().all(|b| !b.is_empty()), "{buckets:?}");
     assert_eq!(flows as u64, fct["messages"].as_u64().unwrap());
-    // Flows of 100 KB and more cannot beat the 100 Mbit port (htb's burst allowance is a
+    // Flows of 100 KB and more cannot beat the 200 Mbit port (htb's burst allowance is a
     // few KB): their median slowdown is at least ~1.
     for b in &buckets[2..] {
         let p50 = b["slowdown_p50"].as_f64().unwrap();
         assert!(p50 >= 0.95, "{}: slowdown p50 {p50}", b["name"]);
     }
-    // The offered load: 0.5 of the line, Poisson arrivals of heavy-tailed sizes (the bytes
-    // of 12 s vary by about 10 %): achieved 0.35 to 0.65 in the steady state.
+    // The offered load: 0.25 of the line, Poisson arrivals of heavy-tailed sizes (the bytes
+    // of ~370 flows vary by about 13 %): achieved 0.15 to 0.35 in the steady state.
     let load = r["steady"]["gbps"].as_f64().unwrap() / line_gbps;
     println!("achieved load {load:.3}, {flows} flows timed");
-    assert!((0.35..=0.65).contains(&load), "load {load}");
+    assert!((0.15..=0.35).contains(&load), "load {load}");
     assert_eq!(r["outcome"], "completed", "{}", out.output);
     // The bucket figures and the plot beside the CSV.
     let buckets_csv = std::fs::read_to_string(out_dir.join("fct-buckets.csv")).unwrap();
