@@ -79,7 +79,18 @@ fn child_cost(trampoline_only: bool) {
 /// ns per call of `ibv_post_send` with a real one-entry RDMA WRITE, directly and through
 /// the shim, in bursts of 1,000 with a pause between (so that `IBJITTER_MODE=line`'s pool,
 /// drained by its timer thread meanwhile, never fills: the post path's own cost).
+/// `IBJITTER_BENCH_PAUSE_US` (default 500) and `IBJITTER_BENCH_BURSTS` (default
+/// CALLS / 1000) set the pause and the bursts per round: with a pause longer than the line's
+/// delay, and a delay longer than a burst, nothing falls due during a burst (entry only).
 fn child_cost_wr() {
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let pause = std::time::Duration::from_micros(env("IBJITTER_BENCH_PAUSE_US", 500));
+    let bursts = env("IBJITTER_BENCH_BURSTS", CALLS / 1000);
     let shim = load();
     let mut direct = FakeContext::new(bare_post_send);
     let mut patched = FakeContext::new(bare_post_send);
@@ -100,7 +111,7 @@ fn child_cost_wr() {
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         let mut spent = 0;
-        for _ in 0..CALLS / 1000 {
+        for _ in 0..bursts {
             let t0 = now_ns();
             for _ in 0..1000 {
                 // SAFETY: as verbs.h's inline ibv_post_send, on a fake QP of a live context.
@@ -111,9 +122,9 @@ fn child_cost_wr() {
                 }
             }
             spent += now_ns() - t0;
-            std::thread::sleep(std::time::Duration::from_micros(500));
+            std::thread::sleep(pause);
         }
-        spent as f64 / CALLS as f64
+        spent as f64 / (bursts * 1000) as f64
     };
     alternate(|| time(&mut qd), || time(&mut qp));
 }
@@ -312,6 +323,27 @@ fn main() {
             vec![("IBJITTER_DELAY", "1us"), ("IBJITTER_MODE", "line")],
         ),
         (
+            // Entry only: bursts of 1,000 posts (well under 5 ms) with 6 ms between them, in
+            // which the timer thread hands the burst over.
+            "1-SGE WRITE, line entry (5 ms)",
+            "cost-wr",
+            vec![
+                ("IBJITTER_DELAY", "5ms"),
+                ("IBJITTER_MODE", "line"),
+                ("IBJITTER_BENCH_PAUSE_US", "6000"),
+                ("IBJITTER_BENCH_BURSTS", "20"),
+            ],
+        ),
+        (
+            "1-SGE WRITE, spin (0 ns), same bursts",
+            "cost-wr",
+            vec![
+                ("IBJITTER_DELAY", "0ns"),
+                ("IBJITTER_BENCH_PAUSE_US", "6000"),
+                ("IBJITTER_BENCH_BURSTS", "20"),
+            ],
+        ),
+        (
             "zero-delay table, QP selected",
             "cost",
             vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_QPN", "0")],
@@ -332,6 +364,12 @@ fn main() {
             vec![("IBJITTER_DELAY", "0ns"), ("IBJITTER_LAYER", "ucp")],
         ),
     ] {
+        // `cargo bench ... -- WORD`: only the configurations whose name holds WORD.
+        if let Some(w) = args.get(1).filter(|a| !a.starts_with('-')) {
+            if !name.contains(w.as_str()) {
+                continue;
+            }
+        }
         let r = run_child(&so, &stub, role, &env);
         println!(
             "{name:<34} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
