@@ -797,3 +797,9 @@ pub fn stats_json() -> serde_json::Value {
         "late_ns": { "count": q(0), "p50": q(1), "p99": q(2), "max": q(3) },
     })
 }
+
+/// Requests in the line now (entered, not yet handed over or dropped): one atomic load, for
+/// callers that may not allocate or lock (`_exit`, a signal handler).
+pub fn in_line() -> u64 {
+    IN_LINE.load(Acquire)
+}

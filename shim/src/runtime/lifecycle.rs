@@ -1,8 +1,9 @@
 //! The injector's life in a process, in order: load ([`at_load`]: settings applied, nothing
 //! started), first use ([`first_use`]: the process opened a device or sent through UCP: the
 //! start-up line, the shim's threads, live control), fork ([`before_fork`],
-//! [`after_fork_child`]) and exit ([`at_exit`]: the exit lines, the delay line drained, the
-//! stats and trace files). Each step changes the state through [`crate::state`]'s writers.
+//! [`after_fork_child`]), exit ([`at_exit`]: the exit lines, the delay line drained, the
+//! stats and trace files) and the ends that run no exit handler ([`before_exec`],
+//! [`at_immediate_exit`]). Each step changes the state through [`crate::state`]'s writers.
 use crate::config::{self, Settings};
 use crate::draw::{self, counts, episodes, trace};
 use crate::modes::{cq, line, select, window};
@@ -12,7 +13,7 @@ use crate::report::{coverage, lines, ports, sigstats};
 use crate::runtime::{control, loaded};
 use crate::state;
 use crate::sys::{libc_dl, out_file, rng, say};
-use std::sync::atomic::{AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
 
 /// The `IBJITTER_STATS` pattern, readable without a lock (a fork child needs it).
 static PATTERN: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
@@ -103,8 +104,12 @@ pub fn first_use() {
     say::show_startup_now();
     window::start();
     episodes::start();
-    if state::line_mode() && !line::start() {
-        state::set_line(false);
+    if state::line_mode() {
+        if line::start() {
+            LINE_OWNER.store(std::process::id(), Release);
+        } else {
+            state::set_line(false);
+        }
     }
     control::arm();
     // Not at load: the program has set its own handlers up by now (CPython's SIGINT).
@@ -297,4 +302,74 @@ fn write_stats(nothing_delayed: Option<String>) {
             say::warn(&format!("cannot write stats file {path}: {e}"));
         }
     }
+}
+
+/// The process whose delay line this is: its pid when the line started. A `vfork` child
+/// shares its parent's memory, so it sees the parent's line on and full; it is not its own.
+static LINE_OWNER: AtomicU32 = AtomicU32::new(0);
+
+/// Requests in this process's own delay line now: 0 when the line is off (never started, or
+/// a fork child) or is a `vfork` parent's. Atomic loads and `getpid` only (`_exit` calls it).
+fn own_line_requests() -> u64 {
+    if !line::on() {
+        return 0;
+    }
+    // SAFETY: getpid has no preconditions; glibc asks the kernel (no cached pid), so a vfork
+    // child gets its own.
+    let pid = unsafe { libc::getpid() } as u32;
+    if LINE_OWNER.load(Acquire) != pid {
+        return 0;
+    }
+    line::in_line()
+}
+
+/// `call` (an `exec` function) is about to replace this process's image: the end of the
+/// process as far as the shim goes, but no exit handler runs. What is in the delay line goes
+/// out as at exit (as it falls due, within 2 s); what is left then is said. Nothing in a
+/// vfork child (the line is its parent's, which goes on). If the exec fails, the process and
+/// its line go on.
+pub fn before_exec(call: &str) {
+    if own_line_requests() == 0 {
+        return;
+    }
+    let left = line::drain(2_000_000_000);
+    if left > 0 {
+        say::warn(&format!(
+            "{call}: {left} requests still in the delay line were not delivered (their due \
+             times fell past the 2 s drain)"
+        ));
+    }
+}
+
+/// `call` (`_exit`, `_Exit`) ends the process now. It is async-signal-safe (signal handlers
+/// and fork children call it), so no drain, no lock, no allocation: one `write` says how
+/// many requests of this process's line are lost.
+pub fn at_immediate_exit(call: &str) {
+    let n = own_line_requests();
+    if n == 0 {
+        return;
+    }
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut v = n;
+    while v > 0 || at == digits.len() {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    let mut msg = [0u8; 128];
+    let mut len = 0;
+    for part in [
+        b"ibjitter: warning: ".as_slice(),
+        call.as_bytes(),
+        b": ",
+        &digits[at..],
+        b" requests still in the delay line were not delivered\n",
+    ] {
+        let k = part.len().min(msg.len() - len);
+        msg[len..len + k].copy_from_slice(&part[..k]);
+        len += k;
+    }
+    // SAFETY: a valid buffer of `len` bytes; write(2) is async-signal-safe.
+    unsafe { libc::write(2, msg.as_ptr().cast(), len) };
 }

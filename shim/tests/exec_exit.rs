@@ -1,0 +1,280 @@
+//! The ends of a process that run no exit handler, with the built libibjitter.so
+//! LD_PRELOADed over the stub libibverbs (tests/support/exec_exit.c): before an `exec` the
+//! delay line is handed over (within the 2 s drain) and what is left is said; `_exit` and
+//! `_Exit` say what the line loses; a `vfork` child leaves its parent's line alone; without
+//! the line, exec and `_exit` behave as without the shim.
+//!
+//! Each program runs with a time limit: a hang fails the test.
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use support::*;
+
+struct Built {
+    so: PathBuf,
+    stub: PathBuf,
+    /// tests/support/exec_exit.c, linked against the stub.
+    program: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static B: OnceLock<Built> = OnceLock::new();
+    B.get_or_init(|| {
+        let so = build_shim();
+        let stub = build_stub();
+        let program = build_c("exec_exit", "exec_exit", &[stub.to_str().unwrap()]);
+        Built { so, stub, program }
+    })
+}
+
+struct Ran {
+    /// The exit status (the program's own, or the exec'd `sh -c 'exit 5'`'s).
+    code: i32,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Ran {
+    /// The wr_ids the fake provider was handed, in order, with the pid that handed each.
+    fn handed(&self) -> Vec<(u64, u32)> {
+        self.stdout
+            .lines()
+            .filter_map(|l| {
+                let (id, pid) = l.strip_prefix("handed ")?.split_once(" by ")?;
+                Some((id.parse().ok()?, pid.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The pid that printed "posted N by PID" (the program's own process).
+    fn poster(&self) -> u32 {
+        self.stdout
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("posted ")?
+                    .split_once(" by ")?
+                    .1
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no posted line: {}", self.stdout))
+    }
+
+    fn warnings(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| l.contains("warning"))
+            .collect()
+    }
+}
+
+/// `exec_exit POSTS HOW`, under the shim if `shim`, with `env` added (and none of this
+/// process's `IBJITTER_*` variables); at most 20 s.
+fn run(shim: bool, posts: u64, how: &str, env: &[(&str, &str)]) -> Ran {
+    let b = built();
+    let dir = target_dir().join("ibjitter-exec-exit");
+    std::fs::create_dir_all(&dir).unwrap();
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let base = dir.join(format!(
+        "{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let (out_path, err_path) = (base.with_extension("out"), base.with_extension("err"));
+    let mut cmd = Command::new(&b.program);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env_remove("LD_PRELOAD")
+        .env("LD_LIBRARY_PATH", b.stub.parent().unwrap())
+        .env("IBJITTER_CONTROL", "0")
+        .envs(env.iter().copied())
+        .args([posts.to_string(), how.to_string()])
+        .stdin(Stdio::null())
+        // Files, not pipes: a vfork child and the exec'd shell write to them too.
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    if shim {
+        cmd.env("LD_PRELOAD", &b.so);
+    }
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("exec_exit {posts} {how} still running after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = t0.elapsed();
+    let ran = Ran {
+        code: status.code().unwrap_or(-1),
+        stdout: std::fs::read_to_string(&out_path).unwrap(),
+        stderr: std::fs::read_to_string(&err_path).unwrap(),
+        took,
+    };
+    let _ = std::fs::remove_file(out_path);
+    let _ = std::fs::remove_file(err_path);
+    ran
+}
+
+fn line(delay: &'static str) -> [(&'static str, &'static str); 2] {
+    [("IBJITTER_MODE", "line"), ("IBJITTER_DELAY", delay)]
+}
+
+/// `_exit` and `_Exit` drain nothing (they are async-signal-safe) but say how many requests
+/// of the line are lost; the program's exit status is untouched.
+#[test]
+fn exit_says_what_the_line_loses() {
+    for call in ["_exit", "_Exit"] {
+        let r = run(true, 3, call, &line("5s"));
+        assert_eq!(r.code, 6, "{call}: {}{}", r.stdout, r.stderr);
+        assert_eq!(r.handed(), [], "{call}: {}", r.stdout);
+        assert_eq!(
+            r.warnings(),
+            [format!(
+                "ibjitter: warning: {call}: 3 requests still in the delay line were not delivered"
+            )],
+            "{call}: {}",
+            r.stderr
+        );
+    }
+}
+
+/// Each exec function hands the line over before the new image replaces the process: the
+/// provider was handed every request, in order, by the process itself; nothing is said.
+#[test]
+fn exec_hands_the_line_over_first() {
+    for call in ["execv", "execve", "execvp", "execvpe", "fexecve"] {
+        let r = run(true, 3, call, &line("50ms"));
+        assert_eq!(r.code, 5, "{call}: {}{}", r.stdout, r.stderr);
+        let me = r.poster();
+        assert_eq!(
+            r.handed(),
+            [(0, me), (1, me), (2, me)],
+            "{call}: {}",
+            r.stdout
+        );
+        assert_eq!(r.warnings(), Vec::<&str>::new(), "{call}: {}", r.stderr);
+    }
+}
+
+/// Requests whose due time falls past the 2 s drain are said at exec, and the exec waits no
+/// longer than the drain's bound.
+#[test]
+fn exec_says_what_the_drain_could_not_hand_over() {
+    let r = run(true, 3, "execv", &line("10s"));
+    assert_eq!(r.code, 5, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.handed(), [], "{}", r.stdout);
+    let w = r.warnings();
+    assert_eq!(w.len(), 1, "{}", r.stderr);
+    assert!(
+        w[0].starts_with(
+            "ibjitter: warning: execv: 3 requests still in the delay line were not delivered"
+        ),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.took >= Duration::from_secs(2) && r.took < Duration::from_secs(8),
+        "the exec waited {:?} (the drain's bound: 2 s; the delay: 10 s)",
+        r.took
+    );
+}
+
+/// An exec that fails returns, and the process goes on with its line: its requests and a
+/// later one are handed over (at exit here), nothing is said lost.
+#[test]
+fn a_failed_exec_leaves_the_line_working() {
+    let r = run(true, 3, "execfail", &line("50ms"));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains(&format!("exec failed: errno {}", libc::ENOENT)),
+        "{}",
+        r.stdout
+    );
+    let me = r.poster();
+    assert_eq!(
+        r.handed(),
+        [(0, me), (1, me), (2, me), (3, me)],
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.warnings(), Vec::<&str>::new(), "{}", r.stderr);
+    assert!(!r.stderr.contains("not delivered"), "{}", r.stderr);
+}
+
+/// A vfork child that execs shares its parent's memory, line included: it neither drains
+/// nor says anything (the parent stays suspended only as long as the child takes to exec),
+/// and the parent hands its own requests over, once each, in order, at its own exec.
+#[test]
+fn a_vfork_child_leaves_its_parents_line_alone() {
+    let r = run(true, 3, "vfork", &line("1s"));
+    assert_eq!(r.code, 5, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("child status 5\n"), "{}", r.stdout);
+    let parent = r.poster();
+    assert_eq!(
+        r.handed(),
+        [(0, parent), (1, parent), (2, parent)],
+        "{}",
+        r.stdout
+    );
+    let took_us: u64 = r
+        .stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("vfork returned after ")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no vfork line: {}", r.stdout));
+    // Draining in the child would hold the parent until the requests fell due (1 s).
+    assert!(took_us < 500_000, "vfork returned after {took_us} us");
+    assert_eq!(r.warnings(), Vec::<&str>::new(), "{}", r.stderr);
+}
+
+/// Without the line (the default mode), exec and `_exit` behave as without the shim: the same
+/// exit status and output, nothing on stderr from a process that opened no device, and no
+/// warning from one that did.
+#[test]
+fn without_the_line_exec_and_exit_are_untouched() {
+    let strip_pids = |s: &str| -> String {
+        s.lines()
+            .map(|l| l.split(" by ").next().unwrap_or(l))
+            .filter(|l| !l.starts_with("vfork returned after"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for how in ["_exit", "_Exit", "execv", "execvp", "fexecve", "vfork"] {
+        for posts in [0, 3] {
+            let bare = run(false, posts, how, &[]);
+            let under = run(true, posts, how, &[("IBJITTER_DELAY", "1us")]);
+            assert_eq!(under.code, bare.code, "{how} {posts}: {}", under.stderr);
+            assert_eq!(
+                strip_pids(&under.stdout),
+                strip_pids(&bare.stdout),
+                "{how} {posts}"
+            );
+            assert_eq!(bare.stderr, "", "{how} {posts} without the shim");
+            if posts == 0 {
+                assert_eq!(under.stderr, "", "{how} {posts}");
+            } else {
+                assert_eq!(under.warnings(), Vec::<&str>::new(), "{how} {posts}");
+                assert_eq!(under.handed().len(), 3, "{how} {posts}: {}", under.stdout);
+            }
+        }
+    }
+}
