@@ -2199,6 +2199,171 @@ fn correlation_and_episodes_shape_the_draws_and_the_trace_shows_it() {
     assert!(r["episodes"] > 0.5, "{r:?}");
 }
 
+/// Child: one post every ~0.1 ms for 700 ms; emits each post's CLOCK_REALTIME time (ns
+/// since the epoch, read just before it).
+fn child_wall_clock_posts() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    let qpx: *mut ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    let t0 = now_ns();
+    let mut times = Vec::new();
+    while now_ns() - t0 < 700_000_000 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_post_send(qp) }, 0);
+        times.push(wall);
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+    // SAFETY: the context is ours; the stub's close does nothing.
+    unsafe { (shim.close_device)(ctx) };
+    emit(serde_json::json!({ "times": times }));
+}
+
+/// IBJITTER_EPISODES_SYNC=1: two processes with the same seed, started 70 ms apart, are
+/// congested at the same wall-clock moments: each state change one shows (the first post
+/// in the new state, from its trace and post times) has one in the other within 1 ms
+/// (allowed: 1 in 5 late, for a busy host's wake-ups). Without the variable (each process's
+/// own schedule from its start) only chance coincidences (~10 %) do.
+#[test]
+fn synced_episodes_change_at_the_same_wall_clock_moments_in_every_process() {
+    if child_scenario().is_some() {
+        return child_wall_clock_posts();
+    }
+    let dir = scratch("episodes-sync");
+    let (calm, congested) = (dir.join("calm.dist"), dir.join("congested.dist"));
+    write_table(&calm, &[1_000; 4096]);
+    write_table(&congested, &[2_000; 4096]);
+    let episodes = format!("{}:{}:20ms:20ms", calm.display(), congested.display());
+    let mut shares = Vec::new();
+    for sync in [true, false] {
+        let run = |name: &str| {
+            let trace = dir.join(format!("{name}-{sync}.trace"));
+            let mut env = vec![
+                ("IBJITTER_EPISODES", episodes.clone()),
+                ("IBJITTER_SEED", "1234".into()),
+                ("IBJITTER_TRACE", trace.display().to_string()),
+            ];
+            if sync {
+                env.push(("IBJITTER_EPISODES_SYNC", "1".into()));
+            }
+            let out = respawn(
+                "synced_episodes_change_at_the_same_wall_clock_moments_in_every_process",
+                "wall_clock_posts",
+                &env,
+            );
+            assert_eq!(
+                out.stderr_lines[0].contains("IBJITTER_EPISODES_SYNC"),
+                sync,
+                "{:?}",
+                out.stderr_lines
+            );
+            let times: Vec<i128> = out.result["times"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as i128)
+                .collect();
+            let delays = traced_delays(&trace);
+            assert_eq!(delays.len(), times.len(), "one draw per post");
+            // (time, now congested) of each change seen.
+            let changes: Vec<(i128, bool)> = (1..times.len())
+                .filter(|&i| delays[i] != delays[i - 1])
+                .map(|i| (times[i], delays[i] == 2_000.0))
+                .collect();
+            (times[0], times[times.len() - 1], changes)
+        };
+        let (a, b) = std::thread::scope(|scope| {
+            let a = scope.spawn(|| run("a"));
+            std::thread::sleep(std::time::Duration::from_millis(70));
+            let b = scope.spawn(|| run("b"));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        // The changes of a while both ran (5 ms inside), each matched to b's nearest one.
+        let (from, to) = (a.0.max(b.0) + 5_000_000, a.1.min(b.1) - 5_000_000);
+        let gaps: Vec<i128> =
+            a.2.iter()
+                .filter(|c| (from..to).contains(&c.0))
+                .map(|c| {
+                    b.2.iter()
+                        .filter(|d| d.1 == c.1)
+                        .map(|d| (d.0 - c.0).abs())
+                        .min()
+                        .unwrap_or(i128::MAX)
+                })
+                .collect();
+        let within = gaps.iter().filter(|&&g| g <= 1_000_000).count();
+        let mut sorted = gaps.clone();
+        sorted.sort();
+        eprintln!(
+            "sync {sync}: {} changes in {:.0} ms of overlap, {within} within 1 ms of the other \
+             process's; gaps p50 {:.3} ms, max {:.3} ms",
+            gaps.len(),
+            (to - from) as f64 / 1e6,
+            sorted.get(sorted.len() / 2).copied().unwrap_or(0) as f64 / 1e6,
+            sorted.last().copied().unwrap_or(0) as f64 / 1e6,
+        );
+        // 20 ms dwells over ~550 ms of overlap: ~27 changes expected (> 8 all but surely).
+        assert!(gaps.len() >= 8, "sync {sync}: {gaps:?}");
+        shares.push(within as f64 / gaps.len() as f64);
+    }
+    assert!(shares[0] >= 0.8, "synced: {shares:?}");
+    assert!(shares[1] < 0.5, "independent: {shares:?}");
+}
+
+/// IBJITTER_EPISODES_SYNC without IBJITTER_EPISODES: one warning, the table still delays;
+/// an unreadable value: one warning and pass-through, as any bad setting.
+#[test]
+fn episodes_sync_without_episodes_is_said_and_a_bad_value_refused() {
+    if child_scenario().is_some() {
+        return child_basic(20);
+    }
+    let dir = scratch("episodes-sync-alone");
+    let out = respawn(
+        "episodes_sync_without_episodes_is_said_and_a_bad_value_refused",
+        "basic",
+        &[
+            ("IBJITTER_DELAY", "10us".into()),
+            ("IBJITTER_EPISODES_SYNC", "1".into()),
+            stats_env(&dir),
+        ],
+    );
+    assert!(
+        out.stderr_lines[0].starts_with("ibjitter: warning: IBJITTER_EPISODES_SYNC=1")
+            && out.stderr_lines[0].ends_with("ignored")
+            && out.stderr_lines[1].starts_with("ibjitter: table "),
+        "{:?}",
+        out.stderr_lines
+    );
+    assert_eq!(
+        read_stats(&dir)[0]["delays_injected"],
+        30,
+        "20 posts, 10 batches"
+    );
+    let out = respawn(
+        "episodes_sync_without_episodes_is_said_and_a_bad_value_refused",
+        "basic",
+        &[
+            ("IBJITTER_DELAY", "10us".into()),
+            ("IBJITTER_EPISODES_SYNC", "maybe".into()),
+        ],
+    );
+    assert_eq!(out.stderr_lines.len(), 1, "{:?}", out.stderr_lines);
+    assert!(
+        out.stderr_lines[0].contains("IBJITTER_EPISODES_SYNC=maybe: expected 0 or 1")
+            && out.stderr_lines[0].ends_with("injection disabled (pass-through)"),
+        "{:?}",
+        out.stderr_lines
+    );
+}
+
 /// Child: opens a fake device (no table configured), says READY on stdout, then posts
 /// every ~0.3 ms for 1.2 s; emits each post's start (CLOCK_MONOTONIC ns) and duration.
 fn child_controlled() {

@@ -84,6 +84,9 @@ pub struct Settings {
     pub quiet: bool,
     /// At most one line: why injection is off, when it is not simply unconfigured.
     pub warning: Option<String>,
+    /// A variable that was set but does nothing here, while the rest works (said as a
+    /// warning with the start-up line).
+    pub ignored: Option<String>,
     /// Why this process injects nothing although a table is configured, when that was asked
     /// for (`IBJITTER_RANKS` leaves its rank out): said instead of the table.
     pub not_this_process: Option<String>,
@@ -111,6 +114,10 @@ pub struct Shape {
     /// `IBJITTER_EPISODES`: mean dwell times (ns) of the calm and the congested state; the
     /// delays then hold the calm table followed by the congested one.
     pub episodes: Option<(f64, f64)>,
+    /// `IBJITTER_EPISODES_SYNC`: the episodes follow the one wall-clock schedule of the seed
+    /// (shared by every process with the same seed and means), not one drawn from this
+    /// process's start.
+    pub episodes_sync: bool,
     /// `IBJITTER_CORRELATION`: the probability that a thread's draw repeats its last index.
     pub correlation: Option<f64>,
     /// `IBJITTER_TRACE`: file pattern (`%p`) for the draws, and how many are kept.
@@ -179,6 +186,7 @@ impl Settings {
             stats: None,
             quiet: false,
             warning: None,
+            ignored: None,
             not_this_process: None,
             window: None,
             select: Selection::default(),
@@ -409,8 +417,21 @@ impl Settings {
         self.window = Some(w);
     }
 
-    /// `IBJITTER_CORRELATION`, `IBJITTER_TRACE` and `_TRACE_MAX`: they shape a table's draws.
+    /// `IBJITTER_EPISODES_SYNC`, `IBJITTER_CORRELATION`, `IBJITTER_TRACE` and `_TRACE_MAX`:
+    /// they shape a table's draws.
     fn read_shape(&mut self, r: &mut Reader<'_>, has_table: bool) {
+        // Without episodes there is nothing to share: said, and the rest goes on.
+        let sync = Self::read_bool(r, "IBJITTER_EPISODES_SYNC", false, false);
+        match r.nonempty("IBJITTER_EPISODES_SYNC") {
+            Some(v) if sync && r.nonempty("IBJITTER_EPISODES").is_none() => {
+                self.ignored = Some(format!(
+                    "IBJITTER_EPISODES_SYNC={} shares the schedule of IBJITTER_EPISODES, which \
+                     is not set: ignored",
+                    shown(v.trim())
+                ))
+            }
+            _ => self.shape.episodes_sync = sync,
+        }
         if let Some(v) = r.nonempty("IBJITTER_CORRELATION") {
             match parse_correlation(&v) {
                 Ok(_) if !has_table => r.problem(
@@ -583,6 +604,72 @@ mod tests {
             let w = Settings::from_vars(env(&vars)).warning.unwrap_or_default();
             assert!(w.contains(says), "{k}={v}: {w}");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn episodes_sync_is_a_boolean_that_needs_episodes() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-epsync-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let table = (0..512).map(|_| "1000 ".repeat(8)).collect::<Vec<_>>();
+        let calm = dir.join("calm.dist");
+        std::fs::write(&calm, table.join("\n")).unwrap();
+        let spec = format!("{}:{}:20ms:20ms", calm.display(), calm.display());
+        let with = |sync: Option<&str>| {
+            let mut vars = vec![("IBJITTER_EPISODES", spec.as_str())];
+            vars.extend(sync.map(|v| ("IBJITTER_EPISODES_SYNC", v)));
+            Settings::from_vars(env(&vars))
+        };
+        // Off by default: each process draws its own schedule, as before.
+        let s = with(None);
+        assert_eq!(
+            (s.shape.episodes_sync, s.warning, s.ignored),
+            (false, None, None)
+        );
+        for (v, on) in [("1", true), (" yes ", true), ("off", false)] {
+            let s = with(Some(v));
+            assert_eq!((s.shape.episodes_sync, s.warning), (on, None), "{v}");
+            assert!(s.delays.is_some() && s.ignored.is_none(), "{v}");
+        }
+        // A bad value: the usual one warning and pass-through.
+        let s = with(Some("maybe"));
+        assert!(s.delays.is_none());
+        let w = s.warning.unwrap_or_default();
+        assert!(
+            w.contains("IBJITTER_EPISODES_SYNC=maybe: expected 0 or 1")
+                && w.ends_with("injection disabled (pass-through)"),
+            "{w}"
+        );
+        let huge = "x".repeat(130 * 1024);
+        let w = Settings::from_vars(env(&[
+            ("IBJITTER_EPISODES", &spec),
+            ("IBJITTER_EPISODES_SYNC", &huge),
+        ]))
+        .warning
+        .unwrap_or_default();
+        assert!(
+            w.len() < 1000 && w.contains("IBJITTER_EPISODES_SYNC"),
+            "{w}"
+        );
+        // Set without episodes: said, ignored, and the table still injects.
+        let s = Settings::from_vars(env(&[
+            ("IBJITTER_DELAY", "1us"),
+            ("IBJITTER_EPISODES_SYNC", "1"),
+        ]));
+        assert!(s.delays.is_some() && s.warning.is_none() && !s.shape.episodes_sync);
+        let ignored = s.ignored.unwrap_or_default();
+        assert!(
+            ignored.contains("IBJITTER_EPISODES_SYNC=1")
+                && ignored.contains("IBJITTER_EPISODES")
+                && ignored.ends_with("ignored"),
+            "{ignored}"
+        );
+        // Asked off without episodes: nothing to say.
+        let s = Settings::from_vars(env(&[
+            ("IBJITTER_DELAY", "1us"),
+            ("IBJITTER_EPISODES_SYNC", "0"),
+        ]));
+        assert_eq!((s.warning, s.ignored), (None, None));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

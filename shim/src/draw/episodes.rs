@@ -1,8 +1,13 @@
 //! `IBJITTER_EPISODES`: two states, calm and congested, with exponential dwell times; the
 //! draw adds [`offset`] to its index (the congested table is the second half of the table).
-//! A thread of the shim switches the state ([`start`]).
+//! A thread of the shim switches the state ([`start`]): on a schedule of its own, drawn from
+//! its start, or (`IBJITTER_EPISODES_SYNC=1`) on the one wall-clock schedule every process
+//! with the same seed and means follows ([`shared_schedule`]).
+mod shared_schedule;
+
 use crate::sys::rng;
 use ibjitter_table::ENTRIES;
+use shared_schedule::Schedule;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 /// 0 while calm, ENTRIES while congested (added to the index drawn); how many times the
@@ -11,14 +16,25 @@ static OFFSET: AtomicUsize = AtomicUsize::new(0);
 static CHANGES: AtomicU64 = AtomicU64::new(0);
 static DWELL_CALM: AtomicU64 = AtomicU64::new(0);
 static DWELL_CONGESTED: AtomicU64 = AtomicU64::new(0);
+/// `IBJITTER_EPISODES_SYNC`: follow the shared wall-clock schedule.
+static SHARED: AtomicBool = AtomicBool::new(false);
+
+/// The shared schedule's thread sleeps at most this long (ns): a wall clock stepped
+/// meanwhile (either way) is noticed within it. Its sleeps are relative (CLOCK_MONOTONIC):
+/// an absolute sleep on CLOCK_REALTIME would last as long again as a backward step.
+const SHARED_MAX_SLEEP_NS: i128 = 50_000_000;
+/// ... and at least this long: changes closer together than that (and the kernel's timer
+/// slack, 50 us by default) are followed at its wake-ups, each setting the state then.
+const SHARED_MIN_SLEEP_NS: i128 = 10_000;
 
 /// The salt of the episodes' dwell-time stream ("epis").
 const EPISODES_SALT: u64 = 0x6570_6973;
 
-/// The mean dwells (ns), at load.
-pub fn configure(calm: f64, congested: f64) {
+/// The mean dwells (ns), and whether to follow the shared schedule, at load.
+pub fn configure(calm: f64, congested: f64, shared: bool) {
     DWELL_CALM.store(calm.round().max(1.0) as u64, Release);
     DWELL_CONGESTED.store(congested.round().max(1.0) as u64, Release);
+    SHARED.store(shared, Release);
     OFFSET.store(0, Release);
 }
 
@@ -37,12 +53,16 @@ pub fn summary() -> Option<(u64, u64, u64)> {
 /// Starts, once, the thread that switches between the calm and the congested table after
 /// exponential dwell times (means as asked, drawn from a stream of the seed: the state
 /// sequence repeats with it; which posts fall in which episode depends on their timing).
-/// Starts calm. A fork child keeps the state it was forked in.
+/// Starts calm. A fork child keeps the state it was forked in. With the shared schedule:
+/// see [`start_shared`].
 pub fn start() {
     static STARTED: AtomicBool = AtomicBool::new(false);
     let (calm, congested) = (DWELL_CALM.load(Acquire), DWELL_CONGESTED.load(Acquire));
     if calm == 0 || STARTED.swap(true, AcqRel) {
         return;
+    }
+    if SHARED.load(Acquire) {
+        return start_shared(Schedule::new(rng::seed(), calm, congested));
     }
     let mut rng = rng::stream(rng::seed(), EPISODES_SALT, 0);
     let _ = std::thread::Builder::new()
@@ -57,4 +77,102 @@ pub fn start() {
             OFFSET.store(if congested_now { 0 } else { ENTRIES }, Relaxed);
             CHANGES.fetch_add(1, Relaxed);
         });
+}
+
+/// Sets the state of the shared schedule at once (the first posts already follow it), then
+/// starts the thread that keeps it: at each wake-up it reads CLOCK_REALTIME, sets the
+/// state the schedule has then and sleeps until its next change ([`shared_step`]). Each
+/// wake-up derives the state afresh from the clock: a stepped clock is followed, never
+/// replayed.
+fn start_shared(schedule: Schedule) {
+    let first = schedule.at(realtime_ns()).congested;
+    OFFSET.store(if first { ENTRIES } else { 0 }, Relaxed);
+    let _ = std::thread::Builder::new()
+        .name("ibjitter-episodes".into())
+        .spawn(move || loop {
+            let (congested, sleep_ns) = shared_step(&schedule, realtime_ns());
+            let offset = if congested { ENTRIES } else { 0 };
+            if OFFSET.swap(offset, Relaxed) != offset {
+                CHANGES.fetch_add(1, Relaxed);
+            }
+            std::thread::sleep(std::time::Duration::from_nanos(sleep_ns));
+        });
+}
+
+/// At wall-clock time `t`: the shared schedule's state, and how long to sleep (ns) before
+/// looking again: until its next change, within [`SHARED_MIN_SLEEP_NS`,
+/// `SHARED_MAX_SLEEP_NS`].
+fn shared_step(schedule: &Schedule, t: i128) -> (bool, u64) {
+    let now = schedule.at(t);
+    let sleep = (now.next - t).clamp(SHARED_MIN_SLEEP_NS, SHARED_MAX_SLEEP_NS);
+    (now.congested, sleep as u64)
+}
+
+/// CLOCK_REALTIME in ns since the Unix epoch (negative before it).
+fn realtime_ns() -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill; CLOCK_REALTIME always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wall clock stepped backwards (an hour, a day, to before the epoch), forwards (to
+    /// 2100, 2262) or standing still: each wake-up sets the schedule's state at the clock's
+    /// time and sleeps a bounded, non-zero time, so the thread neither spins nor sleeps
+    /// through the step.
+    #[test]
+    fn a_stepped_wall_clock_is_followed_with_bounded_sleeps() {
+        const MS: i128 = 1_000_000;
+        let s = Schedule::new(5, 20_000_000, 20_000_000);
+        let t0: i128 = 1_767_225_600_000_000_000;
+        let mut clock = vec![t0, t0 + 7 * MS, t0 + 7 * MS, t0 - 3_600_000 * MS];
+        clock.extend([t0 - 86_400_000 * MS, -5_000 * MS, 4_102_444_800_000 * MS]);
+        clock.extend([(1 << 63) - MS, 1 << 63, t0 + 40 * MS, t0 + 20 * MS]);
+        for t in clock {
+            let (congested, sleep) = shared_step(&s, t);
+            assert_eq!(congested, s.at(t).congested, "{t}");
+            assert!(
+                (10_000..=50_000_000).contains(&sleep),
+                "{t}: sleeps {sleep} ns"
+            );
+            let next = s.at(t).next;
+            if next - t > SHARED_MIN_SLEEP_NS && next - t <= SHARED_MAX_SLEEP_NS {
+                assert_eq!(i128::from(sleep), next - t, "{t}: wakes at the change");
+            }
+        }
+        let tiny = Schedule::new(5, 1, 1);
+        assert_eq!(shared_step(&tiny, t0).1, 10_000, "1 ns dwells: no spin");
+        let huge = Schedule::new(5, 3_600_000_000_000_000, 3_600_000_000_000_000);
+        assert_eq!(
+            shared_step(&huge, t0).1,
+            50_000_000,
+            "1000 h dwells: still looks"
+        );
+    }
+
+    /// Start-up cost of the shared schedule: one look-up (measured, printed).
+    #[test]
+    fn the_first_state_costs_microseconds() {
+        let s = Schedule::new(rng::DEFAULT_SEED, 20_000_000, 20_000_000);
+        let t0 = std::time::Instant::now();
+        let n = 10_000;
+        let mut congested = 0;
+        for k in 0..n {
+            congested += s.at(realtime_ns() + k * 1_000_003).congested as u32;
+        }
+        let each = t0.elapsed() / n as u32;
+        eprintln!(
+            "start-up look-up: {each:?} ({} levels); {congested} of {n} congested",
+            s.depth()
+        );
+        assert!(each < std::time::Duration::from_micros(100), "{each:?}");
+        assert!((3_000..7_000).contains(&congested), "{congested}");
+    }
 }

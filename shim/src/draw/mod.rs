@@ -165,7 +165,7 @@ pub fn prepare(s: &Settings, selective: bool) -> u8 {
     }
     if mode & INJECT != 0 {
         if let Some((calm, congested)) = shape.episodes {
-            episodes::configure(calm, congested);
+            episodes::configure(calm, congested, shape.episodes_sync);
             mode |= EPISODES;
         }
         if let Some(rho) = shape.correlation {

@@ -13,11 +13,24 @@ pub const HOOKED: &str = if cfg!(target_arch = "x86_64") {
     "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp ibv_create_cq ibv_destroy_cq -> ops.post_send, create_qp_ex -> wr_start"
 };
 
-/// The start-up line for `s` with its wait clock described by `clock` (None: say nothing).
+/// The start-up line for `s` with its wait clock described by `clock` (None: say nothing),
+/// after the warning about a variable ignored, if any (even when quiet).
 pub fn startup(s: &Settings, clock: &str) -> Option<String> {
     if let Some(w) = &s.warning {
         return Some(format!("ibjitter: warning: {w}"));
     }
+    let ignored = s
+        .ignored
+        .as_ref()
+        .map(|w| format!("ibjitter: warning: {w}"));
+    match (ignored, startup_line(s, clock)) {
+        (Some(w), Some(line)) => Some(format!("{w}\n{line}")),
+        (w, line) => w.or(line),
+    }
+}
+
+/// The start-up line proper.
+fn startup_line(s: &Settings, clock: &str) -> Option<String> {
     if s.quiet {
         return None;
     }
@@ -110,6 +123,10 @@ fn time_weighted_mean(d: &config::Delays, shape: &config::Shape) -> f64 {
 /// ", correlation 0.8, trace FILE" for the start-up line.
 fn shape_words(shape: &config::Shape) -> String {
     let mut w = String::new();
+    if shape.episodes.is_some() && shape.episodes_sync {
+        w += ", episodes on the wall-clock schedule shared by every process with this seed \
+               (IBJITTER_EPISODES_SYNC)";
+    }
     if let Some(rho) = shape.correlation {
         w += &format!(
             ", correlation {rho} (a draw repeats the thread's last with that probability)"
