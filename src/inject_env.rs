@@ -69,6 +69,7 @@ pub const SETTINGS: &[Setting] = &[
     value("start", "IBJITTER_START", "D", "Inject from D after load"),
     value("stop", "IBJITTER_STOP", "D", "Inject until D after load"),
     value("episodes", "IBJITTER_EPISODES", "CALM:CONGESTED:MEAN:MEAN", "Bursty congestion: two absolute tables and the mean dwell time of each state"),
+    switch("episodes-sync", "IBJITTER_EPISODES_SYNC", "Every process with the same seed follows one wall-clock schedule of --episodes (congested at the same moments)"),
     value("correlation", "IBJITTER_CORRELATION", "RHO", "A thread's draw repeats its last with probability RHO (0.5 or 50%)"),
     value("trace", "IBJITTER_TRACE", "FILE", "Write the draws to FILE at exit (%p: the pid)"),
     value("trace-max", "IBJITTER_TRACE_MAX", "N", "How many draws the trace keeps"),
