@@ -4,7 +4,7 @@
 //! experiments. It asserts the robust part of what the full run shows, each with a statistic
 //! the bench's noise does not move:
 //! - the constant ("uniform") table shifts the *fastest* round trips (ib_write_lat's t_min,
-//!   the ping-pong's 10th percentile) by the delay injected per round trip: at least 0.9 of
+//!   the ping-pong's 10th percentile) by the delay injected per round trip: at least 0.8 of
 //!   it (the delay is on the path), less than 1.5 times (not twice). Noise only adds: the
 //!   shift was +1..3 % in most runs, but +13 and +16 % for the MPI ping-pong in one suite
 //!   run where the host was slow throughout (a busy-waiting vCPU costs the VM more then:
@@ -151,9 +151,11 @@ fn check(
         // The constant table shifts the fastest round trips by `want` (noise only adds).
         let shift = scale * (fastest(&unif) - clean_fastest);
         eprintln!("{csv} {level} uniform: fastest round trips +{shift:.1} µs, expected {want:.1}");
-        if !(0.9 * want..1.5 * want).contains(&shift) {
+        // At least 0.8: the clean baseline is noisy too (a CI run's clean ping-pong sat in the
+        // slow speed, excess 276 us against 114-154 in others, and the shift read 0.88 x).
+        if !(0.8 * want..1.5 * want).contains(&shift) {
             bad.push(format!(
-                "{csv} {level} uniform: the fastest round trips moved by {shift:.1} µs, expected {want:.1} (0.9 .. 1.5 x)"
+                "{csv} {level} uniform: the fastest round trips moved by {shift:.1} µs, expected {want:.1} (0.8 .. 1.5 x)"
             ));
         }
 
