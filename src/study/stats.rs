@@ -51,19 +51,25 @@ pub fn ci95_half(xs: &[f64]) -> f64 {
     t975((xs.len() - 1) as f64) * sd(xs) / (xs.len() as f64).sqrt()
 }
 
-/// The ratio mean(num) / mean(den) and its 95 % interval by the delta method, with Welch's
-/// degrees of freedom: `(ratio, low, high)`. NaN parts where a side has under two values.
+/// The ratio mean(num) / mean(den) and its 95 % interval: `(ratio, low, high)`, NaN parts
+/// where a side has under two values. The delta method on the log of the ratio, with Welch's
+/// degrees of freedom on the two relative variances: `ratio · exp(± t · se)`, se² =
+/// var(num)/(n·mean(num)²) + var(den)/(n·mean(den)²). On the log scale the interval of a
+/// ratio of positive means stays positive and grows with the ratio, as the ratio's own
+/// spread does: a noisy denominator (a few clean runs, one of them slow) no longer gives a
+/// 28x slowdown an interval reaching below 1. Where a mean is not positive (a metric that
+/// can be negative), the same variances give a symmetric interval around the ratio.
 pub fn ratio_ci95(num: &[f64], den: &[f64]) -> (f64, f64, f64) {
     let (mn, md) = (mean(num), mean(den));
     let r = mn / md;
     if num.len() < 2 || den.len() < 2 {
         return (r, f64::NAN, f64::NAN);
     }
-    let vn = sd(num).powi(2) / num.len() as f64;
-    let vd = sd(den).powi(2) / den.len() as f64;
-    let se = r.abs() * (vn / (mn * mn) + vd / (md * md)).sqrt();
+    // Relative variances of the two means.
+    let a = sd(num).powi(2) / num.len() as f64 / (mn * mn);
+    let b = sd(den).powi(2) / den.len() as f64 / (md * md);
+    let se = (a + b).sqrt();
     // Welch–Satterthwaite on the relative variances.
-    let (a, b) = (vn / (mn * mn), vd / (md * md));
     let df = if a + b > 0.0 {
         (a + b).powi(2)
             / (a * a / (num.len() - 1) as f64 + b * b / (den.len() - 1) as f64)
@@ -76,7 +82,11 @@ pub fn ratio_ci95(num: &[f64], den: &[f64]) -> (f64, f64, f64) {
     } else {
         1.959_963_984_540_054
     };
-    (r, r - t * se, r + t * se)
+    if mn > 0.0 && md > 0.0 {
+        (r, r * (-t * se).exp(), r * (t * se).exp())
+    } else {
+        (r, r - t * se * r.abs(), r + t * se * r.abs())
+    }
 }
 
 /// Pearson's correlation coefficient; NaN when either side is constant or under three pairs.
@@ -168,5 +178,26 @@ mod tests {
         let (r, lo, hi) = ratio_ci95(&b, &a);
         assert_eq!(r, 2.0);
         assert!(lo > 1.5 && hi < 2.5 && lo < 2.0 && hi > 2.0);
+    }
+
+    #[test]
+    fn a_large_ratio_over_a_noisy_base_keeps_a_positive_interval() {
+        // A bench run's congestor study: 4 clean runs, one slow; 4 congested runs.
+        let clean = [160.0, 171.0, 172.0, 462.0];
+        let congested = [4200.0, 6700.0, 6780.0, 9230.0];
+        let (r, lo, hi) = ratio_ci95(&congested, &clean);
+        assert!(lo > 5.0 && lo < r && r < hi, "{r} [{lo}, {hi}]");
+        // Symmetric on the log scale: lo * hi = r^2.
+        assert!((lo * hi / (r * r) - 1.0).abs() < 1e-12);
+        // Hand-computed: relative variances a, b and Welch's df give t, then r e^(±t se).
+        let (mn, md) = (mean(&congested), mean(&clean));
+        let a = sd(&congested).powi(2) / 4.0 / (mn * mn);
+        let b = sd(&clean).powi(2) / 4.0 / (md * md);
+        let df = (a + b).powi(2) / (a * a / 3.0 + b * b / 3.0);
+        let t = t975(df);
+        assert!((hi - r * (t * (a + b).sqrt()).exp()).abs() < 1e-9 * hi);
+        // A metric that can be negative: a symmetric interval, still around the ratio.
+        let (r, lo, hi) = ratio_ci95(&[-2.0, -2.2, -1.8], &[1.0, 1.1, 0.9]);
+        assert!(lo < r && r < hi && ((r - lo) - (hi - r)).abs() < 1e-12);
     }
 }

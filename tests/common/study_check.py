@@ -26,6 +26,37 @@ def t975(df):
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
+def ratio_ci95(num, den):
+    """The slowdown's interval: delta method on log(mean(num) / mean(den)), Welch's df."""
+    mn, md = statistics.mean(num), statistics.mean(den)
+    a = statistics.variance(num) / len(num) / mn**2
+    b = statistics.variance(den) / len(den) / md**2
+    if a + b == 0:
+        return mn / md, mn / md
+    df = (a + b) ** 2 / (a * a / (len(num) - 1) + b * b / (len(den) - 1))
+    t = t975_real(df)
+    se = math.sqrt(a + b)
+    return mn / md * math.exp(-t * se), mn / md * math.exp(t * se)
+
+
+def t975_real(df):
+    """t_{0.975} at a real df: bisection on the CDF, the density integrated by Simpson's rule
+    (independent of the Rust code's statrs)."""
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+
+    def cdf(x, n=2000):
+        h = x / n
+        f = lambda t: c * (1 + t * t / df) ** (-(df + 1) / 2)
+        s = f(0) + f(x) + sum((4 if k % 2 else 2) * f(k * h) for k in range(1, n))
+        return 0.5 + s * h / 3
+
+    lo, hi = 0.0, 20.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < 0.975 else (lo, mid)
+    return (lo + hi) / 2
+
+
 def close(a, b, rel, what):
     if a is None or b is None:
         if a is None and b is None:
@@ -55,6 +86,11 @@ def main():
             close(c["ci95"], t975(len(xs) - 1) * sd / math.sqrt(len(xs)), 2e-3, f"{c['name']} ci95")
         slow = statistics.mean(clean) / m if hib else m / statistics.mean(clean)
         close(c["slowdown"], slow, 1e-9, f"{c['name']} slowdown")
+        num, den = (clean, xs) if hib else (xs, clean)
+        if len(num) >= 2 and len(den) >= 2 and min(statistics.mean(num), statistics.mean(den)) > 0:
+            lo, hi = ratio_ci95(num, den)
+            close(c["slowdown_ci95"][0], lo, 1e-4, f"{c['name']} slowdown interval low")
+            close(c["slowdown_ci95"][1], hi, 1e-4, f"{c['name']} slowdown interval high")
         tail = [float(r["tail_metric"]) for r in counted if r["config"] == c["name"] and r["tail_metric"]]
         clean_tail = [float(r["tail_metric"]) for r in counted if r["kind"] == "clean" and r["tail_metric"]]
         if tail and clean_tail:

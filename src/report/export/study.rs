@@ -77,7 +77,8 @@ pub fn markdown(s: &Summary) -> String {
     md.push(
         "Slowdown: a configuration's mean metric over the clean runs' mean (the inverse for \
          metrics where higher is better); for a congestor this is GPCNeT's congestion impact \
-         factor. Its interval is the delta method's with Welch's degrees of freedom."
+         factor. Its 95 % interval is the delta method's on the log of the ratio (always \
+         positive, wider above than below), with Welch's degrees of freedom."
             .to_string(),
     );
     md.push(String::new());
