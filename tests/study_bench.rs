@@ -6,7 +6,7 @@ mod common;
 use common::bench::{mpi_pingpong, release_artifact, scratch_dir, Vm};
 use common::perftest::field;
 use common::read_json;
-use common::study::{check, schedule};
+use common::study::{check, median, metrics, schedule};
 use std::process::Command;
 
 /// Open MPI over UCX rc_verbs between rxe0 and rxe1, 2 ranks (as tools/reproduce runs it).
@@ -64,17 +64,28 @@ fn a_family_study_of_an_mpi_ring_agrees_with_its_recomputation_and_resumes() {
     let cfgs = s["configurations"].as_array().unwrap();
     assert_eq!(cfgs.len(), 7, "{s}");
     assert_eq!(s["runs_failed"], 0, "{s}");
+    let runs = metrics(&dir.join("whole"));
+    let fastest = |name: &str| runs[name].iter().copied().fold(f64::INFINITY, f64::min);
     for c in cfgs {
         assert_eq!(c["runs"], 3, "{c}");
         if c["kind"] == "table" {
             // Both ranks delayed every message: the drawn mean is the table's (±25 %: a
-            // few hundred draws of a heavy-tailed table).
+            // few thousand draws of a heavy-tailed table).
             let (drawn, table) = (
                 c["injected_mean_us"].as_f64().unwrap(),
                 c["table_mean_us"].as_f64().unwrap(),
             );
             assert!((drawn / table - 1.0).abs() < 0.25, "{c}");
-            assert!(c["slowdown"].as_f64().unwrap() > 1.0, "{c}");
+            // Slower under every table, on a statistic the bench's noise does not move
+            // (noise only lengthens runs; one slow clean run moves the mean of three):
+            // the fastest run under the table against the fastest clean one.
+            let name = c["name"].as_str().unwrap();
+            assert!(
+                fastest(name) > fastest("clean"),
+                "{name}: fastest run {} s, clean {} s ({runs:?})",
+                fastest(name),
+                fastest("clean")
+            );
         }
     }
     println!("{}", check(&dir.join("whole")));
@@ -87,8 +98,8 @@ fn a_family_study_of_an_mpi_ring_agrees_with_its_recomputation_and_resumes() {
 /// GPCNeT's question on the bench's emulated hosts: a latency canary (`ibjitter run
 /// --pingpong` from h1 to h0) alone and with an incast from h2 and h3 into h0 alongside, its
 /// packets sharing the rate-limited switch port toward h0. Through the bottleneck the
-/// congestion impact factor (mean latency congested / alone) is above 1.5 with its interval;
-/// with the bottleneck removed it shrinks.
+/// congestion impact factor (mean latency congested / alone) is above 1.5 and so is its
+/// interval; with the bottleneck removed the congested canary's median latency shrinks.
 #[test]
 fn a_congestor_through_a_bottleneck_slows_a_canary_and_less_without_it() {
     let bin = release_artifact("ibjitter", "ibjitter");
@@ -125,6 +136,8 @@ fn a_congestor_through_a_bottleneck_slows_a_canary_and_less_without_it() {
     let o = &out.output;
     assert_eq!(field(o, "bottleneck_rc"), Some(0.0), "{o}");
     assert_eq!(field(o, "open_rc"), Some(0.0), "{o}");
+    // The congested runs' median latency, with the bottleneck and without.
+    let congested_median = |name: &str| median(&metrics(&dir.join(name))["congested"]);
     let impact = |name: &str| {
         let s = read_json(&dir.join(name).join("summary.json"));
         println!(
@@ -156,7 +169,15 @@ fn a_congestor_through_a_bottleneck_slows_a_canary_and_less_without_it() {
         b > 1.5 && b_lo > 1.0 && b_hi >= b,
         "bottleneck: {b} [{b_lo}, {b_hi}]"
     );
-    assert!(open < b, "without the bottleneck {open}, with it {b}");
+    // Less without the bottleneck: compared on the congested runs' medians, as one stalled
+    // run of four moves a mean (a run: open runs' mean 2,430 us from a median of 824; with
+    // the bottleneck 6,729 from 6,743).
+    let (mb, mo) = (congested_median("bottleneck"), congested_median("open"));
+    eprintln!("congested median latency: bottleneck {mb:.1}, open {mo:.1}");
+    assert!(
+        mo < mb,
+        "without the bottleneck the congested median is {mo}, with it {mb} (means: {open}, {b})"
+    );
 }
 
 /// A real, unmodified application from Debian's archive: LAMMPS (`lmp`, package lammps) on 2

@@ -25,3 +25,35 @@ pub fn schedule(dir: &Path) -> Vec<String> {
         .map(|l| l.split(',').take(6).collect::<Vec<_>>().join(","))
         .collect()
 }
+
+/// The counted runs' metrics (not warm-up, ok) of each configuration in a study's study.csv.
+pub fn metrics(dir: &Path) -> std::collections::BTreeMap<String, Vec<f64>> {
+    let text = std::fs::read_to_string(dir.join("study.csv")).unwrap_or_default();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (config, warmup, ok, metric) = (col("config"), col("warmup"), col("ok"), col("metric"));
+    let mut by = std::collections::BTreeMap::<String, Vec<f64>>::new();
+    for l in lines {
+        let c: Vec<&str> = l.split(',').collect();
+        if c[warmup] == "0" && c[ok] == "1" {
+            by.entry(c[config].to_string())
+                .or_default()
+                .push(c[metric].parse().unwrap());
+        }
+    }
+    by
+}
+
+/// The median of `xs` (mean of the middle two for an even count).
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    assert!(n > 0, "median of nothing");
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
