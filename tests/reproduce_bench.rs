@@ -3,12 +3,14 @@
 //! the packet (ib_write_lat, 4 repetitions) and library (MPI ping-pong, 3; MPI_Barrier, 1)
 //! experiments. It asserts the robust part of what the full run shows, each with a statistic
 //! the bench's noise does not move:
-//! - the constant ("uniform") table shifts the *fastest* round trips (ib_write_lat's t_min,
-//!   the ping-pong's 10th percentile) by the delay injected per round trip: at least 0.8 of
-//!   it (the delay is on the path), less than 1.5 times (not twice). Noise only adds: the
-//!   shift was +1..3 % in most runs, but +13 and +16 % for the MPI ping-pong in one suite
-//!   run where the host was slow throughout (a busy-waiting vCPU costs the VM more then:
-//!   the clean runs, which do not spin, moved less);
+//! - the constant ("uniform") table puts its delay inside every round trip: the *fastest*
+//!   round trips (ib_write_lat's t_min, the ping-pong's 10th percentile) are at least the
+//!   delay injected per round trip long (the delay is on the timed path; noise only adds),
+//!   and moved by less than 1.5 times it over the fastest clean ones (not twice). The shift
+//!   was +1..4 % in most runs, +13 and +16 % for the MPI ping-pong in one suite run where
+//!   the host was slow throughout (a busy-waiting vCPU costs the VM more then), and
+//!   0.69-0.83 x in one where all four clean ib_write_lat runs sat in the slow speed: so
+//!   the lower bound is the delay itself, not the clean runs plus it;
 //! - a lognormal table and the uniform table of the same mean give the same mean latency
 //!   (within 20 % or 0.75 x the injected delay, the quick run's resolution), and the mean round trip grows by the delay injected (0.75..1.75 times;
 //!   for ib_write_lat only: in the MPI ping-pong both ranks spin on the VM's two vCPUs and
@@ -148,14 +150,27 @@ fn check(
         let table_mean = num(unif[0], "table_mean_us");
         let want = delays_per_rtt * table_mean;
 
-        // The constant table shifts the fastest round trips by `want` (noise only adds).
-        let shift = scale * (fastest(&unif) - clean_fastest);
-        eprintln!("{csv} {level} uniform: fastest round trips +{shift:.1} µs, expected {want:.1}");
-        // At least 0.8: the clean baseline is noisy too (a CI run's clean ping-pong sat in the
-        // slow speed, excess 276 us against 114-154 in others, and the shift read 0.88 x).
-        if !(0.8 * want..1.5 * want).contains(&shift) {
+        // The constant table puts `want` inside every round trip: the fastest one is at
+        // least `want` long (noise only adds; 3 % for the two clocks' calibrations), and it
+        // moved by less than 1.5 x `want` over the fastest clean one (one delay, not two).
+        // The lower bound is not taken from the clean runs: their fastest sits in the
+        // bench's slow speed in some runs (a CI run's 4 clean ib_write_lat runs put the
+        // shift at 0.69 and 0.83 x at the two levels, a constant 53-62 us short).
+        let fastest_unif = scale * fastest(&unif);
+        let shift = fastest_unif - scale * clean_fastest;
+        eprintln!(
+            "{csv} {level} uniform: fastest round trip {fastest_unif:.1} µs, {:.2} x the delay {want:.1} per round trip; +{shift:.1} µs ({:.2} x) over the fastest clean",
+            fastest_unif / want,
+            shift / want
+        );
+        if fastest_unif < 0.97 * want {
             bad.push(format!(
-                "{csv} {level} uniform: the fastest round trips moved by {shift:.1} µs, expected {want:.1} (0.8 .. 1.5 x)"
+                "{csv} {level} uniform: the fastest round trip took {fastest_unif:.1} µs, shorter than the {want:.1} µs injected into each"
+            ));
+        }
+        if shift >= 1.5 * want {
+            bad.push(format!(
+                "{csv} {level} uniform: the fastest round trips moved by {shift:.1} µs, 1.5 x or more the {want:.1} µs injected"
             ));
         }
 
