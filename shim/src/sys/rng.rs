@@ -37,6 +37,9 @@ struct ThreadState {
     /// The last table index drawn (`IBJITTER_CORRELATION` repeats it). Kept in this block:
     /// the one TLS slot.
     last_index: u32,
+    /// `IBJITTER_MODE=line`: this thread's lane into the delay line, plus one (0: none yet).
+    /// Kept in this block: the one TLS slot.
+    line_lane: u32,
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -90,7 +93,7 @@ mod tls {
 
     thread_local! {
         static STATE: UnsafeCell<ThreadState> = const {
-            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0, ucp_depth: 0, batch_open: 0, last_index: 0 })
+            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0, ucp_depth: 0, batch_open: 0, last_index: 0, line_lane: 0 })
         };
     }
 
@@ -125,6 +128,20 @@ pub fn set_seed(seed: u64) {
     NEXT_THREAD.store(0, Relaxed);
     SALT.store(0, Relaxed);
     reset_current_thread();
+}
+
+/// The calling thread's delay-line lane word (`modes::line::lanes`): 0 until it sets one.
+#[inline(always)]
+pub fn line_lane() -> u32 {
+    // SAFETY: the block is this thread's.
+    unsafe { (*tls::state()).line_lane }
+}
+
+/// Sets the calling thread's delay-line lane word.
+#[inline]
+pub fn set_line_lane(v: u32) {
+    // SAFETY: the block is this thread's.
+    unsafe { (*tls::state()).line_lane = v }
 }
 
 /// Forgets the calling thread's stream; its next post takes a new thread index.

@@ -1,0 +1,391 @@
+//! Handing the line's requests over: whoever flushes (the program's own calls, or the timer
+//! thread) takes what entered, orders it by due time and hands what is due to the provider,
+//! a QP's due requests as one list. One thread flushes at a time (a try-flag: a thread that
+//! finds it taken goes on, never waits). Also the timer thread, and what the stats say of
+//! the hand-over.
+use super::lanes::{self, Line};
+use super::qps;
+use super::slots::{bytes_of, SLOTS};
+use crate::abi::verbs::ibv_send_wr;
+use crate::sys::clock::{self, now_units, units_to_ns};
+use crate::sys::say;
+use std::cell::UnsafeCell;
+use std::collections::BinaryHeap;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+/// Longest sleep of the timer thread (how late a new request may be seen when the program
+/// makes no call).
+pub const IDLE_NS: u64 = 50_000;
+/// The timer thread wakes this long before a due time and spins the rest, while the program
+/// makes no calls: a sleep's wake-up is late by up to about this much on the bench.
+pub const EARLY_NS: u64 = 150_000;
+/// The program counts as calling (polling, posting) if one of its calls saw requests in the
+/// line this recently: its calls then hand requests over at their due time, and the timer
+/// thread only sleeps, as a backstop.
+pub const ACTIVE_NS: u64 = 100_000;
+/// While the program is calling, how long after its due time a request waits for the
+/// program's calls before the timer thread hands it over.
+pub const BACKSTOP_NS: u64 = 50_000;
+
+/// The earliest due time in the line (u64::MAX: the line is empty). Posters lower it
+/// ([`announce`]), the flusher sets it from its heap.
+static NEXT_DUE: AtomicU64 = AtomicU64::new(u64::MAX);
+/// A clock reading (units) of a program call that found requests in the line, renewed at
+/// most every [`ACTIVE_NS`] / 4 (a store each call would bounce its cache line between the
+/// program's core and the timer thread's).
+static PROGRAM_SEEN: AtomicU64 = AtomicU64::new(0);
+static SEEN_STEP: AtomicU64 = AtomicU64::new(0);
+/// Held by the thread flushing the line now; the [`Flusher`] is its.
+static FLUSHING: AtomicBool = AtomicBool::new(false);
+
+/// Requests taken out of the line (handed over or dropped), refused by the provider, dropped
+/// (their QP was destroyed), and handed over by the program's calls and by the timer thread.
+/// Only the thread flushing the line writes them (but POST_ERRORS, which says once).
+static LEFT: AtomicU64 = AtomicU64::new(0);
+static POST_ERRORS: AtomicU64 = AtomicU64::new(0);
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+pub static BY_PROGRAM: AtomicU64 = AtomicU64::new(0);
+pub static BY_TIMER: AtomicU64 = AtomicU64::new(0);
+
+/// The flusher's state: the requests taken from the line, by due time, and how late they
+/// were handed over (ns after the due time).
+pub struct Flusher {
+    heap: BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
+    late: hdrhistogram::Histogram<u64>,
+}
+
+struct FlusherCell(UnsafeCell<Option<Flusher>>);
+// SAFETY: only the holder of FLUSHING touches it.
+unsafe impl Sync for FlusherCell {}
+static FLUSHER: FlusherCell = FlusherCell(UnsafeCell::new(None));
+
+/// Sets the flusher's state up (before the line takes its first request). False if its
+/// memory cannot be had.
+pub fn start() -> bool {
+    let Ok(late) = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 2) else {
+        return false;
+    };
+    let mut heap = BinaryHeap::new();
+    if heap.try_reserve_exact(SLOTS).is_err() {
+        return false;
+    }
+    SEEN_STEP.store(clock::ns_to_units(ACTIVE_NS / 4, clock::kind()), Relaxed);
+    // SAFETY: nothing flushes before the line is on.
+    unsafe { *FLUSHER.0.get() = Some(Flusher { heap, late }) };
+    true
+}
+
+/// A request entered the line due at `due` (the earliest of its post call's): lowers the
+/// line's earliest due time if it is earlier. After the request entered: a flusher that set
+/// the earliest due time before either took the request or sees this lower value.
+#[inline]
+pub fn announce(due: u64) {
+    // Orders the way in's store before the load below (the flusher orders its store of
+    // NEXT_DUE before its look at the ways in the same way).
+    std::sync::atomic::fence(SeqCst);
+    if due < NEXT_DUE.load(Relaxed) {
+        NEXT_DUE.fetch_min(due, SeqCst);
+    }
+}
+
+/// Hands over what is due, unless nothing is, or another thread is at it: what the
+/// program's calls do first (`now`: their clock reading, if they have one). One atomic load
+/// while the line is empty, then a clock read and a compare while nothing is due; no
+/// syscall, no wait.
+#[inline]
+pub fn flush_if_due(now: Option<u64>) {
+    let next = NEXT_DUE.load(Acquire);
+    if next == u64::MAX {
+        return;
+    }
+    let now = now.unwrap_or_else(now_units);
+    if now.wrapping_sub(PROGRAM_SEEN.load(Relaxed)) > SEEN_STEP.load(Relaxed) {
+        PROGRAM_SEEN.store(now, Relaxed);
+    }
+    if now >= next {
+        flush(&BY_PROGRAM);
+    }
+}
+
+/// Takes what entered into the heap and hands the due requests over, counting them in `by`;
+/// false if another thread holds the line.
+#[cold]
+#[inline(never)]
+pub fn flush(by: &AtomicU64) -> bool {
+    let Some(line) = lanes::line() else {
+        return false;
+    };
+    if FLUSHING.swap(true, Acquire) {
+        return false;
+    }
+    // SAFETY: FLUSHING is ours: so is the flusher's state.
+    let Some(f) = (unsafe { &mut *FLUSHER.0.get() }) else {
+        FLUSHING.store(false, Release);
+        return false;
+    };
+    loop {
+        // SAFETY: FLUSHING is ours; each slot taken is the flusher's until given back.
+        unsafe {
+            line.take_entered(|i| f.heap.push(std::cmp::Reverse((line.pool.slot(i).due, i))))
+        };
+        let mut now = now_units();
+        let mut list = List::new();
+        while let Some(&std::cmp::Reverse((due, i))) = f.heap.peek() {
+            if due > now {
+                now = now_units();
+                if due > now {
+                    break;
+                }
+            }
+            f.heap.pop();
+            // SAFETY: the flusher owns slot i until post_list gives it back.
+            unsafe { add_to_list(line, &mut list, i, &mut f.late, by) };
+        }
+        if list.n > 0 {
+            // SAFETY: as above.
+            unsafe { post_list(line, &mut list, &mut f.late, by) };
+        }
+        let next = f.heap.peek().map_or(u64::MAX, |r| r.0 .0);
+        NEXT_DUE.store(next, SeqCst);
+        std::sync::atomic::fence(SeqCst);
+        // A request that entered meanwhile lowered NEXT_DUE after this store, or is seen here.
+        if !line.entered_waiting() {
+            break;
+        }
+    }
+    FLUSHING.store(false, Release);
+    true
+}
+
+/// Hands requests over for programs that sleep (completion channels, idle phases), and as a
+/// backstop for those that call. While the program's calls are flushing the line (one saw
+/// requests in it within [`ACTIVE_NS`]) it only sleeps, to [`BACKSTOP_NS`] past the earliest
+/// due time, and leaves the core to the program. Otherwise it sleeps until [`EARLY_NS`]
+/// before the earliest due time (at most [`IDLE_NS`], so it sees new requests) and spins the
+/// rest, unless a program call hands the request over first.
+pub fn timer_thread() {
+    // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+    let units = |ns| clock::ns_to_units(ns, clock::kind());
+    let (early, active, backstop) = (units(EARLY_NS), units(ACTIVE_NS), units(BACKSTOP_NS));
+    loop {
+        let next = NEXT_DUE.load(Acquire);
+        let nap = if next == u64::MAX {
+            IDLE_NS
+        } else {
+            let now = now_units();
+            if now.saturating_sub(PROGRAM_SEEN.load(Relaxed)) < active {
+                // The program's calls hand requests over: a backstop only.
+                let wake = next.saturating_add(backstop);
+                if now >= wake {
+                    flush(&BY_TIMER);
+                    continue;
+                }
+                units_to_ns(wake - now).min(ACTIVE_NS)
+            } else if next <= now.saturating_add(early) {
+                // Due within EARLY_NS: spin to it, unless someone hands it over first.
+                while now_units() < next && NEXT_DUE.load(Acquire) == next {
+                    std::hint::spin_loop();
+                }
+                flush(&BY_TIMER);
+                continue;
+            } else {
+                (units_to_ns(next - now) - EARLY_NS).min(IDLE_NS)
+            }
+        };
+        std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
+    }
+}
+
+/// Most requests handed over as one list, and most bytes in it (large READs posted as one
+/// list made rxe retry).
+const LIST_MAX: usize = 64;
+const LIST_BYTES: u64 = 64 * 1024;
+
+/// Due requests of one QP, in order, handed over as one list: one call of the provider's
+/// `post_send` (on rxe one system call) for all of them.
+struct List {
+    slots: [u32; LIST_MAX],
+    n: usize,
+    bytes: u64,
+}
+
+impl List {
+    const fn new() -> List {
+        List {
+            slots: [0; LIST_MAX],
+            n: 0,
+            bytes: 0,
+        }
+    }
+}
+
+/// Adds slot `i` to `list`, handing the list over first if `i` is another QP's or the list
+/// is full.
+unsafe fn add_to_list(
+    line: &Line,
+    list: &mut List,
+    i: u32,
+    late_hist: &mut hdrhistogram::Histogram<u64>,
+    by: &AtomicU64,
+) {
+    let s = line.pool.slot(i);
+    let bytes = bytes_of(s);
+    let qp = s.qp;
+    if list.n > 0 {
+        let first = line.pool.slot(list.slots[0]);
+        if first.qp != qp || list.n == LIST_MAX || list.bytes + bytes > LIST_BYTES {
+            post_list(line, list, late_hist, by);
+        }
+    }
+    list.slots[list.n] = i;
+    list.n += 1;
+    list.bytes += bytes;
+}
+
+/// Hands `list` over (the requests of a destroyed QP are dropped) and gives its slots back.
+unsafe fn post_list(
+    line: &Line,
+    list: &mut List,
+    late_hist: &mut hdrhistogram::Histogram<u64>,
+    by: &AtomicU64,
+) {
+    let slots = &list.slots[..list.n];
+    let qp = line.pool.slot(slots[0]).qp;
+    let (q, gen) = qps::posting(qp);
+    // Link the live requests into one list, in order.
+    let mut live = 0usize;
+    let mut last_due = 0;
+    let mut first: *mut ibv_send_wr = null_mut();
+    let mut prev: *mut ibv_send_wr = null_mut();
+    let now = now_units();
+    for &i in slots {
+        let s = line.pool.slot(i);
+        if Some(s.gen) != gen {
+            continue;
+        }
+        s.wr.next = null_mut();
+        if prev.is_null() {
+            first = &mut s.wr;
+        } else {
+            (*prev).next = &mut s.wr;
+        }
+        prev = &mut s.wr;
+        live += 1;
+        last_due = s.due;
+        // Handed over now: how late, before the provider's own time to post.
+        let _ = late_hist.record(units_to_ns(now.saturating_sub(s.due)).max(1));
+    }
+    if live > 0 {
+        let mut bad = null_mut();
+        let rc = crate::registry::post_send_orig(qp, first, &mut bad);
+        if rc != 0 {
+            // Those before `bad` were posted (as a provider's own post_send leaves them).
+            let mut refused = live as u64;
+            let mut cur = first;
+            while !cur.is_null() && cur != bad {
+                refused -= 1;
+                cur = (*cur).next;
+            }
+            if POST_ERRORS.fetch_add(refused, Relaxed) == 0 {
+                say::warn(&format!(
+                    "IBJITTER_MODE=line: the provider refused a deferred work request ({}); \
+                     the program's post had returned 0 (counted in the stats' line.post_errors)",
+                    std::io::Error::from_raw_os_error(rc)
+                ));
+            }
+        }
+        add(by, live as u64);
+        // Before the destroy's wait ends: it then finds the QP's hand-over settled.
+        if let Some(q) = q {
+            q.handed(last_due);
+        }
+    }
+    qps::done_posting();
+    if live < list.n {
+        add(&DROPPED, (list.n - live) as u64);
+    }
+    add(&LEFT, list.n as u64);
+    for &i in slots {
+        line.give_back(line.pool.slot(i).lane, i);
+    }
+    list.n = 0;
+    list.bytes = 0;
+}
+
+/// Adds `n` to a count only the thread flushing the line writes (flushers take turns
+/// under FLUSHING): no read-modify-write needed.
+fn add(count: &AtomicU64, n: u64) {
+    count.store(count.load(Relaxed) + n, Release);
+}
+
+/// Requests in the line now (entered, not yet handed over or dropped): atomic loads only, for
+/// callers that may not allocate or lock (`_exit`, a signal handler).
+pub fn in_line() -> u64 {
+    let left = LEFT.load(Acquire);
+    lanes::entered().saturating_sub(left)
+}
+
+/// A fork child: the parent's requests in the line are not the child's (it has no timer
+/// thread, and its posts wait in place).
+pub fn forget_after_fork() {
+    LEFT.store(lanes::entered(), Release);
+    NEXT_DUE.store(u64::MAX, Release);
+    FLUSHING.store(false, Release);
+}
+
+/// Runs `f` on the flusher's state, holding the line as a flusher does; waits at most 10 ms
+/// for a thread flushing now (off the post path: exit, stats, control answers). None when
+/// the line has no state or stayed busy.
+fn with_flusher<R>(f: impl FnOnce(&mut Flusher) -> R) -> Option<R> {
+    for _ in 0..1000 {
+        if !FLUSHING.swap(true, Acquire) {
+            // SAFETY: FLUSHING is ours: so is the flusher's state.
+            let r = unsafe { (*FLUSHER.0.get()).as_mut() }.map(f);
+            FLUSHING.store(false, Release);
+            return r;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(10));
+    }
+    None
+}
+
+/// The sum of the own delays (ns) of the requests still in the line.
+pub fn undelivered_ns() -> u64 {
+    let Some(line) = lanes::line() else { return 0 };
+    with_flusher(|f| {
+        let mut sum = 0u64;
+        // SAFETY: the flusher's state is ours, and so are the slots it and the ways hold.
+        unsafe {
+            line.take_entered(|i| f.heap.push(std::cmp::Reverse((line.pool.slot(i).due, i))));
+            for r in f.heap.iter() {
+                sum = sum.saturating_add(units_to_ns(line.pool.slot(r.0 .1).units));
+            }
+        }
+        sum
+    })
+    .unwrap_or(0)
+}
+
+/// How late requests were handed over (ns after their due time): (count, p50, p99, max).
+/// None when nothing was handed over, or the line is busy (a thread flushing for over 10 ms).
+pub fn lateness() -> Option<(u64, u64, u64, u64)> {
+    with_flusher(|f| {
+        let h = &f.late;
+        (!h.is_empty()).then(|| {
+            (
+                h.len(),
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99),
+                h.max(),
+            )
+        })
+    })
+    .flatten()
+}
+
+/// Provider refusals and dropped requests, for the stats.
+pub fn errors() -> (u64, u64) {
+    (POST_ERRORS.load(Relaxed), DROPPED.load(Relaxed))
+}

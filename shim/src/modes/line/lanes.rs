@@ -1,0 +1,291 @@
+//! The ways into the delay line and back. A thread that posts into the line gets a lane of
+//! its own (the first [`LANES`] threads to do so): a ring its requests go in by, read by
+//! whichever thread flushes the line, and a ring the flusher gives its free slots back by.
+//! Both rings have one writer and one reader (flushers take turns), so the entry takes no
+//! lock and no read-modify-write: a slot comes off the thread's way back, and goes in with
+//! one release store. Slots freed while few are free, and the slots of threads beyond the
+//! first [`LANES`], go through two shared lock-free stacks linked through the slots'
+//! indices (no memory but the line's own), where any thread finds them.
+use super::slots::{Pool, SLOTS};
+use crate::sys::rng;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::OnceLock;
+
+/// Threads with a lane of their own.
+pub const LANES: usize = 16;
+/// A lane's way back takes every slot its thread freed while the shared queue holds at
+/// least [`SHARED_RESERVE`] free slots, and at least [`LANE_MIN`] whatever it holds: so a
+/// thread that posts keeps its own slots, and slots idle in the lanes of threads that
+/// stopped posting never starve the others (the shared queue fills again from every slot
+/// freed while it is low).
+pub const SHARED_RESERVE: usize = SLOTS / 4;
+pub const LANE_MIN: u32 = 64;
+/// The way of threads without a lane.
+pub const SHARED: u32 = u32::MAX;
+/// A ring holds every slot at most once: it never fills.
+const RING: usize = SLOTS;
+
+/// The lane's owner writes this side.
+#[repr(align(128))]
+#[derive(Default)]
+struct OwnerSide {
+    /// Next position of the way in.
+    tail: AtomicU32,
+    /// Next position of the way back.
+    back_head: AtomicU32,
+    /// Requests this lane put into the line.
+    entered: AtomicU64,
+}
+
+/// The flusher writes this side.
+#[repr(align(128))]
+#[derive(Default)]
+struct FlusherSide {
+    head: AtomicU32,
+    back_tail: AtomicU32,
+}
+
+struct Lane {
+    owner: OwnerSide,
+    flusher: FlusherSide,
+    way_in: Box<[AtomicU32]>,
+    way_back: Box<[AtomicU32]>,
+}
+
+/// The line's slots and their ways.
+pub struct Line {
+    pub pool: Pool,
+    lanes: Box<[Lane]>,
+    /// The shared stacks' links: slot i's successor, plus one (0: none).
+    links: Box<[AtomicU32]>,
+    /// Requests of threads without a lane (a stack: the flusher takes it whole).
+    shared_in: AtomicU32,
+    /// Free slots no lane keeps: a stack whose head carries a tag (upper half) bumped by
+    /// every change, so that a pop racing others never takes a stale successor.
+    free: AtomicU64,
+    free_n: AtomicU32,
+}
+
+static LINE: OnceLock<Line> = OnceLock::new();
+/// Lanes handed out (may count past [`LANES`]: threads beyond got none).
+static LANES_TAKEN: AtomicU32 = AtomicU32::new(0);
+static SHARED_ENTERED: AtomicU64 = AtomicU64::new(0);
+
+/// A ring of [`RING`] positions, or None if its memory cannot be had.
+fn ring() -> Option<Box<[AtomicU32]>> {
+    let mut v: Vec<AtomicU32> = Vec::new();
+    v.try_reserve_exact(RING).ok()?;
+    v.extend((0..RING).map(|_| AtomicU32::new(0)));
+    Some(v.into_boxed_slice())
+}
+
+/// Allocates the pool and the ways (fallibly: under an address-space limit the line does not
+/// start). Once; false if it cannot.
+pub fn start() -> bool {
+    let Some(pool) = Pool::new() else {
+        return false;
+    };
+    let mut lanes = Vec::new();
+    if lanes.try_reserve_exact(LANES).is_err() {
+        return false;
+    }
+    for _ in 0..LANES {
+        let (Some(way_in), Some(way_back)) = (ring(), ring()) else {
+            return false;
+        };
+        lanes.push(Lane {
+            owner: OwnerSide::default(),
+            flusher: FlusherSide::default(),
+            way_in,
+            way_back,
+        });
+    }
+    let mut links = Vec::new();
+    if links.try_reserve_exact(SLOTS).is_err() {
+        return false;
+    }
+    links.extend((0..SLOTS).map(|_| AtomicU32::new(0)));
+    let line = Line {
+        pool,
+        lanes: lanes.into_boxed_slice(),
+        links: links.into_boxed_slice(),
+        shared_in: AtomicU32::new(0),
+        free: AtomicU64::new(0),
+        free_n: AtomicU32::new(0),
+    };
+    for i in (0..SLOTS as u32).rev() {
+        line.push_free(i);
+    }
+    LINE.set(line).is_ok()
+}
+
+/// Bytes the line takes when it starts.
+pub const BYTES: usize = Pool::BYTES + LANES * (2 * RING * 4 + 256) + SLOTS * 4;
+
+/// The line, once started.
+#[inline(always)]
+pub fn line() -> Option<&'static Line> {
+    LINE.get()
+}
+
+/// The calling thread's lane ([`SHARED`] if it has none): taken at its first post into the
+/// line, kept for its life.
+#[inline]
+pub fn my_lane() -> u32 {
+    match rng::line_lane() {
+        0 => {
+            let k = LANES_TAKEN.fetch_add(1, Relaxed);
+            let lane = if (k as usize) < LANES { k } else { SHARED };
+            rng::set_line_lane(lane.wrapping_add(1));
+            lane
+        }
+        l => l.wrapping_sub(1),
+    }
+}
+
+impl Line {
+    fn lanes_in_use(&self) -> &[Lane] {
+        let n = (LANES_TAKEN.load(Acquire) as usize).min(LANES);
+        &self.lanes[..n]
+    }
+
+    /// A free slot for the thread of `lane`: the next on its way back (one of the few it
+    /// used last), else one of the shared queue's. None when there is none now.
+    #[inline]
+    pub fn take_slot(&self, lane: u32) -> Option<u32> {
+        if let Some(l) = self.lanes.get(lane as usize) {
+            let h = l.owner.back_head.load(Relaxed);
+            if h != l.flusher.back_tail.load(Acquire) {
+                let i = l.way_back[h as usize % RING].load(Relaxed);
+                l.owner.back_head.store(h.wrapping_add(1), Release);
+                return Some(i);
+            }
+        }
+        self.pop_free()
+    }
+
+    /// Puts slot `i` (filled) into the line by `lane`. The caller then announces its due
+    /// time (`flusher::announce`).
+    #[inline]
+    pub fn enter(&self, lane: u32, i: u32) {
+        match self.lanes.get(lane as usize) {
+            Some(l) => {
+                // Counted first: the count never trails what a flusher took.
+                let o = &l.owner;
+                o.entered.store(o.entered.load(Relaxed) + 1, Relaxed);
+                let t = o.tail.load(Relaxed);
+                l.way_in[t as usize % RING].store(i, Relaxed);
+                o.tail.store(t.wrapping_add(1), Release);
+            }
+            None => {
+                SHARED_ENTERED.fetch_add(1, Relaxed);
+                // Push-only beside the flusher's take-all: no tag needed.
+                let mut h = self.shared_in.load(Relaxed);
+                loop {
+                    self.links[i as usize].store(h, Relaxed);
+                    match self
+                        .shared_in
+                        .compare_exchange_weak(h, i + 1, Release, Relaxed)
+                    {
+                        Ok(_) => break,
+                        Err(now) => h = now,
+                    }
+                }
+            }
+        }
+    }
+
+    /// The flusher's side: every request entered since, in no particular order.
+    ///
+    /// # Safety
+    /// Only the thread flushing the line (one at a time) takes.
+    pub unsafe fn take_entered(&self, mut f: impl FnMut(u32)) {
+        for l in self.lanes_in_use() {
+            let mut h = l.flusher.head.load(Relaxed);
+            let t = l.owner.tail.load(Acquire);
+            while h != t {
+                f(l.way_in[h as usize % RING].load(Relaxed));
+                h = h.wrapping_add(1);
+            }
+            l.flusher.head.store(h, Release);
+        }
+        let mut next = self.shared_in.swap(0, Acquire);
+        while next != 0 {
+            let i = next - 1;
+            next = self.links[i as usize].load(Relaxed);
+            f(i);
+        }
+    }
+
+    /// Whether a request entered that no flusher took yet.
+    pub fn entered_waiting(&self) -> bool {
+        self.lanes_in_use()
+            .iter()
+            .any(|l| l.flusher.head.load(Acquire) != l.owner.tail.load(Acquire))
+            || self.shared_in.load(Acquire) != 0
+    }
+
+    /// The flusher gives slot `i`, taken by `lane`, back.
+    ///
+    /// # Safety
+    /// Only the thread flushing the line gives back, and only slots it took.
+    pub unsafe fn give_back(&self, lane: u32, i: u32) {
+        if let Some(l) = self.lanes.get(lane as usize) {
+            let t = l.flusher.back_tail.load(Relaxed);
+            let held = t.wrapping_sub(l.owner.back_head.load(Acquire));
+            if held < LANE_MIN || self.free_n.load(Relaxed) as usize >= SHARED_RESERVE {
+                l.way_back[t as usize % RING].store(i, Relaxed);
+                l.flusher.back_tail.store(t.wrapping_add(1), Release);
+                return;
+            }
+        }
+        self.push_free(i);
+    }
+
+    /// Pushes slot `i` on the shared free stack.
+    fn push_free(&self, i: u32) {
+        // Counted first: a pop racing this push never takes the count below zero.
+        self.free_n.fetch_add(1, Relaxed);
+        let mut h = self.free.load(Relaxed);
+        loop {
+            self.links[i as usize].store(h as u32, Relaxed);
+            let new = (h >> 32).wrapping_add(1) << 32 | u64::from(i + 1);
+            match self.free.compare_exchange_weak(h, new, Release, Relaxed) {
+                Ok(_) => break,
+                Err(now) => h = now,
+            }
+        }
+    }
+
+    /// Pops a slot off the shared free stack. A successor read from a slot another thread
+    /// took meanwhile is stale, but then the head's tag changed and the swap fails.
+    fn pop_free(&self) -> Option<u32> {
+        let mut h = self.free.load(Acquire);
+        loop {
+            let top = h as u32;
+            if top == 0 {
+                return None;
+            }
+            let next = self.links[(top - 1) as usize].load(Relaxed);
+            let new = (h >> 32).wrapping_add(1) << 32 | u64::from(next);
+            match self.free.compare_exchange_weak(h, new, Acquire, Acquire) {
+                Ok(_) => {
+                    self.free_n.fetch_sub(1, Relaxed);
+                    return Some(top - 1);
+                }
+                Err(now) => h = now,
+            }
+        }
+    }
+}
+
+/// Requests put into the line since it started.
+pub fn entered() -> u64 {
+    let lanes = line().map_or(0, |l| {
+        l.lanes_in_use()
+            .iter()
+            .map(|l| l.owner.entered.load(Acquire))
+            .sum()
+    });
+    lanes + SHARED_ENTERED.load(Acquire)
+}

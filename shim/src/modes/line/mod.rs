@@ -1,0 +1,295 @@
+//! `IBJITTER_MODE=line`: a delay line. A post returns at once; its work requests are copied
+//! and handed to the provider when their delay has elapsed, so delays overlap as packets in
+//! flight do, instead of adding up along the posting thread (`spin`, the research's
+//! semantics and the default).
+//!
+//! - **Order.** An RC QP never reorders: a work request is due at its own delay or just after
+//!   its predecessor's due time on the same QP, whichever is later ([`qps`]).
+//! - **Copies** ([`slots`]). Each work request takes a slot of a pool allocated when the line
+//!   starts: the request, its scatter list, and its inline payload (the caller may reuse that
+//!   buffer as soon as the post returns). A request the slot cannot hold (more than
+//!   [`slots::MAX_SGE`] entries, more than [`slots::INLINE_BYTES`] inline bytes,
+//!   memory-window and TSO opcodes) is posted directly, in order: the post waits until the
+//!   QP's earlier requests have left the line, then for its own delay. When no slot is free
+//!   the post waits for one (a full wire queue), handing over what is due meanwhile.
+//! - **Entry** ([`lanes`]). A posting thread has a lane of its own: a slot comes off its way
+//!   back and goes in by its way in, each a ring with one writer and one reader. The entry
+//!   reads the clock once, takes the QP's due time with one compare-and-swap, and announces
+//!   the earliest due time with one fence: no lock, no syscall, no allocation.
+//! - **Hand-off** ([`flusher`]). Whoever flushes the line takes what entered into a heap
+//!   ordered by due time and hands the due ones to the provider, a QP's as one list.
+//! - **Who flushes.** The program's own calls, first: each patched `ibv_post_send`,
+//!   `ibv_poll_cq` and `ibv_start_poll` hands over what is due ([`flush_if_due`]: one atomic
+//!   load while the line is empty, a clock read and a compare while nothing is due; no
+//!   syscall, no wait). On a busy node the ranks that fill the cores are the ones calling
+//!   into the provider all the time. The timer thread is for programs that sleep
+//!   (completion channels, idle phases): while the program's calls are flushing it only
+//!   sleeps, as a backstop, leaving the core to the program; otherwise it sleeps until just
+//!   before the earliest due time and spins the rest. One thread flushes at a time.
+//! - **Posting from another thread** (the timer thread, or a thread polling a CQ) uses the
+//!   provider's `post_send`, which takes the QP's send-queue lock (rxe: `qp->sq.lock`; mlx5:
+//!   `qp->sq.lock`, unless `MLX5_SINGLE_THREADED` turns its locks off — do not combine that
+//!   with this mode): the application's own posts on that QP (only the direct ones above)
+//!   are serialized with it by the provider.
+//! - **Errors** of deferred posts cannot reach the caller (its post returned 0): they are
+//!   counted in the stats (`line.post_errors`) and said once on stderr. A QP destroyed with
+//!   requests in the line drops them (counted as `line.dropped`).
+//! - The `ibv_wr_*` API builds its requests inside the provider; its batches keep waiting in
+//!   the posting thread (said once). A forked child has no timer thread: it spins.
+use crate::abi::verbs::*;
+use crate::sys::clock::{self, now_units};
+use crate::sys::say;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+
+pub mod flusher;
+pub mod lanes;
+pub mod qps;
+pub mod slots;
+
+pub use flusher::{in_line, lateness};
+
+/// The line is in use (the timer thread runs).
+static ON: AtomicBool = AtomicBool::new(false);
+/// Requests posted directly (the slot cannot hold them, or the QP table is full).
+static DIRECT: AtomicU64 = AtomicU64::new(0);
+/// Requests still in the line when the process ended (never reached the provider), and the
+/// sum of their own delays (ns).
+static NOT_DELIVERED: AtomicU64 = AtomicU64::new(0);
+static NOT_DELIVERED_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Allocates the pool and starts the timer thread (once; when the process first opens a
+/// device). Returns false if the line could not start (the caller then spins).
+pub fn start() -> bool {
+    // 0 not started, 1 starting, 2 on, 3 failed: a second opener waits for the first.
+    static STARTED: AtomicU32 = AtomicU32::new(0);
+    if STARTED.compare_exchange(0, 1, AcqRel, Acquire).is_err() {
+        loop {
+            match STARTED.load(Acquire) {
+                1 => std::thread::yield_now(),
+                s => return s == 2,
+            }
+        }
+    }
+    let ok = start_once();
+    STARTED.store(if ok { 2 } else { 3 }, Release);
+    ok
+}
+
+fn start_once() -> bool {
+    // The pool (a few MiB) is reserved fallibly: under an address-space limit (`ulimit -v`)
+    // the line does not start and posts wait in place, never an abort.
+    if !lanes::start() || !flusher::start() {
+        say::warn(&format!(
+            "IBJITTER_MODE=line: cannot allocate the delay line's {} KiB (address space \
+             limit?); posts wait in place (spin)",
+            lanes::BYTES >> 10
+        ));
+        return false;
+    }
+    match std::thread::Builder::new()
+        .name("ibjitter-line".into())
+        .spawn(flusher::timer_thread)
+    {
+        Ok(_) => {
+            ON.store(true, Release);
+            true
+        }
+        Err(e) => {
+            say::warn_once(&format!(
+                "IBJITTER_MODE=line: cannot start the timer thread ({e}); posts wait in place (spin)"
+            ));
+            false
+        }
+    }
+}
+
+/// Whether the line takes posts.
+#[inline]
+pub fn on() -> bool {
+    ON.load(Relaxed)
+}
+
+/// The line's `post_send`: each work request of the chain is due `units` (clock units) from
+/// now, or just after its predecessor on the QP if later. Returns 0 once they are in the
+/// line; a request that does not fit in a slot is posted directly, in order (see the module).
+///
+/// # Safety
+/// The arguments of a provider's `post_send`.
+pub unsafe fn post(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+    units: u64,
+) -> c_int {
+    // What is due leaves first (the program's own call hands it over). One clock read
+    // serves both that check and this request's due time.
+    let now = now_units();
+    flusher::flush_if_due(Some(now));
+    let (Some(line), Some(q)) = (lanes::line(), qps::entry(qp, true)) else {
+        return direct(qp, wr, bad, units, None);
+    };
+    if units == 0 && q.idle() {
+        // Nothing of this QP in the line, nothing to wait: straight to the provider.
+        return crate::registry::post_send_orig(qp, wr, bad);
+    }
+    let lane = lanes::my_lane();
+    let gen = q.gen();
+    let mut first_due = None;
+    let mut cur = wr;
+    while !cur.is_null() {
+        if !slots::fits(cur) {
+            if let Some(d) = first_due {
+                flusher::announce(d);
+            }
+            let (due, before) = q.next_due(now.saturating_add(units));
+            return direct(qp, cur, bad, 0, Some((q, before, due)));
+        }
+        let i = match line.take_slot(lane) {
+            Some(i) => i,
+            None => wait_for_slot(line, lane, first_due),
+        };
+        let (due, _) = q.next_due(now.saturating_add(units));
+        let s = line.pool.slot(i);
+        slots::copy_into(s, cur);
+        s.qp = qp;
+        s.gen = gen;
+        s.lane = lane;
+        s.due = due;
+        s.units = units;
+        line.enter(lane, i);
+        first_due.get_or_insert(due);
+        cur = (*cur).next;
+    }
+    if let Some(d) = first_due {
+        flusher::announce(d);
+    }
+    0
+}
+
+/// No slot is free: the wire is full. Hands over what is due (announcing this call's own
+/// requests first, so they count) until a slot comes back.
+#[cold]
+#[inline(never)]
+fn wait_for_slot(line: &lanes::Line, lane: u32, entered_due: Option<u64>) -> u32 {
+    if let Some(d) = entered_due {
+        flusher::announce(d);
+    }
+    loop {
+        flusher::flush_if_due(None);
+        if let Some(i) = line.take_slot(lane) {
+            return i;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Posts `wr` (and the rest of its chain) directly: after the QP's earlier requests left the
+/// line (`after`: the QP, the due time of the request before, this one's), then after
+/// `units` more.
+#[cold]
+#[inline(never)]
+unsafe fn direct(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+    units: u64,
+    after: Option<(&qps::QpLine, u64, u64)>,
+) -> c_int {
+    // A constant: no allocation on the post path.
+    say::warn_once(
+        "IBJITTER_MODE=line: a work request the line cannot copy (more than 16 scatter \
+         entries, more than 512 inline bytes, a memory-window or TSO opcode) or a full QP \
+         table: such requests wait in the posting thread, in order",
+    );
+    DIRECT.fetch_add(1, Relaxed);
+    let mut until = now_units().saturating_add(units);
+    if let Some((q, before, due)) = after {
+        let gen = q.gen();
+        // The QP's earlier requests leave first (unless it is destroyed meanwhile).
+        while !q.handed_through(before) && q.gen() == gen {
+            flusher::flush_if_due(None);
+            std::hint::spin_loop();
+        }
+        until = until.max(due);
+        while now_units() < until {
+            std::hint::spin_loop();
+        }
+        let rc = crate::registry::post_send_orig(qp, wr, bad);
+        q.handed(due);
+        return rc;
+    }
+    while now_units() < until {
+        std::hint::spin_loop();
+    }
+    crate::registry::post_send_orig(qp, wr, bad)
+}
+
+/// Hands over what is due, unless nothing is, or another thread is at it: what the
+/// program's patched calls do first. Cheap when there is nothing to do: one atomic load
+/// while the line is empty, then a clock read while nothing is due; no syscall, no wait.
+#[inline]
+pub fn flush_if_due() {
+    flusher::flush_if_due(None);
+}
+
+/// Before `ibv_destroy_qp`: the QP's requests still in the line are dropped, and a hand-over
+/// to it in progress finishes first.
+///
+/// # Safety
+/// `qp` null or a live QP.
+pub unsafe fn qp_destroyed(qp: *mut ibv_qp) {
+    if !qp.is_null() {
+        qps::destroyed(qp);
+    }
+}
+
+/// At exit: hands over (up to `limit_ns` from now) the requests still in the line as they
+/// fall due; those still in it then are counted as not delivered. Returns how many.
+pub fn drain(limit_ns: u64) -> u64 {
+    let t0 = clock::monotonic_ns();
+    while in_line() != 0 && clock::monotonic_ns() - t0 < limit_ns {
+        flusher::flush(&flusher::BY_PROGRAM);
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+    let left = in_line();
+    NOT_DELIVERED.store(left, Relaxed);
+    if left > 0 {
+        NOT_DELIVERED_NS.store(flusher::undelivered_ns(), Relaxed);
+    }
+    left
+}
+
+/// Requests never handed over (still in the line at exit) and their delays' sum (ns).
+pub fn not_delivered() -> (u64, u64) {
+    (NOT_DELIVERED.load(Relaxed), NOT_DELIVERED_NS.load(Relaxed))
+}
+
+/// fork() child: no timer thread here; the child's posts wait in place, and the parent's
+/// requests in the line are not the child's to post.
+pub fn after_fork_child() {
+    ON.store(false, Release);
+    flusher::forget_after_fork();
+}
+
+/// The stats' `line` object.
+pub fn stats_json() -> serde_json::Value {
+    let late = lateness();
+    let q = |k: usize| late.map(|l| [l.0, l.1, l.2, l.3][k]);
+    let (post_errors, dropped) = flusher::errors();
+    serde_json::json!({
+        "deferred": lanes::entered(),
+        "posted_directly": DIRECT.load(Relaxed),
+        "post_errors": post_errors,
+        "dropped": dropped,
+        "in_line_now": in_line(),
+        // Still in the line when the process ended: never reached the provider.
+        "not_delivered": NOT_DELIVERED.load(Relaxed),
+        // Who handed requests over: the program's own calls (posts and polls), or the
+        // timer thread (a program that sleeps).
+        "handed_over_by_program_calls": flusher::BY_PROGRAM.load(Relaxed),
+        "handed_over_by_timer_thread": flusher::BY_TIMER.load(Relaxed),
+        // How late requests reached the provider, ns after their due time.
+        "late_ns": { "count": q(0), "p50": q(1), "p99": q(2), "max": q(3) },
+    })
+}

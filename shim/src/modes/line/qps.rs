@@ -1,0 +1,131 @@
+//! Each QP's place in the delay line: its generation (a destroyed QP's requests still in the
+//! line are dropped), the latest due time given to one of its requests, and the latest due
+//! time handed over. Due times are unique per QP and handed over in order, so "the QP has
+//! requests in the line" is `last_due > handed_due`: no per-request count to keep.
+use crate::sys::addr_table::{self, REMOVED};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+
+use crate::abi::verbs::ibv_qp;
+
+pub struct QpLine {
+    key: AtomicUsize,
+    /// 0 while the entry is being set up; then unique over the process (a new QP at a
+    /// destroyed one's address never takes over that QP's requests).
+    gen: AtomicU32,
+    last_due: AtomicU64,
+    handed_due: AtomicU64,
+}
+
+const QP_SLOTS: usize = 8192;
+const MAX_PROBES: usize = 256;
+#[allow(clippy::declare_interior_mutable_const)]
+const QP_EMPTY: QpLine = QpLine {
+    key: AtomicUsize::new(0),
+    gen: AtomicU32::new(0),
+    last_due: AtomicU64::new(0),
+    handed_due: AtomicU64::new(0),
+};
+static QPS: [QpLine; QP_SLOTS] = [QP_EMPTY; QP_SLOTS];
+static GEN: AtomicU32 = AtomicU32::new(1);
+/// The QP whose requests are being handed over now (a destroy waits for it to finish).
+static POSTING: AtomicPtr<ibv_qp> = AtomicPtr::new(null_mut());
+
+fn key_of(e: &QpLine) -> &AtomicUsize {
+    &e.key
+}
+
+/// The QP's entry; with `insert`, made on its first post (lock-free). None when the table has
+/// no room within its probe limit.
+pub fn entry(qp: *mut ibv_qp, insert: bool) -> Option<&'static QpLine> {
+    let key = qp as usize;
+    let e = match addr_table::find(&QPS, key, MAX_PROBES, key_of) {
+        Some(e) => e,
+        None if insert => {
+            let e = addr_table::claim(&QPS, key, MAX_PROBES, key_of)?;
+            // Ours: set up, then publish the generation (lookups wait for it).
+            e.last_due.store(0, Relaxed);
+            e.handed_due.store(0, Relaxed);
+            e.gen.store(GEN.fetch_add(1, Relaxed).max(1), Release);
+            e
+        }
+        None => return None,
+    };
+    // Another thread is setting the entry up: its generation comes next.
+    while e.gen.load(Acquire) == 0 && e.key.load(Acquire) == key {
+        std::hint::spin_loop();
+    }
+    Some(e)
+}
+
+impl QpLine {
+    /// The QP's generation now.
+    #[inline]
+    pub fn gen(&self) -> u32 {
+        self.gen.load(Acquire)
+    }
+
+    /// The due time of a request that would be due at `want`: `want`, or just after the
+    /// QP's latest one if that is later (an RC QP never reorders). Returns it and the
+    /// latest due time before it.
+    #[inline]
+    pub fn next_due(&self, want: u64) -> (u64, u64) {
+        let mut last = self.last_due.load(Relaxed);
+        loop {
+            let due = want.max(last + 1);
+            match self
+                .last_due
+                .compare_exchange_weak(last, due, AcqRel, Relaxed)
+            {
+                Ok(_) => return (due, last),
+                Err(now) => last = now,
+            }
+        }
+    }
+
+    /// Nothing of this QP is in the line (every due time given was handed over).
+    #[inline]
+    pub fn idle(&self) -> bool {
+        self.last_due.load(Acquire) <= self.handed_due.load(Acquire)
+    }
+
+    /// Whether the requests due up to `due` were handed over.
+    #[inline]
+    pub fn handed_through(&self, due: u64) -> bool {
+        self.handed_due.load(Acquire) >= due
+    }
+
+    /// Requests of this QP due up to `due` were handed over (or posted directly).
+    pub fn handed(&self, due: u64) {
+        self.handed_due.fetch_max(due, AcqRel);
+    }
+}
+
+/// Announces that `qp`'s requests are being handed over and returns its entry and
+/// generation: a destroy either sees the announcement and waits, or changed the generation
+/// first and the requests are dropped. [`done_posting`] ends it.
+pub fn posting(qp: *mut ibv_qp) -> (Option<&'static QpLine>, Option<u32>) {
+    POSTING.store(qp, SeqCst);
+    let q = entry(qp, false);
+    (q, q.map(|q| q.gen.load(SeqCst)))
+}
+
+pub fn done_posting() {
+    POSTING.store(null_mut(), SeqCst);
+}
+
+/// Before `ibv_destroy_qp`: the QP's requests still in the line will be dropped, and a
+/// hand-over to it in progress finishes first.
+pub fn destroyed(qp: *mut ibv_qp) {
+    let Some(q) = entry(qp, false) else { return };
+    q.gen.store(GEN.fetch_add(1, SeqCst).max(1), SeqCst);
+    while POSTING.load(SeqCst) == qp {
+        std::hint::spin_loop();
+    }
+    q.last_due.store(0, Release);
+    q.handed_due.store(0, Release);
+    // Free for another QP; this one's requests still in the line find no entry (or a new
+    // QP's, at this address, with another generation) and are dropped.
+    q.gen.store(0, Release);
+    q.key.store(REMOVED, Release);
+}
