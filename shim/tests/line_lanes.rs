@@ -1,0 +1,383 @@
+//! `IBJITTER_MODE=line` under load, with the built libibjitter.so over the stub libibverbs
+//! and a recording fake provider: more posting threads than the line has lanes, a QP shared
+//! by all of them, more requests than the line has slots, a QP destroyed with requests in
+//! the line, and a chain with a request the line cannot copy. Every request reaches the
+//! provider exactly once (or is counted dropped), each thread's requests on each QP in the
+//! order it posted them, with the payload it posted. Each scenario runs in a child (this
+//! binary, `IBJITTER_LANES_CHILD`).
+mod support;
+
+use serde_json::Value;
+use std::ffi::c_int;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+use support::verbs_abi::*;
+use support::*;
+
+const CHILD: &str = "IBJITTER_LANES_CHILD";
+/// More than the line's lanes (16): the threads beyond share its common way.
+const THREADS: u64 = 24;
+const PER_THREAD: u64 = 400;
+
+/// What the fake provider was handed: (QP, wr_id, first payload byte, when).
+static SEEN: Mutex<Vec<(usize, u64, u8, u64)>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn provider_post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    _bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    let t = now_ns();
+    let mut cur = wr;
+    let mut seen = SEEN.lock().unwrap();
+    while !cur.is_null() {
+        let w = &*cur;
+        let byte = if w.num_sge > 0 {
+            *((*w.sg_list).addr as *const u8)
+        } else {
+            0
+        };
+        seen.push((qp as usize, w.wr_id, byte, t));
+        cur = w.next;
+    }
+    0
+}
+
+unsafe extern "C" fn empty_poll_cq(_cq: *mut ibv_cq, _n: c_int, _wc: *mut ibv_wc) -> c_int {
+    0
+}
+
+/// An inline SEND of one byte `byte`, `wr_id` `id`, with `sges` scatter entries (all
+/// pointing at `buf`); posted through the patched context's `post_send`.
+unsafe fn post(qp: *mut ibv_qp, id: u64, buf: &[u8; 1], sges: usize, next: *mut ibv_send_wr) {
+    let list: Vec<ibv_sge> = (0..sges)
+        .map(|_| ibv_sge {
+            addr: buf.as_ptr() as u64,
+            length: 1,
+            lkey: 0,
+        })
+        .collect();
+    let mut wr = send_wr(id, &list, sges <= 16);
+    wr.next = next;
+    let f = (*(*qp).context).ops.post_send.unwrap();
+    let mut bad = std::ptr::null_mut();
+    assert_eq!(f(qp, &mut wr, &mut bad), 0);
+}
+
+/// A SEND work request over `list` (inline if asked).
+fn send_wr(id: u64, list: &[ibv_sge], inline: bool) -> ibv_send_wr {
+    // SAFETY: all-zero is a valid ibv_send_wr.
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = id;
+    wr.opcode = ibv_wr_opcode_IBV_WR_SEND;
+    if inline {
+        wr.send_flags = ibv_send_flags_IBV_SEND_INLINE;
+    }
+    wr.sg_list = list.as_ptr() as *mut ibv_sge;
+    wr.num_sge = list.len() as i32;
+    wr
+}
+
+/// Polls the (empty) CQ through the patched context, handing the line over, until the
+/// provider saw `n` requests or 20 s passed.
+fn poll_until(ctx: *mut ibv_context, n: usize) {
+    // SAFETY: all-zero is a valid ibv_cq.
+    let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    cq.context = ctx;
+    let t0 = now_ns();
+    while SEEN.lock().unwrap().len() < n && now_ns() - t0 < 20_000_000_000 {
+        // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
+        unsafe {
+            let f = (*ctx).ops.poll_cq.unwrap();
+            f(&mut *cq, 1, &mut std::mem::zeroed());
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// The children. "threads": THREADS threads, each posting PER_THREAD requests alternately
+/// on its own QP and on one QP they all share (wr_id = thread << 32 | k, payload byte k).
+/// "overflow": one thread posting 6,000 requests (the line has 4,096 slots) back to back.
+/// "destroy": 50 requests on a QP destroyed at once, then 10 on a new QP at its address.
+/// "chain": one post of a chain of three, the middle one with 17 scatter entries.
+fn child(how: &str) {
+    let shim = load_child_shim();
+    let mut fc = FakeContext::new(provider_post_send);
+    fc.set_poll_cq(empty_poll_cq);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) } as usize;
+    let new_qp = |q: &mut ibv_qp_ex| -> usize {
+        let qpx: *mut ibv_qp_ex = q;
+        // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+        unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) as usize }
+    };
+    let mut posted = Vec::new();
+    let expect = match how {
+        "threads" => {
+            let mut shared_q = fake_qp(ctx as *mut _);
+            let shared = new_qp(&mut shared_q);
+            let mut own: Vec<Box<ibv_qp_ex>> =
+                (0..THREADS).map(|_| fake_qp(ctx as *mut _)).collect();
+            let own: Vec<usize> = own.iter_mut().map(|q| new_qp(q)).collect();
+            std::thread::scope(|s| {
+                for (t, &mine) in own.iter().enumerate() {
+                    s.spawn(move || {
+                        for k in 0..PER_THREAD {
+                            let qp = if k % 2 == 0 { mine } else { shared };
+                            let buf = [k as u8];
+                            // SAFETY: a patched fake QP of a live context.
+                            unsafe {
+                                post(
+                                    qp as *mut _,
+                                    (t as u64) << 32 | k,
+                                    &buf,
+                                    1,
+                                    std::ptr::null_mut(),
+                                )
+                            };
+                            if k % 64 == 0 {
+                                std::thread::sleep(Duration::from_micros(200));
+                            }
+                        }
+                    });
+                }
+            });
+            (THREADS * PER_THREAD) as usize
+        }
+        "overflow" => {
+            let mut q = fake_qp(ctx as *mut _);
+            let qp = new_qp(&mut q);
+            for k in 0..6000u64 {
+                let buf = [k as u8];
+                let t = now_ns();
+                // SAFETY: as above.
+                unsafe { post(qp as *mut _, k, &buf, 1, std::ptr::null_mut()) };
+                posted.push((t, now_ns() - t));
+            }
+            6000
+        }
+        "destroy" => {
+            let mut q = fake_qp(ctx as *mut _);
+            let qp = new_qp(&mut q);
+            for k in 0..50u64 {
+                // SAFETY: as above.
+                unsafe { post(qp as *mut _, k, &[k as u8], 1, std::ptr::null_mut()) };
+            }
+            // SAFETY: the stub's destroy does nothing; the shim forgets the QP.
+            assert_eq!(unsafe { (shim.destroy_qp)(qp as *mut _) }, 0);
+            // A new QP at the destroyed one's address (its memory, reused).
+            let again = new_qp(&mut q);
+            assert_eq!(again, qp);
+            for k in 100..110u64 {
+                // SAFETY: as above.
+                unsafe { post(again as *mut _, k, &[k as u8], 1, std::ptr::null_mut()) };
+            }
+            // Past the first 50's due time too: none of them may arrive.
+            std::thread::sleep(Duration::from_millis(200));
+            10
+        }
+        "chain" => {
+            let mut q = fake_qp(ctx as *mut _);
+            let qp = new_qp(&mut q);
+            let (a, b, c) = ([1u8], [2u8], [3u8]);
+            let la = [ibv_sge {
+                addr: a.as_ptr() as u64,
+                length: 1,
+                lkey: 0,
+            }];
+            let lb: Vec<ibv_sge> = (0..17)
+                .map(|_| ibv_sge {
+                    addr: b.as_ptr() as u64,
+                    length: 1,
+                    lkey: 0,
+                })
+                .collect();
+            let lc = [ibv_sge {
+                addr: c.as_ptr() as u64,
+                length: 1,
+                lkey: 0,
+            }];
+            let mut wc = send_wr(3, &lc, true);
+            let mut wb = send_wr(2, &lb, false);
+            wb.next = &mut wc;
+            let mut wa = send_wr(1, &la, true);
+            wa.next = &mut wb;
+            let t = now_ns();
+            // SAFETY: as above.
+            unsafe {
+                let f = (*(qp as *mut ibv_qp))
+                    .context
+                    .as_ref()
+                    .unwrap()
+                    .ops
+                    .post_send
+                    .unwrap();
+                let mut bad = std::ptr::null_mut();
+                assert_eq!(f(qp as *mut _, &mut wa, &mut bad), 0);
+            }
+            posted.push((t, now_ns() - t));
+            3
+        }
+        other => panic!("unknown scenario {other}"),
+    };
+    poll_until(ctx as *mut _, expect);
+    let seen = SEEN.lock().unwrap().clone();
+    println!(
+        "RESULT {}",
+        serde_json::json!({ "posted": posted, "seen": seen })
+    );
+}
+
+/// Runs the child for `test` and returns its result, its stderr and its stats document.
+fn run(test: &str, how: &str, delay: &str, jitter: &str) -> (Value, String, Value) {
+    let dir = target_dir().join(format!("ibjitter-line-lanes-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.json");
+    let env = [
+        ("IBJITTER_MODE", "line"),
+        ("IBJITTER_DELAY", delay),
+        ("IBJITTER_JITTER", jitter),
+        ("IBJITTER_STATS", stats.to_str().unwrap()),
+    ];
+    let out = child_command(test, CHILD, how, &env, &[]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let result = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("no RESULT: {stdout}\n{stderr}"));
+    let doc = std::fs::read_to_string(Path::new(&stats)).unwrap();
+    (
+        serde_json::from_str(result).unwrap(),
+        stderr,
+        serde_json::from_str(&doc).unwrap(),
+    )
+}
+
+fn scenario() -> Option<String> {
+    std::env::var(CHILD).ok()
+}
+
+fn seen_of(r: &Value) -> Vec<(usize, u64, u8, u64)> {
+    serde_json::from_value(r["seen"].clone()).unwrap()
+}
+
+/// 24 threads (the line has 16 lanes) post 400 requests each, half on their own QP, half on
+/// one QP they all share, each request with its own delay (200 us, jitter 150 us): every request reaches the provider once, each thread's in the
+/// order it posted them on each QP, with its payload; the stats count them all.
+#[test]
+fn more_threads_than_lanes_and_a_shared_qp_keep_each_threads_order() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "more_threads_than_lanes_and_a_shared_qp_keep_each_threads_order",
+        "threads",
+        "200us",
+        // Each request its own delay: a later one drawn shorter still waits its turn.
+        "150us",
+    );
+    let seen = seen_of(&r);
+    let total = (THREADS * PER_THREAD) as usize;
+    assert_eq!(seen.len(), total, "{stderr}");
+    let mut last = std::collections::HashMap::new();
+    let mut ids = std::collections::HashSet::new();
+    for &(qp, id, byte, _) in &seen {
+        assert!(ids.insert(id), "request {id:#x} reached the provider twice");
+        let (t, k) = (id >> 32, id & 0xffff_ffff);
+        assert_eq!(
+            byte, k as u8,
+            "thread {t} request {k}: the payload as posted"
+        );
+        if let Some(prev) = last.insert((qp, t), k) {
+            assert!(
+                prev < k,
+                "thread {t} on QP {qp:#x}: request {k} after {prev}"
+            );
+        }
+    }
+    let line = &s["line"];
+    assert_eq!(line["deferred"], total, "{line}");
+    assert_eq!(line["dropped"], 0, "{line}");
+    assert_eq!(line["not_delivered"], 0, "{line}");
+    assert_eq!(line["in_line_now"], 0, "{line}");
+}
+
+/// 6,000 requests posted back to back with a 20 ms delay (the line holds 4,096): the posts
+/// beyond wait for slots to come back (a full wire), and every request still reaches the
+/// provider in order, no sooner than its delay after its post.
+#[test]
+fn more_requests_than_slots_wait_for_a_slot_and_leave_in_order() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "more_requests_than_slots_wait_for_a_slot_and_leave_in_order",
+        "overflow",
+        "20ms",
+        "0us",
+    );
+    let seen = seen_of(&r);
+    let posted: Vec<(u64, u64)> = serde_json::from_value(r["posted"].clone()).unwrap();
+    assert_eq!(seen.len(), 6000, "{stderr}");
+    for (k, &(_, id, byte, t)) in seen.iter().enumerate() {
+        assert_eq!(id, k as u64, "order");
+        assert_eq!(byte, k as u8);
+        assert!(t >= posted[k].0 + 20_000_000, "request {k} left early");
+    }
+    // Some post beyond the pool waited for a slot: for the line's first requests' delay.
+    let longest = posted.iter().map(|p| p.1).max().unwrap();
+    assert!(longest >= 5_000_000, "no post waited: longest {longest} ns");
+    assert_eq!(s["line"]["deferred"], 6000, "{s}");
+    assert_eq!(s["line"]["not_delivered"], 0, "{s}");
+}
+
+/// A QP destroyed with 50 requests in the line: they are dropped (counted), and a new QP
+/// made at the destroyed one's address gets only its own 10 requests.
+#[test]
+fn a_destroyed_qps_requests_are_dropped_and_a_new_qp_at_its_address_gets_its_own() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "a_destroyed_qps_requests_are_dropped_and_a_new_qp_at_its_address_gets_its_own",
+        "destroy",
+        "50ms",
+        "0us",
+    );
+    let ids: Vec<u64> = seen_of(&r).iter().map(|x| x.1).collect();
+    assert_eq!(ids, (100..110).collect::<Vec<u64>>(), "{stderr}");
+    assert_eq!(s["line"]["dropped"], 50, "{s}");
+    assert_eq!(s["line"]["deferred"], 60, "{s}");
+}
+
+/// A chain whose middle request has 17 scatter entries (a slot holds 16): the first enters
+/// the line, the middle one and the rest are posted directly once the first has left, in
+/// order; the post returns after that.
+#[test]
+fn a_chain_with_a_request_the_line_cannot_copy_keeps_its_order() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "a_chain_with_a_request_the_line_cannot_copy_keeps_its_order",
+        "chain",
+        "2ms",
+        "0us",
+    );
+    let seen = seen_of(&r);
+    let ids: Vec<u64> = seen.iter().map(|x| x.1).collect();
+    assert_eq!(ids, [1, 2, 3], "{stderr}");
+    let posted: Vec<(u64, u64)> = serde_json::from_value(r["posted"].clone()).unwrap();
+    assert!(seen[0].3 >= posted[0].0 + 2_000_000, "the first left early");
+    assert!(seen[1].3 >= seen[0].3, "the direct one went first");
+    assert_eq!(s["line"]["deferred"], 1, "{s}");
+    assert_eq!(s["line"]["posted_directly"], 1, "{s}");
+    assert!(
+        stderr.contains("a work request the line cannot copy"),
+        "{stderr}"
+    );
+}
