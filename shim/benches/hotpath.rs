@@ -238,6 +238,24 @@ fn pause_ns() -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// What one TSC read costs on this machine, in ns (the least of a few batches): the delay
+/// line's entry reads the clock once for its due time, the zero-delay path never does.
+fn clock_read_ns() -> f64 {
+    const BATCH: u64 = 100_000;
+    (0..7)
+        .map(|_| {
+            let t0 = now_ns();
+            let mut x = 0u64;
+            for _ in 0..BATCH {
+                // SAFETY: rdtsc has no preconditions on x86_64.
+                x = x.wrapping_add(unsafe { core::arch::x86_64::_rdtsc() });
+            }
+            std::hint::black_box(x);
+            (now_ns() - t0) as f64 / BATCH as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 fn run_child(so: &Path, stub: &Path, role: &str, env: &[(&str, &str)]) -> Vec<f64> {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     // Built once for all children.
@@ -415,4 +433,5 @@ fn main() {
         }
     }
     println!("one pause instruction here: {:.1} ns", pause_ns());
+    println!("one clock read (rdtsc) here: {:.1} ns", clock_read_ns());
 }
