@@ -1,9 +1,11 @@
 //! The injector's signal handlers and output files in hostile hosts, with the built
 //! libibjitter.so LD_PRELOADed over the stub libibverbs: a Python program's Ctrl-C, a small
 //! alternate signal stack, stats and trace paths that are FIFOs, symbolic links or another
-//! user's file, and stats written at a signal after a live `set`. The rule: the program's
-//! signals behave as without the shim; an output the shim must not write gets one warning
-//! naming it and why, and nothing else happens (no hang, nothing written through a link).
+//! user's file, stats written at a signal after a live `set`, and the flags of the shim's
+//! handler chained to the program's (Python's Ctrl-C in a blocking read). The rule: the
+//! program's signals behave as without the shim; an output the shim must not write gets one
+//! warning naming it and why, and nothing else happens (no hang, nothing written through a
+//! link).
 //!
 //! Each program runs with a time limit: a hang fails the test.
 mod support;
@@ -173,6 +175,81 @@ finally:
         r.stderr
     );
     // The process used verbs: its stats file is there at exit.
+    assert_eq!(read_json(&stats)["ended_by"], "exit");
+}
+
+/// The main thread of `pid` is blocked in read(2) on descriptor `fd` (/proc/PID/syscall:
+/// the call's number, then its arguments in hex).
+fn blocked_in_read(pid: u32, fd: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/syscall")) else {
+        return false;
+    };
+    let mut f = text.split_whitespace();
+    f.next() == Some(&libc::SYS_read.to_string()) && f.next() == Some(&format!("{fd:#x}"))
+}
+
+/// CPython's SIGINT handler has no SA_RESTART: Ctrl-C during a blocking read makes read(2)
+/// fail with EINTR, and Python raises KeyboardInterrupt. The shim's handler chained to it
+/// used to force SA_RESTART: the kernel restarted the read and the program hung. (The
+/// `time.sleep` test above cannot see this: sleeps return EINTR either way.)
+#[test]
+fn python_ctrl_c_interrupts_a_blocking_read_under_the_shim() {
+    let dir = scratch("python-read");
+    let stats = dir.join("stats.json");
+    let script = r#"
+import ctypes, os
+verbs = ctypes.CDLL("libibverbs.so.1")
+verbs.ibv_open_device.restype = ctypes.c_void_p
+verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
+verbs.ibv_open_device(None)
+r, w = os.pipe()
+print("READING", r, flush=True)
+try:
+    os.read(r, 1)
+    print("read returned", flush=True)
+except KeyboardInterrupt:
+    print("caught KeyboardInterrupt", flush=True)
+"#;
+    let mut child = injected(Path::new("python3"))
+        .args(["-c", script])
+        .env("IBJITTER_STATS", &stats)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let Some(fd) = line.trim().strip_prefix("READING ") else {
+        let _ = child.kill();
+        let ran = finish(child, "python3", Duration::from_secs(5));
+        panic!("no READING line: {line:?}\n{}", ran.stderr);
+    };
+    let fd: u32 = fd.parse().unwrap();
+    // The signal must find it inside read(2), not before: wait until it is there.
+    let t0 = Instant::now();
+    while !blocked_in_read(pid, fd) {
+        if t0.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            let ran = finish(child, "python3", Duration::from_secs(5));
+            panic!("python3 never blocked in read({fd})\n{}", ran.stderr);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) }, 0);
+    child.stdout = Some(out.into_inner());
+    let r = finish(child, "python3 blocked in os.read", Duration::from_secs(5));
+    assert!(
+        r.status.success() && r.stdout.contains("caught KeyboardInterrupt"),
+        "{} (signal {:?})\n{}{}",
+        r.status,
+        r.status.signal(),
+        r.stdout,
+        r.stderr
+    );
     assert_eq!(read_json(&stats)["ended_by"], "exit");
 }
 
@@ -372,4 +449,20 @@ fn stats_at_a_signal_after_a_live_set_count_both_tables() {
     assert_eq!(since, 20, "index hits since the set: {s}");
     assert_eq!(s["delay_ns"]["count"], 20, "{s}");
     assert_eq!(s["delay_ns"]["percentiles"]["p0"], 1_000_000, "{s}");
+}
+
+/// The shim's handler, chained to a C program's SIGINT handler, has that handler's flags and
+/// mask: SA_RESTART as the program asked (the Python test above: no SA_RESTART when it did
+/// not), and the signals the program blocks while its handler runs still blocked.
+#[test]
+fn the_shims_handler_keeps_the_programs_flags_and_mask() {
+    let dir = scratch("flags");
+    let r = run(driver(0, 10, "int-exit").env("IBJITTER_STATS", dir.join("stats.json")));
+    assert!(r.status.success(), "{}\n{}{}", r.status, r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("SIGINT action: shim=1 restart=1 usr1_blocked=1"),
+        "{}",
+        r.stdout
+    );
 }

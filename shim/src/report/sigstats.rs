@@ -8,8 +8,11 @@
 //! allocation, no lock), into a regular file of the process's own user (never through a link,
 //! never blocking: [`out_file`]), then does what the signal did before: the handler the
 //! program had at that first use, or the default action (the process still dies of the
-//! signal). A signal the program ignores stays ignored, and a handler the program installs
-//! later replaces ours (its exit() then writes the full file).
+//! signal). Chained to the program's handler, ours has that handler's flags and mask
+//! (SA_RESTART or not, SA_ONSTACK, SA_NODEFER, SA_RESETHAND): the program's interrupted calls
+//! and nested signals behave as without the shim. A signal the program ignores stays ignored,
+//! and a handler the program installs later replaces ours, flags and all (its exit() then
+//! writes the full file).
 //!
 //! The document has the exit-time file's counters and exact percentiles (walking the table in
 //! sorted order with its hit counts); only HdrHistogram's bucket list is left out.
@@ -136,8 +139,21 @@ pub fn install_handlers() {
             let mut ours: libc::sigaction = std::mem::zeroed();
             let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = on_signal;
             ours.sa_sigaction = handler as *const () as usize;
-            ours.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut ours.sa_mask);
+            if prev[k].sa_sigaction == libc::SIG_DFL {
+                // Ours alone, then the process dies: on the alternate stack if the thread
+                // has one (a small thread stack, a goroutine's), which it fits.
+                ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut ours.sa_mask);
+            } else {
+                // The program's handler runs inside ours: with its own flags and mask, so
+                // that its interrupted calls restart or fail with EINTR as without the shim
+                // (CPython's Ctrl-C in a blocking read needs EINTR: no SA_RESTART), on the
+                // stack it chose, with the signals it blocks blocked.
+                let keep =
+                    libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER | libc::SA_RESETHAND;
+                ours.sa_flags = libc::SA_SIGINFO | (prev[k].sa_flags & keep);
+                ours.sa_mask = prev[k].sa_mask;
+            }
             libc::sigaction(sig, &ours, std::ptr::null_mut());
         }
     }
