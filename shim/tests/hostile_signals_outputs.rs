@@ -1,9 +1,11 @@
 //! The injector's signal handlers and output files in hostile hosts, with the built
 //! libibjitter.so LD_PRELOADed over the stub libibverbs: a Python program's Ctrl-C, a small
 //! alternate signal stack, stats and trace paths that are FIFOs, symbolic links or another
-//! user's file, and stats written at a signal after a live `set`. The rule: the program's
-//! signals behave as without the shim; an output the shim must not write gets one warning
-//! naming it and why, and nothing else happens (no hang, nothing written through a link).
+//! user's file, stats written at a signal after a live `set`, the flags of the shim's
+//! handler chained to the program's (Python's Ctrl-C in a blocking read), and stats across a
+//! SIGINT the program catches and survives. The rule: the program's signals behave as without
+//! the shim; an output the shim must not write gets one warning naming it and why, and nothing
+//! else happens (no hang, nothing written through a link).
 //!
 //! Each program runs with a time limit: a hang fails the test.
 mod support;
@@ -173,6 +175,81 @@ finally:
         r.stderr
     );
     // The process used verbs: its stats file is there at exit.
+    assert_eq!(read_json(&stats)["ended_by"], "exit");
+}
+
+/// The main thread of `pid` is blocked in read(2) on descriptor `fd` (/proc/PID/syscall:
+/// the call's number, then its arguments in hex).
+fn blocked_in_read(pid: u32, fd: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/syscall")) else {
+        return false;
+    };
+    let mut f = text.split_whitespace();
+    f.next() == Some(&libc::SYS_read.to_string()) && f.next() == Some(&format!("{fd:#x}"))
+}
+
+/// CPython's SIGINT handler has no SA_RESTART: Ctrl-C during a blocking read makes read(2)
+/// fail with EINTR, and Python raises KeyboardInterrupt. The shim's handler chained to it
+/// used to force SA_RESTART: the kernel restarted the read and the program hung. (The
+/// `time.sleep` test above cannot see this: sleeps return EINTR either way.)
+#[test]
+fn python_ctrl_c_interrupts_a_blocking_read_under_the_shim() {
+    let dir = scratch("python-read");
+    let stats = dir.join("stats.json");
+    let script = r#"
+import ctypes, os
+verbs = ctypes.CDLL("libibverbs.so.1")
+verbs.ibv_open_device.restype = ctypes.c_void_p
+verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
+verbs.ibv_open_device(None)
+r, w = os.pipe()
+print("READING", r, flush=True)
+try:
+    os.read(r, 1)
+    print("read returned", flush=True)
+except KeyboardInterrupt:
+    print("caught KeyboardInterrupt", flush=True)
+"#;
+    let mut child = injected(Path::new("python3"))
+        .args(["-c", script])
+        .env("IBJITTER_STATS", &stats)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let Some(fd) = line.trim().strip_prefix("READING ") else {
+        let _ = child.kill();
+        let ran = finish(child, "python3", Duration::from_secs(5));
+        panic!("no READING line: {line:?}\n{}", ran.stderr);
+    };
+    let fd: u32 = fd.parse().unwrap();
+    // The signal must find it inside read(2), not before: wait until it is there.
+    let t0 = Instant::now();
+    while !blocked_in_read(pid, fd) {
+        if t0.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            let ran = finish(child, "python3", Duration::from_secs(5));
+            panic!("python3 never blocked in read({fd})\n{}", ran.stderr);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) }, 0);
+    child.stdout = Some(out.into_inner());
+    let r = finish(child, "python3 blocked in os.read", Duration::from_secs(5));
+    assert!(
+        r.status.success() && r.stdout.contains("caught KeyboardInterrupt"),
+        "{} (signal {:?})\n{}{}",
+        r.status,
+        r.status.signal(),
+        r.stdout,
+        r.stderr
+    );
     assert_eq!(read_json(&stats)["ended_by"], "exit");
 }
 
@@ -372,4 +449,123 @@ fn stats_at_a_signal_after_a_live_set_count_both_tables() {
     assert_eq!(since, 20, "index hits since the set: {s}");
     assert_eq!(s["delay_ns"]["count"], 20, "{s}");
     assert_eq!(s["delay_ns"]["percentiles"]["p0"], 1_000_000, "{s}");
+}
+
+/// The shim's handler, chained to a C program's SIGINT handler, has that handler's flags and
+/// mask: SA_RESTART as the program asked (the Python test above: no SA_RESTART when it did
+/// not), and the signals the program blocks while its handler runs still blocked.
+#[test]
+fn the_shims_handler_keeps_the_programs_flags_and_mask() {
+    let dir = scratch("flags");
+    let r = run(driver(0, 10, "int-exit").env("IBJITTER_STATS", dir.join("stats.json")));
+    assert!(r.status.success(), "{}\n{}{}", r.status, r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("SIGINT action: shim=1 restart=1 usr1_blocked=1"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// Runs the driver with POSTS_AFTER: waits for its READY line, does `meanwhile` with its pid,
+/// then lets it post the rest and end.
+fn driver_in_two_halves(cmd: &mut Command, meanwhile: impl FnOnce(u32)) -> Ran {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut before = String::new();
+    let pid = loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let ran = finish(child, "post_then_end", Duration::from_secs(5));
+            panic!("no READY line: {before}\n{}", ran.stderr);
+        }
+        if let Some(pid) = line.trim().strip_prefix("READY ") {
+            break pid.parse().unwrap();
+        }
+        before.push_str(&line);
+    };
+    meanwhile(pid);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    child.stdout = Some(out.into_inner());
+    let mut r = finish(child, "post_then_end", Duration::from_secs(10));
+    r.stdout.insert_str(0, &before);
+    r
+}
+
+/// A SIGINT the program catches and survives does not end its stats: the shim's handler
+/// writes the file (a program that then `_exit`s still leaves one) and runs the program's
+/// handler with the program's own flags and mask; the process goes on, and what ends it
+/// writes the file again: a later SIGTERM (default action) with every post, priced with a
+/// table set live after the SIGINT, or the normal exit. The shim used to latch at the first
+/// signal: the file stayed "SIGINT" with that moment's counts, nothing later rewrote it at a
+/// signal, and live sets were no longer seen by the signal-time writer.
+#[test]
+fn a_caught_sigint_does_not_end_the_stats() {
+    use ibjitter_control::{self as ctl, Command as Request};
+    let dir = scratch("caught-sigint");
+
+    let stats = dir.join("term.json");
+    let mut set = None;
+    let r = driver_in_two_halves(
+        injected(&built().driver)
+            .args(["0", "100", "int-term", "20"])
+            .env("IBJITTER_DELAY", "2us")
+            .env("IBJITTER_CONTROL", "1")
+            .env("IBJITTER_STATS", &stats),
+        |pid| {
+            let ans = ctl::send(
+                pid,
+                Request::Set,
+                "IBJITTER_DELAY=1ms",
+                Duration::from_secs(5),
+            );
+            set = Some(ans);
+        },
+    );
+    let set = set
+        .unwrap()
+        .unwrap_or_else(|e| panic!("live set: {e}\n{}", r.stderr));
+    assert!(set.ok, "{set:?}");
+    assert_eq!(
+        r.status.signal(),
+        Some(libc::SIGTERM),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    assert!(r.stdout.contains("caught SIGINT"), "{}", r.stdout);
+    let s = read_json(&stats);
+    assert_eq!(s["ended_by"], "SIGTERM", "{s}");
+    assert_eq!(s["posts_total"], 120, "{s}");
+    assert_eq!(s["draws"], 120, "{s}");
+    assert_eq!(s["sum_ns"], 100 * 2_000 + 20 * 1_000_000, "{s}");
+    assert_eq!(s["live_sets"], 1, "{s}");
+    assert_eq!(s["delay_ns"]["percentiles"]["p0"], 1_000_000, "{s}");
+
+    let stats = dir.join("exit.json");
+    let r = driver_in_two_halves(
+        injected(&built().driver)
+            .args(["0", "100", "int-exit", "20"])
+            .env("IBJITTER_STATS", &stats),
+        |_| {},
+    );
+    assert!(r.status.success(), "{}\n{}{}", r.status, r.stdout, r.stderr);
+    let s = read_json(&stats);
+    assert_eq!(s["ended_by"], "exit", "{s}");
+    assert_eq!(s["posts_total"], 120, "{s}");
+
+    // No exit handler runs: the file is the one written at the SIGINT.
+    let stats = dir.join("_exit.json");
+    let r = run(driver(0, 100, "int-_exit").env("IBJITTER_STATS", &stats));
+    assert!(r.status.success(), "{}\n{}{}", r.status, r.stdout, r.stderr);
+    let s = read_json(&stats);
+    assert_eq!(s["ended_by"], "SIGINT", "{s}");
+    assert_eq!(s["posts_total"], 100, "{s}");
 }

@@ -1,15 +1,22 @@
-//! The stats file when SIGINT, SIGTERM or SIGHUP ends the process (Ctrl-C, `mpirun` or Slurm
-//! stopping a job), where no destructor runs. [`prepare`] (at load, at each live `set`) readies
-//! what the handler needs; [`install_handlers`] installs it when the process first uses verbs
-//! or UCP, not at load: a program then sets its handlers up as without the shim (CPython
-//! installs its SIGINT handler, `KeyboardInterrupt`, only over the default action), and a
-//! process that never uses verbs (a shell, a launcher) never gets ours. The handler writes the
-//! file with async-signal-safe calls only (open, fstat, ftruncate, write, close: no
-//! allocation, no lock), into a regular file of the process's own user (never through a link,
-//! never blocking: [`out_file`]), then does what the signal did before: the handler the
-//! program had at that first use, or the default action (the process still dies of the
-//! signal). A signal the program ignores stays ignored, and a handler the program installs
-//! later replaces ours (its exit() then writes the full file).
+//! The stats file when SIGINT, SIGTERM or SIGHUP ends the process, or may end it (Ctrl-C, `mpirun`
+//! or Slurm stopping a job), where no destructor runs. [`prepare`] (at load, at each live `set`)
+//! readies what the handler needs; [`install_handlers`] installs it when the process first uses
+//! verbs or UCP, not at load: a program then sets its handlers up as without the shim (CPython
+//! installs its SIGINT handler, `KeyboardInterrupt`, only over the default action), and a process
+//! that never uses verbs (a shell, a launcher) never gets ours. The handler writes the file with
+//! async-signal-safe calls only (open, fstat, ftruncate, write, close: no allocation, no lock),
+//! into a regular file of the process's own user (never through a link, never blocking:
+//! [`out_file`]), then does what the signal did before: the handler the program had at that first
+//! use, or the default action (the process still dies of the signal). Chained to the program's
+//! handler, ours has that handler's flags and mask (SA_RESTART or not, SA_ONSTACK, SA_NODEFER,
+//! SA_RESETHAND): the program's interrupted calls and nested signals behave as without the shim. A
+//! signal the program ignores stays ignored, and a handler the program installs later replaces
+//! ours, flags and all (its exit() then writes the full file).
+//!
+//! Only the default action surely ends the process: that signal's file is the last. Before
+//! the program's own handler the file is written too (a handler that calls `_exit` leaves
+//! it), but the process may go on: then what ends it later (its exit, another signal)
+//! writes the file again, with the counts and tables of then.
 //!
 //! The document has the exit-time file's counters and exact percentiles (walking the table in
 //! sorted order with its hit counts); only HdrHistogram's bucket list is left out.
@@ -20,7 +27,7 @@ use crate::sys::out_file;
 use ibjitter_table::ENTRIES;
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, CString};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
 
 const SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
@@ -29,7 +36,7 @@ const SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 static PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
 /// How the handler prices the hits: the table in force and what earlier tables' draws added
 /// up to. Two slots, filled in turn ([`publish`]): one is published for the handler, the
-/// other is the next to fill; neither is freed.
+/// other is the next to fill; an Epoch a handler may read is never freed.
 static EPOCH_SLOTS: [AtomicPtr<Epoch>; 2] = [
     AtomicPtr::new(std::ptr::null_mut()),
     AtomicPtr::new(std::ptr::null_mut()),
@@ -51,9 +58,12 @@ struct Epoch {
 static SEED: AtomicU64 = AtomicU64::new(0);
 static UNIT_LOOPS: AtomicBool = AtomicBool::new(false);
 static ARMED: AtomicBool = AtomicBool::new(false);
-/// Set by the first signal: one file per process.
-static WRITTEN: AtomicU8 = AtomicU8::new(0);
-/// The first signal found the path unfit to write (see [`out_file`]) and said so.
+/// Set by a signal whose default action ends the process: its file is the last one.
+static FINAL: AtomicBool = AtomicBool::new(false);
+/// The thread (id) whose handler writes the file now, 0 when none: one writer at a time (the
+/// output buffer, the published Epoch), without a lock.
+static WRITER: AtomicI32 = AtomicI32::new(0);
+/// A signal found the path unfit to write (see [`out_file`]) and said so.
 static REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// The actions the signals had before ours.
@@ -95,22 +105,26 @@ pub fn prepare_after_set(
 }
 
 /// Makes `e` what the handler reads. Callers are serialized (load, then live sets under the
-/// settings' lock). The slot written is never the one a running handler reads: it takes the
-/// published one after setting `WRITTEN`, and once `WRITTEN` is set nothing is published any
-/// more (the file is written once per process); SeqCst orders the two flags.
+/// settings' lock). The slot overwritten is never one a running handler reads: a handler
+/// takes the published one after it sets `WRITER`, and holds `WRITER` while it reads, so the
+/// unpublished slot is free if `WRITER` is clear (SeqCst orders the two). While a handler
+/// writes (or if one was abandoned by a `longjmp` out of a program's handler that interrupted
+/// it) the slot may be the one it took before the last publish: a new Epoch is made instead
+/// and the old one leaked. Publishing never waits for a handler.
 fn publish(e: Epoch) {
-    if WRITTEN.load(SeqCst) != 0 {
+    if FINAL.load(SeqCst) {
+        // The process is dying of a signal.
         return;
     }
     let published = PUBLISHED.load(SeqCst);
     let k = usize::from(EPOCH_SLOTS[0].load(Relaxed) == published);
     let slot = EPOCH_SLOTS[k].load(Relaxed);
-    let p = if slot.is_null() {
+    let p = if slot.is_null() || WRITER.load(SeqCst) != 0 {
         let p = Box::into_raw(Box::new(e));
         EPOCH_SLOTS[k].store(p, Relaxed);
         p
     } else {
-        // SAFETY: a leaked Epoch, not published, so no handler reads it (see above).
+        // SAFETY: a leaked Epoch, not published, and no handler reads it (see above).
         unsafe { *slot = e };
         slot
     };
@@ -136,8 +150,21 @@ pub fn install_handlers() {
             let mut ours: libc::sigaction = std::mem::zeroed();
             let handler: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = on_signal;
             ours.sa_sigaction = handler as *const () as usize;
-            ours.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut ours.sa_mask);
+            if prev[k].sa_sigaction == libc::SIG_DFL {
+                // Ours alone, then the process dies: on the alternate stack if the thread
+                // has one (a small thread stack, a goroutine's), which it fits.
+                ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut ours.sa_mask);
+            } else {
+                // The program's handler runs inside ours: with its own flags and mask, so
+                // that its interrupted calls restart or fail with EINTR as without the shim
+                // (CPython's Ctrl-C in a blocking read needs EINTR: no SA_RESTART), on the
+                // stack it chose, with the signals it blocks blocked.
+                let keep =
+                    libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER | libc::SA_RESETHAND;
+                ours.sa_flags = libc::SA_SIGINFO | (prev[k].sa_flags & keep);
+                ours.sa_mask = prev[k].sa_mask;
+            }
             libc::sigaction(sig, &ours, std::ptr::null_mut());
         }
     }
@@ -154,15 +181,17 @@ pub fn set_path(path: &str) {
 extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
     // SAFETY: errno is thread-local; restored before returning to the interrupted code.
     let errno = unsafe { *libc::__errno_location() };
-    if WRITTEN.swap(1, SeqCst) == 0 && crate::state::in_use() {
-        write_document(sig);
-    }
     let Some(k) = SIGNALS.iter().position(|&s| s == sig) else {
         return;
     };
-    // SAFETY: PREVIOUS was filled in `install_handlers`; the calls are async-signal-safe.
+    // SAFETY: PREVIOUS was filled in `install_handlers`, before this handler was installed.
+    let prev = unsafe { &(*PREVIOUS.0.get())[k] };
+    if crate::state::in_use() {
+        // The three signals' default action ends the process; a program's handler may not.
+        write_at_signal(sig, prev.sa_sigaction == libc::SIG_DFL);
+    }
+    // SAFETY: the calls are async-signal-safe; `prev` is a valid action.
     unsafe {
-        let prev = &(*PREVIOUS.0.get())[k];
         match prev.sa_sigaction {
             libc::SIG_DFL => {
                 // The default action, once this handler returns (the signal is blocked now).
@@ -184,11 +213,52 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     }
 }
 
+/// Writes the file for `sig`, the last one if `ends` (the default action follows: the
+/// process dies at this handler's return). One writer at a time (`WRITER`); never waits where
+/// that could deadlock.
+fn write_at_signal(sig: c_int, ends: bool) {
+    // SAFETY: gettid has no preconditions (a system call: async-signal-safe).
+    let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+    let mut held = WRITER.compare_exchange(0, me, SeqCst, SeqCst);
+    if ends {
+        // Another thread writing (a signal to it at the same moment): its write ends within
+        // milliseconds, and this one must be the last. Bounded: that thread may have been
+        // abandoned mid-write by a longjmp out of its program's handler.
+        let mut waited = 0;
+        while matches!(held, Err(t) if t != me) && waited < 200 {
+            // SAFETY: poll with no descriptors sleeps 1 ms (async-signal-safe).
+            unsafe { libc::poll(std::ptr::null_mut(), 0, 1) };
+            waited += 1;
+            held = WRITER.compare_exchange(0, me, SeqCst, SeqCst);
+        }
+        // This thread's own write, interrupted by this signal (or abandoned by a longjmp):
+        // it never goes on, as the process dies at this handler's return; this one replaces
+        // it.
+        if held == Err(me) {
+            held = Ok(0);
+        }
+    }
+    if held.is_err() {
+        // A caught signal while another writes: that file is as recent.
+        return;
+    }
+    // After an ending signal's file a caught one writes nothing: the process is dying. An
+    // ending one writes: it is the latest, and what the process dies of.
+    if ends || !FINAL.load(SeqCst) {
+        if ends {
+            FINAL.store(true, SeqCst);
+        }
+        write_document(sig);
+    }
+    WRITER.store(0, SeqCst);
+}
+
 /// The handler's output buffer: static, not on the stack, so the handler fits a small
 /// alternate signal stack (`sigaltstack` of 2-4 KiB with `SA_ONSTACK`, whose kernel frame
 /// takes most of it).
 struct OutBuf(UnsafeCell<[u8; 4096]>);
-// SAFETY: used only by the first run of the handler (`WRITTEN`), by one `Out` at a time.
+// SAFETY: used only by the thread holding `WRITER` (see `write_at_signal`), by one `Out` at a
+// time.
 unsafe impl Sync for OutBuf {}
 static OUT_BUF: OutBuf = OutBuf(UnsafeCell::new([0; 4096]));
 
@@ -201,7 +271,7 @@ struct Out {
 
 impl Out {
     /// # Safety
-    /// Only in the handler's first run (`WRITTEN`), and no other `Out` alive.
+    /// Only by the thread holding `WRITER`, and no other `Out` alive.
     unsafe fn new(fd: c_int) -> Out {
         Out {
             fd,
@@ -264,7 +334,7 @@ fn write_document(sig: c_int) {
         Ok(fd) => fd,
         Err(why) => return refuse(path, why),
     };
-    // SAFETY: the handler's first run (WRITTEN); no other Out.
+    // SAFETY: this thread holds WRITER; no other Out.
     let mut o = unsafe { Out::new(fd) };
     let u = if UNIT_LOOPS.load(Relaxed) {
         "loops"
@@ -276,7 +346,7 @@ fn write_document(sig: c_int) {
         libc::SIGTERM => "SIGTERM",
         _ => "SIGHUP",
     };
-    // SAFETY: a leaked Epoch that is no longer written (`publish`), or null.
+    // SAFETY: a leaked Epoch that is not written while WRITER is held (`publish`), or null.
     let epoch = unsafe { PUBLISHED.load(SeqCst).as_ref() };
     let counts = counts::signal_safe_counts();
     o.s("{\n  \"pid\": ");
@@ -331,10 +401,13 @@ fn write_document(sig: c_int) {
     unsafe { libc::close(fd) };
 }
 
-/// Says on stderr why the file at `path` was not written (one write, async-signal-safe).
+/// Says on stderr why the file at `path` was not written (one write, async-signal-safe), once
+/// per process: a caught signal, then the ending one, find the same path.
 fn refuse(path: *const libc::c_char, why: out_file::Refused) {
-    REFUSED.store(true, Relaxed);
-    // SAFETY: the handler's first run (WRITTEN), before any other Out.
+    if REFUSED.swap(true, Relaxed) {
+        return;
+    }
+    // SAFETY: this thread holds WRITER; no other Out.
     let mut o = unsafe { Out::new(libc::STDERR_FILENO) };
     o.s("ibjitter: warning: cannot write stats file ");
     // SAFETY: a NUL-terminated path that is never freed.

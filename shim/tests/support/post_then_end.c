@@ -1,12 +1,17 @@
 /* A program for the shim's hostile-host tests of its signal handlers and output files, run
  * with libibjitter.so LD_PRELOADed and linked against the stub libibverbs: it opens a fake
- * device through the shim, posts sends on a fake QP, then ends by exit(0) or raise(SIGTERM),
- * optionally on a small alternate signal stack.
+ * device through the shim, posts sends on a fake QP, then ends by exit(0), _exit(0) or
+ * raise(SIGTERM), optionally on a small alternate signal stack, optionally having caught a
+ * SIGINT on the way.
  *
  *   post_then_end ALTSTACK_BYTES POSTS END [POSTS_AFTER]
  * ALTSTACK_BYTES  0, or the size of an alternate signal stack (sigaltstack) placed right above
  *                 a PROT_NONE page: a handler that needs more stack faults (SIGSEGV).
- * END             "exit" or "term".
+ * END             "exit", "_exit" or "term"; prefixed "int-": the program installs its own
+ *                 SIGINT handler before it opens the device (SA_RESTART, SIGUSR1 in its mask),
+ *                 prints "SIGINT action: shim=S restart=R usr1_blocked=B" as it finds the
+ *                 action after the open (S: not its own handler), and after the first POSTS
+ *                 raises SIGINT, which its handler catches ("caught SIGINT"), and goes on.
  * POSTS_AFTER     if given: after the first POSTS, print "READY <pid>", wait for a line on
  *                 stdin (the test changes the table meanwhile), then post POSTS_AFTER more.
  * Prints "posted N" (all posts) before it ends. */
@@ -27,6 +32,12 @@ static int provider_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 }
 
 static struct verbs_context vctx;
+static volatile sig_atomic_t sigints;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    sigints++;
+}
 static struct ibv_qp_ex qpx;
 
 static void post(struct ibv_qp *qp, long n) {
@@ -59,14 +70,30 @@ static void alt_stack(size_t bytes) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: post_then_end ALTSTACK_BYTES POSTS exit|term [POSTS_AFTER]\n");
+        fprintf(stderr,
+                "usage: post_then_end ALTSTACK_BYTES POSTS [int-]exit|_exit|term [POSTS_AFTER]\n");
         return 2;
     }
     size_t stack = strtoul(argv[1], NULL, 10);
     long posts = atol(argv[2]);
-    int term = strcmp(argv[3], "term") == 0;
+    const char *end = argv[3];
+    int catch_int = strncmp(end, "int-", 4) == 0;
+    if (catch_int)
+        end += 4;
     if (stack)
         alt_stack(stack);
+    if (catch_int) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigint;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaddset(&sa.sa_mask, SIGUSR1);
+        if (sigaction(SIGINT, &sa, NULL)) {
+            perror("post_then_end: sigaction");
+            return 1;
+        }
+    }
     vctx.sz = sizeof vctx;
     vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
     vctx.context.ops.post_send = provider_post_send;
@@ -79,7 +106,24 @@ int main(int argc, char **argv) {
     qpx.qp_base.context = ctx;
     /* The stub's ibv_create_qp returns its pd argument: our fake QP. */
     struct ibv_qp *qp = ibv_create_qp((struct ibv_pd *)&qpx, NULL);
+    if (catch_int) {
+        struct sigaction now;
+        sigaction(SIGINT, NULL, &now);
+        /* shim=1: the handler in place is not the program's (the shim's, chained to it). */
+        printf("SIGINT action: shim=%d restart=%d usr1_blocked=%d\n",
+               now.sa_handler != on_sigint, !!(now.sa_flags & SA_RESTART),
+               sigismember(&now.sa_mask, SIGUSR1));
+    }
     post(qp, posts);
+    if (catch_int) {
+        raise(SIGINT);
+        if (sigints != 1) {
+            fprintf(stderr, "post_then_end: its SIGINT handler ran %d times\n", (int)sigints);
+            return 1;
+        }
+        printf("caught SIGINT\n");
+        fflush(stdout);
+    }
     if (argc > 4) {
         long after = atol(argv[4]);
         char line[64];
@@ -94,7 +138,9 @@ int main(int argc, char **argv) {
     }
     printf("posted %ld\n", posts);
     fflush(stdout);
-    if (term)
+    if (strcmp(end, "term") == 0)
         raise(SIGTERM);
+    if (strcmp(end, "_exit") == 0)
+        _exit(0);
     return 0;
 }
