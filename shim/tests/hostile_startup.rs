@@ -143,3 +143,66 @@ fn a_rank_left_out_refuses_a_live_set() {
     assert_eq!(status.delayed, 0, "{status:?}");
     assert_eq!(status.state & ctl::STATE_INJECTING, 0, "{status:?}");
 }
+
+/// Eight threads open a device at once and post at once: the first one's first use
+/// (choosing the clock, 2 ms of calibration; the table converted to its units) must be done
+/// before any thread's post draws, or posts meanwhile see a table of zeros: counted as
+/// delayed, never waited. Prints each thread's post time (ns).
+fn concurrent_first_use() {
+    let shim = load_child_shim();
+    let barrier = std::sync::Barrier::new(8);
+    let took: Vec<u64> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let shim = &shim;
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut fc = FakeContext::new(counting_post_send);
+                    let mut q = None;
+                    barrier.wait();
+                    // SAFETY: the stub returns the fake context we pass as the device.
+                    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+                    let q = q.insert(fake_qp(ctx));
+                    let qpx: *mut verbs_abi::ibv_qp_ex = &mut **q;
+                    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+                    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+                    let t0 = now_ns();
+                    // SAFETY: a fake QP of a patched fake context.
+                    assert_eq!(unsafe { ibv_post_send(qp) }, 0);
+                    now_ns() - t0
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    println!("TOOK {took:?}");
+}
+
+#[test]
+fn threads_opening_devices_at_once_all_wait_their_delay() {
+    if scenario().as_deref() == Some("concurrent") {
+        return concurrent_first_use();
+    }
+    // Several processes: the race, when there is one, needs the threads to meet in the 2 ms.
+    for round in 0..5 {
+        let out = child(
+            "threads_opening_devices_at_once_all_wait_their_delay",
+            "concurrent",
+            &[("IBJITTER_DELAY", "1ms")],
+            &[],
+        )
+        .output()
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        let took: Vec<u64> = stdout
+            .lines()
+            .find_map(|l| l.split_once("TOOK ").map(|(_, t)| t))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .unwrap_or_else(|| panic!("no TOOK: {stdout}"));
+        assert!(
+            took.iter().all(|&t| t >= 1_000_000),
+            "round {round}: a post that the first use had not prepared for went without its 1 ms: {took:?} ns"
+        );
+    }
+}
