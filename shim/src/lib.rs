@@ -8,20 +8,25 @@
 //! and from the layers listed before its own (`tests/layering.rs` checks it):
 //! - [`abi`]: libibverbs' struct layouts and function types, ELF dynamic tables;
 //! - [`sys`]: stderr, clocks and busy-waits, per-thread state and PCG streams, address
-//!   tables, a fork-safe spin lock, typed real symbols, libc's own `dlsym`;
+//!   tables, a fork-safe spin lock and mutex, typed real symbols, libc's own `dlsym`;
 //! - [`config`]: the `IBJITTER_*` settings and the selection, parsed;
 //! - [`state`]: the one owner of the lifecycle and the mode the wrappers read (start-up,
-//!   configured, in use, window, paused, line, live table epoch, forked child, exiting);
-//! - [`registry`]: the patched contexts and QPs and their provider originals;
+//!   configured, first use under way or done, the owner of the shim's threads, window,
+//!   paused, line, completion delay, live table epoch, forked child, exiting);
+//! - [`registry`]: the patched contexts and QPs and their provider originals, the contexts
+//!   UCX opened;
 //! - [`draw`]: the table in wait units, the draw, episodes, the trace, the counters;
 //! - [`modes`]: selection, the injection window, the delay line, completion-side delay;
-//! - [`wrappers`]: the post wrappers and the pointer swaps that install them;
+//! - [`wrappers`]: the post wrappers and the pointer swaps that install them, the UCP
+//!   layer's wait;
 //! - [`report`]: the stats document, its signal-time writer, coverage, port counters, the
 //!   start-up and exit lines;
-//! - [`runtime`]: the settings in force, live `set`s, live control, the lifecycle steps;
-//! - [`exports`]: the exported symbols (libibverbs', UCP's, `dlsym`), which only delegate.
+//! - [`runtime`]: the settings in force, live `set`s, live control, the lifecycle steps
+//!   (load, first use, a context opened, fork, exit);
+//! - [`exports`]: the exported symbols (libibverbs', UCP's, `dlsym`, the ends of a process:
+//!   `exec*`, `_exit`), which only delegate.
 //!
-//! This file holds the load, fork and exit hooks only. The post path
+//! This file holds the load (the one constructor), fork and exit hooks only. The post path
 //! ([`wrappers::post::post_send_hook`]) takes no lock, makes no syscall and never allocates.
 
 pub mod abi;
@@ -54,6 +59,8 @@ extern "C" fn on_load() {
     // A panic must never cross into the host program: on any failure, pass through.
     let _ = std::panic::catch_unwind(|| {
         lifecycle::at_load();
+        // After libc's own dlsym is known (at_load's first step).
+        exports::process::resolve_at_load();
         // SAFETY: handlers are plain functions of this object, unregistered by glibc if the
         // object is ever unloaded (dso handle).
         unsafe {

@@ -1,16 +1,20 @@
 //! Layer 4: the one owner of the injector's lifecycle and mode. Every other module reads the
 //! state through the functions here, and changes it only through the writers here
-//! ([`configure`], [`set_paused`], [`set_in_window`], [`set_line`], [`table_replaced`],
-//! [`first_use`], [`forked_child`], [`exiting`]), whichever thread they run in: the load
-//! constructor, the control thread, the window thread, the first device open, a fork child,
-//! the exit handler.
+//! ([`configure`], [`set_paused`], [`set_in_window`], [`set_line`], [`set_cq_delay`],
+//! [`table_replaced`], [`first_use`], [`first_use_done`], [`forked_child`], [`exiting`]),
+//! whichever thread they run in: the load constructor, the control thread, the window
+//! thread, the first device open, a fork child, the exit handler.
+//!
+//! Whose the shim's threads are ([`owns_threads`]): the process that started them at its
+//! first use. A fork child, a `vfork` child (which shares its parent's memory, this state
+//! included) and a process that never used a device have none.
 //!
 //! The post path reads one byte ([`mode`] or [`ucp_mode`]): what the wrappers must do now,
 //! published under a fork-safe spin lock from the parts below (the configured mode, the
 //! layer, the window, pause). Reading it takes no lock.
 use crate::config::{Layer, Window};
 use crate::sys::spin_lock::SpinLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::OnceLock;
 
 /// Mode bit: draw and wait.
@@ -46,10 +50,16 @@ pub enum Phase {
 }
 
 static PHASE: AtomicU8 = AtomicU8::new(Phase::StartUp as u8);
-/// The process opened a device or sent through UCP: start-up line said, threads started.
-static IN_USE: AtomicBool = AtomicBool::new(false);
-/// This process is a fork child of the one that loaded the shim (it has no shim threads).
-static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
+/// First use: not yet, under way (the first user is choosing the clock and starting the
+/// threads: every other waits), done.
+const UNUSED: u8 = 0;
+const STARTING: u8 = 1;
+const IN_USE: u8 = 2;
+static USE: AtomicU8 = AtomicU8::new(UNUSED);
+/// The pid of the process that started the shim's threads (0: none did).
+static THREADS_OWNER: AtomicU32 = AtomicU32::new(0);
+/// Completion-side delay (`IBJITTER_CQ_TABLE`/`CQ_DELAY`) is active.
+static CQ_DELAY: AtomicBool = AtomicBool::new(false);
 /// This process must not write the stats path as given (no `%p` in it): a fork child, or an
 /// exec'd descendant of the process that claimed it.
 static STATS_PATH_NOT_OWNED: AtomicBool = AtomicBool::new(false);
@@ -125,17 +135,45 @@ pub fn configure(mode: u8, layer: Layer, window: Option<Window>, controlled: boo
     PHASE.store(Phase::Configured as u8, Release);
 }
 
-/// Writer: the process first opened a device or sent through UCP. True the first time (the
-/// caller then says the start-up line and starts the shim's threads); a fork child of a
-/// process in use is in use (its parent's threads are not restarted in it).
+/// Writer: the process opened a device or sent through UCP. True for the first caller,
+/// which then chooses the clock, says the start-up line, starts the shim's threads and
+/// calls [`first_use_done`]; a caller meanwhile (another thread opening a device) waits for
+/// that, so that no post of the process runs before its table is in clock units. A fork
+/// child of a process in use is in use (its parent's threads are not restarted in it).
 pub fn first_use() -> bool {
-    !IN_USE.swap(true, AcqRel)
+    match USE.compare_exchange(UNUSED, STARTING, AcqRel, Acquire) {
+        Ok(_) => true,
+        Err(_) => {
+            while USE.load(Acquire) == STARTING {
+                std::thread::yield_now();
+            }
+            false
+        }
+    }
+}
+
+/// Writer: the first use is done; `threads` if the shim's threads were started (this
+/// process owns them).
+pub fn first_use_done(threads: bool) {
+    if threads {
+        THREADS_OWNER.store(std::process::id(), Release);
+    }
+    USE.store(IN_USE, Release);
 }
 
 /// Whether the process has opened a device or sent through UCP (shells and launchers under
 /// `LD_PRELOAD` never do: they stay silent and write no files).
 pub fn in_use() -> bool {
-    IN_USE.load(Acquire)
+    USE.load(Acquire) != UNUSED
+}
+
+/// Whether the calling process is the one that started the shim's threads (its delay line,
+/// its live-control file): not a fork child, not a `vfork` child. Asks the kernel for the
+/// pid (a `vfork` child shares the parent's memory but not its pid): off any post path.
+pub fn owns_threads() -> bool {
+    let owner = THREADS_OWNER.load(Acquire);
+    // SAFETY: getpid has no preconditions; glibc asks the kernel (no cached pid).
+    owner != 0 && owner == unsafe { libc::getpid() } as u32
 }
 
 /// Writer: the exit handler starts.
@@ -144,16 +182,15 @@ pub fn exiting() {
 }
 
 /// Writer (fork child handler): no mode change of another thread is in progress here, the
-/// parent's threads are gone (so no delay line), the stats path is the parent's.
+/// parent's threads are gone (so no delay line), the stats path is the parent's. A first use
+/// under way in another thread of the parent ends here (that thread is gone; this child
+/// has none of the shim's threads).
 pub fn forked_child() {
     MODE_LOCK.force_unlock();
-    FORKED_CHILD.store(true, Release);
+    THREADS_OWNER.store(0, Release);
+    let _ = USE.compare_exchange(STARTING, IN_USE, AcqRel, Acquire);
     STATS_PATH_NOT_OWNED.store(true, Release);
     set_line(false);
-}
-
-pub fn is_forked_child() -> bool {
-    FORKED_CHILD.load(Acquire)
 }
 
 /// Writer: the `%p`-less stats path belongs to another process (at load).
@@ -178,6 +215,13 @@ pub fn note_context_opened() {
 
 pub fn note_qp_created() {
     QPS_CREATED.fetch_add(1, Relaxed);
+}
+
+/// Whether UCX was seen (a UCP send, or a device UCX opened) in this process: one load (the
+/// UCP wrappers' first-message check).
+#[inline(always)]
+pub fn ucx_seen() -> bool {
+    UCX_SEEN.load(Relaxed)
 }
 
 pub fn note_ucx_seen() {
@@ -263,6 +307,16 @@ pub fn full_mode() -> u8 {
 /// Whether the delay line is the mode.
 pub fn line_mode() -> bool {
     FULL_MODE.load(Acquire) & LINE != 0
+}
+
+/// Writer (first use): completion-side delay is active (its table is in clock units).
+pub fn set_cq_delay() {
+    CQ_DELAY.store(true, Release);
+}
+
+/// Whether completions are delayed.
+pub fn cq_delay() -> bool {
+    CQ_DELAY.load(Acquire)
 }
 
 /// Whether new contexts need patching by what the send side asks for: not when the

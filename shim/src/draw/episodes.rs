@@ -50,15 +50,14 @@ pub fn summary() -> Option<(u64, u64, u64)> {
     (calm > 0).then(|| (CHANGES.load(Relaxed), calm, DWELL_CONGESTED.load(Acquire)))
 }
 
-/// Starts, once, the thread that switches between the calm and the congested table after
+/// Starts (at the process's first use, which runs once) the thread that switches between the calm and the congested table after
 /// exponential dwell times (means as asked, drawn from a stream of the seed: the state
 /// sequence repeats with it; which posts fall in which episode depends on their timing).
 /// Starts calm. A fork child keeps the state it was forked in. With the shared schedule:
 /// see [`start_shared`].
 pub fn start() {
-    static STARTED: AtomicBool = AtomicBool::new(false);
     let (calm, congested) = (DWELL_CALM.load(Acquire), DWELL_CONGESTED.load(Acquire));
-    if calm == 0 || STARTED.swap(true, AcqRel) {
+    if calm == 0 {
         return;
     }
     if SHARED.load(Acquire) {

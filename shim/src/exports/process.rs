@@ -47,7 +47,7 @@ impl<F: Copy> Next<F> {
         // SAFETY: a valid C string; RTLD_NEXT means "after the shim" from here.
         let mut p = unsafe { real_dlsym()(libc::RTLD_NEXT, self.name.as_ptr()) };
         if p.is_null() {
-            let me = resolve_at_load as *const c_void;
+            let me = resolve_at_load as fn() as *const c_void;
             p = elf::find_function(self.name, &["libc.so"], me).unwrap_or(std::ptr::null_mut());
         }
         // SAFETY: the function of this name in libc (or an interposer of it) has type F.
@@ -65,23 +65,17 @@ static FEXECVE: Next<FexecveFn> = Next::new(c"fexecve");
 static EXIT: Next<ExitFn> = Next::new(c"_exit");
 static EXIT_C99: Next<ExitFn> = Next::new(c"_Exit");
 
-/// Looks all of them up at load: `_exit` runs in signal handlers and fork children, where
-/// the dynamic linker's lookup (locks) must not be the first.
-extern "C" fn resolve_at_load() {
-    let _ = std::panic::catch_unwind(|| {
-        EXECVE.get();
-        EXECV.get();
-        EXECVP.get();
-        EXECVPE.get();
-        FEXECVE.get();
-        EXIT.get();
-        EXIT_C99.get();
-    });
+/// Looks all of them up (the load constructor calls it): `_exit` runs in signal handlers and
+/// fork children, where the dynamic linker's lookup (locks) must not be the first.
+pub fn resolve_at_load() {
+    EXECVE.get();
+    EXECV.get();
+    EXECVP.get();
+    EXECVPE.get();
+    FEXECVE.get();
+    EXIT.get();
+    EXIT_C99.get();
 }
-
-#[used]
-#[link_section = ".init_array"]
-static RESOLVE_AT_LOAD: extern "C" fn() = resolve_at_load;
 
 extern "C" {
     static environ: *const *const c_char;

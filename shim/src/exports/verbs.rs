@@ -5,13 +5,11 @@
 //! (see [`crate::wrappers::patch`]). With `dlsym`/`dlvsym` ([`crate::exports::dl`]), these are the only symbols
 //! libibjitter.so exports; [`hook_for`] says which hook stands for which real function.
 use crate::abi::verbs::*;
-use crate::exports::ucp;
 use crate::modes::{cq, cq_ex, line, select};
 use crate::registry;
-use crate::report::ports;
 use crate::runtime::lifecycle;
 use crate::state;
-use crate::sys::symbols::{self, address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP};
+use crate::sys::symbols::{address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP};
 use crate::sys::symbols::{CloseDeviceFn, CreateQpFn, DestroyQpFn, ImportDeviceFn, OpenDeviceFn};
 use crate::sys::symbols::{CreateCqFn, DestroyCqFn, CREATE_CQ, DESTROY_CQ, IMPORT_DEVICE};
 use crate::sys::symbols::{ModifyQpFn, MODIFY_QP, OPEN_DEVICE};
@@ -59,29 +57,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     ctx
 }
 
-/// A context came back from the real open or import: say the startup line, patch it
-/// (unless UCX opened it and its messages are delayed at UCP).
+/// A context came back from the real open or import.
 unsafe fn opened(ctx: *mut ibv_context) {
-    lifecycle::first_use();
-    if ctx.is_null() {
-        return;
-    }
-    state::note_context_opened();
-    let device = (*ctx).device;
-    if !device.is_null() {
-        let path = std::ffi::CStr::from_ptr((*device).ibdev_path.as_ptr());
-        ports::device_opened(std::path::Path::new(&*path.to_string_lossy()));
-    }
-    if symbols::libucp_loaded() {
-        state::note_ucx_seen();
-        // IBJITTER_LAYER=auto|ucp: UCX's own contexts carry UCP messages, delayed at UCP;
-        // the process's other contexts (NCCL's, the program's) keep the verbs delay.
-        if state::ucx_contexts_at_ucp() && ucp::opened_by_ucx() {
-            ucp::add_ucx_context(ctx.cast());
-            return;
-        }
-    }
-    patch::patch_context(ctx);
+    lifecycle::context_opened(ctx);
 }
 
 /// Interposed `ibv_import_device@IBVERBS_1.10`.
@@ -109,7 +87,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
         return -1;
     };
     patch::unpatch_context(ctx);
-    ucp::forget_ucx_context(ctx.cast());
+    registry::forget_ucx_context(ctx);
     real(ctx)
 }
 
@@ -131,9 +109,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         return qp;
     }
     state::note_qp_created();
-    if !ucp::is_ucx_context((*qp).context.cast()) {
-        patch::patch_qp_ex_of(qp);
-    }
+    patch::qp_created(qp);
     qp
 }
 

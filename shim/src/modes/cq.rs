@@ -18,6 +18,7 @@
 //!   instead of returning without it.
 use crate::abi::verbs::*;
 use crate::modes::hold::HoldRing;
+use crate::state;
 use crate::sys::clock::{self, WaitKind};
 use crate::sys::{addr_table, rng};
 use ibjitter_table::ENTRIES;
@@ -31,7 +32,6 @@ const BATCH: usize = 32;
 /// The table in wait units, and in ns (for exact sums in the stats).
 static WAITS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
 static NS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
-static ON: AtomicBool = AtomicBool::new(false);
 /// Completions handed over, how many of them were held, their delays' sum (ns), and the
 /// completions of CQs without a ring.
 static PASSED: AtomicU64 = AtomicU64::new(0);
@@ -68,12 +68,7 @@ pub fn activate(values: &[u64], kind: WaitKind) {
         w.store(clock::ns_to_units(v, kind), Relaxed);
         n.store(v, Relaxed);
     }
-    ON.store(true, Release);
-}
-
-/// Whether completions are delayed.
-pub fn on() -> bool {
-    ON.load(Acquire)
+    state::set_cq_delay();
 }
 
 /// After the exported `ibv_create_cq`: a ring for the new CQ (off any data path).
@@ -81,7 +76,7 @@ pub fn on() -> bool {
 /// # Safety
 /// `cq` null or a CQ just created.
 pub unsafe fn cq_created(cq: *mut ibv_cq) {
-    if cq.is_null() || !on() {
+    if cq.is_null() || !state::cq_delay() {
         return;
     }
     let key = cq as usize;

@@ -169,7 +169,7 @@ pub unsafe fn created(cq: *mut ibv_cq_ex) {
     if cq.is_null() {
         return;
     }
-    if !cq::on() {
+    if !crate::state::cq_delay() {
         if crate::state::line_mode() {
             flush_before_start_poll(cq);
         }

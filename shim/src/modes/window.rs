@@ -3,17 +3,13 @@
 //! mode. Started when the process first uses verbs or UCP: programs that never do get no
 //! thread. A fork child keeps the mode it was forked with (it has no window thread).
 use crate::state;
-use std::sync::atomic::{AtomicBool, Ordering::*};
 
-/// Starts the window thread, once, if the settings have a window.
+/// Starts the window thread if the settings have a window (at the process's first use,
+/// which runs once: [`crate::state::first_use`]).
 pub fn start() {
-    static STARTED: AtomicBool = AtomicBool::new(false);
     let Some((start, stop, t0)) = state::window() else {
         return;
     };
-    if STARTED.swap(true, AcqRel) {
-        return;
-    }
     let until = move |ns: u64| {
         let at = t0 + std::time::Duration::from_nanos(ns);
         let now = std::time::Instant::now();

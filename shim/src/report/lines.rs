@@ -213,7 +213,7 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
 /// The completion side's line at exit: "ibjitter: held 300 of 600 completions, 300.000 ms in
 /// all" (unless `IBJITTER_QUIET`).
 pub fn exit_completions(quiet: bool) -> Option<String> {
-    if !cq::on() || quiet {
+    if !crate::state::cq_delay() || quiet {
         return None;
     }
     let (passed, held, sum_ns) = cq::counts();

@@ -170,7 +170,15 @@ pub fn install_handlers() {
     }
 }
 
-/// The file the handler writes (a forked child calls this again with its own name).
+/// A fork child: its own file (`path`), and no write in progress or final (the parent's
+/// thread that may have been writing at the fork does not exist here).
+pub fn after_fork_child(path: &str) {
+    WRITER.store(0, Release);
+    FINAL.store(false, Release);
+    set_path(path);
+}
+
+/// The file the handler writes (a forked child gets its own name: [`after_fork_child`]).
 pub fn set_path(path: &str) {
     if let Ok(c) = CString::new(path) {
         // The old string is leaked: a handler may be reading it.

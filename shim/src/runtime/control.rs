@@ -12,23 +12,18 @@ use crate::state;
 use crate::sys::{clock, say};
 use ibjitter_control::{self as ctl, Command, Reply, Request, Server};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::sync::OnceLock;
 
 static PATH: OnceLock<PathBuf> = OnceLock::new();
-/// The process that created the file (a fork child must not remove it).
-static OWNER: AtomicU32 = AtomicU32::new(0);
 
-/// Creates the segment and starts its thread, once per process.
+/// Creates the segment and starts its thread (at the process's first use, which runs once).
 pub fn arm() {
-    static ARMED: AtomicBool = AtomicBool::new(false);
-    if !state::controlled() || ARMED.swap(true, AcqRel) {
+    if !state::controlled() {
         return;
     }
     let pid = std::process::id();
     match ctl::create(pid) {
         Ok((server, path)) => {
-            OWNER.store(pid, Release);
             let _ = PATH.set(path);
             let _ = std::thread::Builder::new()
                 .name("ibjitter-control".into())
@@ -115,9 +110,9 @@ fn answer(req: &Request) -> Reply {
     }
 }
 
-/// At exit: the file goes with the process that made it.
+/// At exit: the file goes with the process that made it (not a fork or `vfork` child).
 pub fn remove_file() {
-    if OWNER.load(Acquire) == std::process::id() {
+    if state::owns_threads() {
         if let Some(p) = PATH.get() {
             let _ = std::fs::remove_file(p);
         }

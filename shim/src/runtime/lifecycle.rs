@@ -4,6 +4,7 @@
 //! [`after_fork_child`]), exit ([`at_exit`]: the exit lines, the delay line drained, the
 //! stats and trace files) and the ends that run no exit handler ([`before_exec`],
 //! [`at_immediate_exit`]). Each step changes the state through [`crate::state`]'s writers.
+use crate::abi::verbs::ibv_context;
 use crate::config::{self, Settings};
 use crate::draw::{self, counts, episodes, trace};
 use crate::modes::{cq, line, select, window};
@@ -12,8 +13,9 @@ use crate::report::stats::{self, path_for};
 use crate::report::{coverage, lines, ports, sigstats};
 use crate::runtime::{control, loaded};
 use crate::state;
-use crate::sys::{libc_dl, out_file, rng, say};
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
+use crate::sys::{libc_dl, out_file, rng, say, symbols};
+use crate::wrappers::patch;
+use std::sync::atomic::{AtomicPtr, Ordering::*};
 
 /// The `IBJITTER_STATS` pattern, readable without a lock (a fork child needs it).
 static PATTERN: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
@@ -104,16 +106,50 @@ pub fn first_use() {
     say::show_startup_now();
     window::start();
     episodes::start();
-    if state::line_mode() {
-        if line::start() {
-            LINE_OWNER.store(std::process::id(), Release);
-        } else {
-            state::set_line(false);
-        }
+    if state::line_mode() && !line::start() {
+        state::set_line(false);
     }
     control::arm();
     // Not at load: the program has set its own handlers up by now (CPython's SIGINT).
     sigstats::install_handlers();
+    state::first_use_done(true);
+}
+
+/// A context came back from the real open or import: the process's first use, then the
+/// context patched, unless UCX opened it and its messages are delayed at UCP
+/// (`IBJITTER_LAYER=auto|ucp`: the process's other contexts, NCCL's or the program's own,
+/// keep the verbs delay).
+///
+/// # Safety
+/// `ctx` null or a context just opened.
+pub unsafe fn context_opened(ctx: *mut ibv_context) {
+    first_use();
+    if ctx.is_null() {
+        return;
+    }
+    state::note_context_opened();
+    let device = (*ctx).device;
+    if !device.is_null() {
+        let path = std::ffi::CStr::from_ptr((*device).ibdev_path.as_ptr());
+        ports::device_opened(std::path::Path::new(&*path.to_string_lossy()));
+    }
+    if symbols::libucp_loaded() {
+        state::note_ucx_seen();
+        if state::ucx_contexts_at_ucp() && symbols::called_from(&[b"libuct", b"libucp"]) {
+            registry::note_ucx_context(ctx);
+            return;
+        }
+    }
+    patch::patch_context(ctx);
+}
+
+/// The process's first UCP message (of this process: a fork child sees its own): UCX is in
+/// use, and the first use is due.
+#[cold]
+#[inline(never)]
+pub fn ucp_first_message() {
+    state::note_ucx_seen();
+    first_use();
 }
 
 /// Claims a `%p`-less stats path for this process, or notes that an ancestor did.
@@ -143,17 +179,20 @@ fn claim_stats_path() {
 /// fork() prepare handler (the forking thread, in the parent).
 pub fn before_fork() {
     rng::atfork_prepare();
+    loaded::lock_for_fork();
     registry::lock_for_fork();
 }
 
 /// fork() parent handler.
 pub fn after_fork_parent() {
     registry::unlock_after_fork();
+    loaded::unlock_after_fork();
 }
 
 /// fork() child handler: what the parent counted, opened and started is not the child's.
 pub fn after_fork_child() {
     registry::unlock_after_fork();
+    loaded::unlock_after_fork();
     state::forked_child();
     rng::atfork_child();
     state::reset_seen_after_fork();
@@ -163,7 +202,7 @@ pub fn after_fork_child() {
     line::after_fork_child();
     // SAFETY: PATTERN is leaked, never freed. (glibc lets the forking thread allocate.)
     if let Some(p) = unsafe { PATTERN.load(Acquire).as_ref() } {
-        sigstats::set_path(&path_for(p));
+        sigstats::after_fork_child(&path_for(p));
     }
 }
 
@@ -280,7 +319,7 @@ fn write_stats(nothing_delayed: Option<String>) {
             doc["sum_ns"] = less(&doc["sum_ns"], lost_ns).into();
         }
     }
-    if cq::on() {
+    if state::cq_delay() {
         doc["cq"] = cq::stats_json();
     }
     if let Some((changes, calm, congested)) = episodes::summary() {
@@ -304,20 +343,10 @@ fn write_stats(nothing_delayed: Option<String>) {
     }
 }
 
-/// The process whose delay line this is: its pid when the line started. A `vfork` child
-/// shares its parent's memory, so it sees the parent's line on and full; it is not its own.
-static LINE_OWNER: AtomicU32 = AtomicU32::new(0);
-
 /// Requests in this process's own delay line now: 0 when the line is off (never started, or
 /// a fork child) or is a `vfork` parent's. Atomic loads and `getpid` only (`_exit` calls it).
 fn own_line_requests() -> u64 {
-    if !line::on() {
-        return 0;
-    }
-    // SAFETY: getpid has no preconditions; glibc asks the kernel (no cached pid), so a vfork
-    // child gets its own.
-    let pid = unsafe { libc::getpid() } as u32;
-    if LINE_OWNER.load(Acquire) != pid {
+    if !state::line_mode() || !state::owns_threads() {
         return 0;
     }
     line::in_line()

@@ -1,9 +1,12 @@
 //! The settings in force (read at load, changed by live `set`s) with the clock chosen for
-//! them, and what the draws of earlier tables added up to. Not used on the post path.
+//! them, and what the draws of earlier tables added up to. Not used on the post path. Both
+//! sit behind fork-safe spin locks, taken in that order (the settings, then the epochs),
+//! held across a fork by the forking thread ([`lock_for_fork`]) and released on both sides.
 use crate::config::{self, Settings};
 use crate::draw::counts;
 use crate::report::stats::{self, Drawn};
-use std::sync::{Mutex, MutexGuard};
+use crate::sys::spin_lock::{SpinGuard, SpinMutex};
+use std::time::Duration;
 
 /// The settings in force and the clock's description.
 pub struct Loaded {
@@ -11,7 +14,7 @@ pub struct Loaded {
     pub clock: String,
 }
 
-static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
+static LOADED: SpinMutex<Option<Loaded>> = SpinMutex::new(None);
 
 /// Live `set`s: what earlier tables' draws added up to, and the hits at the last set (the
 /// table in force counts the draws since).
@@ -20,7 +23,7 @@ struct Epochs {
     base_hits: Vec<u64>,
 }
 
-static EPOCHS: Mutex<Epochs> = Mutex::new(Epochs {
+static EPOCHS: SpinMutex<Epochs> = SpinMutex::new(Epochs {
     carried: Drawn {
         draws: 0,
         injected: 0,
@@ -29,29 +32,32 @@ static EPOCHS: Mutex<Epochs> = Mutex::new(Epochs {
     base_hits: Vec::new(),
 });
 
-/// `m` locked, waiting at most half a second: a fork child whose parent forked while the
-/// control thread held the lock inherits it held forever; its exit paths then go without.
-fn locked<T>(m: &'static Mutex<T>) -> Option<MutexGuard<'static, T>> {
-    for _ in 0..500 {
-        match m.try_lock() {
-            Ok(g) => return Some(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                std::thread::sleep(std::time::Duration::from_millis(1))
-            }
-        }
-    }
-    None
+/// `m` locked, waiting at most half a second: the exit paths go without rather than wait
+/// on a thread that holds it for long.
+fn locked<T>(m: &'static SpinMutex<T>) -> Option<SpinGuard<'static, T>> {
+    m.lock_within(Duration::from_millis(500))
 }
 
 /// The settings in force (None before load, or when the lock cannot be had in time).
-pub fn get() -> Option<MutexGuard<'static, Option<Loaded>>> {
+pub fn get() -> Option<SpinGuard<'static, Option<Loaded>>> {
     locked(&LOADED)
 }
 
 /// Sets the settings in force (at load).
 pub fn set(l: Loaded) {
-    *LOADED.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+    *LOADED.lock() = Some(l);
+}
+
+/// fork() prepare: both locks held by the forking thread across the fork (in order).
+pub fn lock_for_fork() {
+    LOADED.hold_for_fork();
+    EPOCHS.hold_for_fork();
+}
+
+/// fork() parent and child: both released.
+pub fn unlock_after_fork() {
+    EPOCHS.force_unlock();
+    LOADED.force_unlock();
 }
 
 /// The hits since the last live set (all of them without one).
@@ -81,7 +87,7 @@ pub fn carry(old: Option<&config::Delays>) {
     let snap = counts::snapshot();
     let old = old.map(|d| d.values.as_slice());
     let since = hits_since_set(&snap.hits);
-    let mut e = EPOCHS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut e = EPOCHS.lock();
     let was = stats::drawn(old, &since);
     e.carried.draws += was.draws;
     e.carried.injected += was.injected;
@@ -92,6 +98,6 @@ pub fn carry(old: Option<&config::Delays>) {
 /// What earlier tables' draws added up to and the hits at the last live set, for the
 /// signal-time writer (which takes no lock: it gets a copy at each set).
 pub fn carried() -> (Drawn, Vec<u64>) {
-    let e = EPOCHS.lock().unwrap_or_else(|e| e.into_inner());
+    let e = EPOCHS.lock();
     (e.carried, e.base_hits.clone())
 }

@@ -2,8 +2,11 @@
 //! forking thread, so the parent's prepare handler takes the lock ([`SpinLock::hold_for_fork`])
 //! and both sides release it after the fork ([`SpinLock::force_unlock`]). A mutex held by
 //! another thread at the fork would stay held forever in the child. Never taken on a post
-//! path: only around registrations and mode changes, which are short.
+//! path: only around registrations, mode changes and the settings in force, which are short.
+//! [`SpinMutex`] is the same lock around the data it guards.
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::time::{Duration, Instant};
 
 pub struct SpinLock(AtomicBool);
 
@@ -16,14 +19,37 @@ impl SpinLock {
     }
 
     pub fn lock(&self) -> Guard<'_> {
-        while self
-            .0
-            .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
+        let mut spins = 0u32;
+        while !self.try_take() {
+            spins = spins.saturating_add(1);
+            if spins < 1000 {
+                std::hint::spin_loop();
+            } else {
+                // Held for long (a clock calibration, a table read): leave the core to it.
+                std::thread::yield_now();
+            }
         }
         Guard(self)
+    }
+
+    /// The lock, or None if it stays taken for `limit` (a path that must end, e.g. at exit).
+    pub fn lock_within(&self, limit: Duration) -> Option<Guard<'_>> {
+        let t0 = Instant::now();
+        loop {
+            if self.try_take() {
+                return Some(Guard(self));
+            }
+            if t0.elapsed() >= limit {
+                return None;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn try_take(&self) -> bool {
+        self.0
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_ok()
     }
 
     /// fork() prepare: takes the lock and keeps it across the fork.
@@ -47,5 +73,71 @@ impl Default for SpinLock {
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
         (self.0).0.store(false, Release);
+    }
+}
+
+/// `T` guarded by a [`SpinLock`] (fork-safe as it is).
+pub struct SpinMutex<T> {
+    lock: SpinLock,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is reached only through a guard, which holds the lock.
+unsafe impl<T: Send> Sync for SpinMutex<T> {}
+
+/// The value, while the lock is held.
+pub struct SpinGuard<'a, T> {
+    _held: Guard<'a>,
+    value: &'a mut T,
+}
+
+impl<T> SpinMutex<T> {
+    pub const fn new(value: T) -> SpinMutex<T> {
+        SpinMutex {
+            lock: SpinLock::new(),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        let held = self.lock.lock();
+        // SAFETY: the lock is ours until the guard drops.
+        SpinGuard {
+            _held: held,
+            value: unsafe { &mut *self.value.get() },
+        }
+    }
+
+    /// See [`SpinLock::lock_within`].
+    pub fn lock_within(&self, limit: Duration) -> Option<SpinGuard<'_, T>> {
+        let held = self.lock.lock_within(limit)?;
+        // SAFETY: as in `lock`.
+        Some(SpinGuard {
+            _held: held,
+            value: unsafe { &mut *self.value.get() },
+        })
+    }
+
+    /// See [`SpinLock::hold_for_fork`].
+    pub fn hold_for_fork(&self) {
+        self.lock.hold_for_fork();
+    }
+
+    /// See [`SpinLock::force_unlock`].
+    pub fn force_unlock(&self) {
+        self.lock.force_unlock();
+    }
+}
+
+impl<T> std::ops::Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+impl<T> std::ops::DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.value
     }
 }

@@ -174,3 +174,23 @@ pub static DESTROY_CQ: Real<DestroyCqFn> = Real::new(c"ibv_destroy_cq", c"IBVERB
 /// How many lookups through a library handle (`dlsym`/`dlvsym`, as NCCL does) were answered
 /// with a hook ([`crate::exports::dl`]), for the stats.
 pub static HANDED_OUT: AtomicU64 = AtomicU64::new(0);
+
+/// Whether code of a library whose file name starts with one of `prefixes` (`libuct`,
+/// `libucp`) is on the calling stack: a few frames of `backtrace`, each looked up with
+/// `dladdr`. At open time only, never on a post path.
+pub fn called_from(prefixes: &[&[u8]]) -> bool {
+    let mut frames = [std::ptr::null_mut::<c_void>(); 16];
+    // SAFETY: the buffer holds 16 entries; backtrace writes at most that many.
+    let n = unsafe { libc::backtrace(frames.as_mut_ptr(), frames.len() as c_int) };
+    frames[..n.clamp(0, 16) as usize].iter().any(|&ip| {
+        // SAFETY: dladdr only reads the loader's tables; `info` is ours.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        if ip.is_null() || unsafe { libc::dladdr(ip, &mut info) } == 0 || info.dli_fname.is_null() {
+            return false;
+        }
+        // SAFETY: dladdr's file name is a C string owned by the loader.
+        let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+        let base = path.rsplit(|&c| c == b'/').next().unwrap_or(path);
+        prefixes.iter().any(|p| base.starts_with(p))
+    })
+}

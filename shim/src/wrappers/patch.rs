@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering::*;
 /// nothing (no table, no stats, no control, no completion table): then posts go straight
 /// to the provider at no cost.
 fn wanted() -> bool {
-    state::send_side_wants_patching() || cq::on()
+    state::send_side_wants_patching() || state::cq_delay()
 }
 
 /// Patches a freshly opened context: `ops.post_send`, and `create_qp_ex` when the
@@ -61,7 +61,7 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     let ours_poll: PollCqFn = poll_cq_hook;
     // Completion-side delay holds completions in our poll; the delay line hands due
     // requests over from it (the program's own calls first).
-    let orig_poll = if cq::on() || state::line_mode() {
+    let orig_poll = if state::cq_delay() || state::line_mode() {
         (*ops).poll_cq.filter(|&f| address(f) != address(ours_poll))
     } else {
         None
@@ -70,7 +70,7 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     let cq_vctx = verbs_ctx_for_create_cq_ex(ctx);
     // Extended CQs: completion-side delay swaps their poll calls; the delay line has their
     // start_poll hand over what is due.
-    let orig_ccqe = if (cq::on() || state::line_mode()) && !cq_vctx.is_null() {
+    let orig_ccqe = if (state::cq_delay() || state::line_mode()) && !cq_vctx.is_null() {
         (*cq_vctx)
             .create_cq_ex
             .filter(|&f| address(f) != address(ours_ccqe))
@@ -131,7 +131,7 @@ unsafe extern "C" fn create_cq_ex_hook(
 pub unsafe extern "C" fn poll_cq_hook(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     line::flush_if_due();
     match registry::poll_cq_orig(cq) {
-        Some(orig) if cq::on() => cq::poll(cq, n, wc, orig),
+        Some(orig) if state::cq_delay() => cq::poll(cq, n, wc, orig),
         Some(orig) => orig(cq, n, wc),
         None => -libc::EINVAL,
     }
@@ -217,6 +217,17 @@ unsafe extern "C" fn create_qp_ex_hook(
     }
     patch_qp_ex_of(qp);
     qp
+}
+
+/// A QP came back from `ibv_create_qp`: its `ibv_qp_ex` (where the provider gives legacy QPs
+/// one) is patched, unless UCX opened its context (its messages wait at UCP).
+///
+/// # Safety
+/// `qp` a QP just created.
+pub unsafe fn qp_created(qp: *mut ibv_qp) {
+    if !registry::is_ucx_context((*qp).context) {
+        patch_qp_ex_of(qp);
+    }
 }
 
 /// Patches the `ibv_qp_ex` of `qp`, if it has one (created with send ops flags; a provider

@@ -64,7 +64,7 @@ unsafe extern "C" fn post_send_slow(
     } else {
         mode
     };
-    if mode & LINE != 0 && line::on() {
+    if mode & LINE != 0 {
         let units = draw::draw_units(mode, Hook::PostSend);
         return line::post(qp, wr, bad, units);
     }

@@ -40,7 +40,7 @@ use crate::abi::verbs::*;
 use crate::sys::clock::{self, now_units};
 use crate::sys::say;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, Ordering::*};
 
 pub mod flusher;
 pub mod lanes;
@@ -49,8 +49,6 @@ pub mod slots;
 
 pub use flusher::{in_line, lateness};
 
-/// The line is in use (the timer thread runs).
-static ON: AtomicBool = AtomicBool::new(false);
 /// Requests posted directly (the slot cannot hold them, or the QP table is full).
 static DIRECT: AtomicU64 = AtomicU64::new(0);
 /// Requests still in the line when the process ended (never reached the provider), and the
@@ -58,25 +56,10 @@ static DIRECT: AtomicU64 = AtomicU64::new(0);
 static NOT_DELIVERED: AtomicU64 = AtomicU64::new(0);
 static NOT_DELIVERED_NS: AtomicU64 = AtomicU64::new(0);
 
-/// Allocates the pool and starts the timer thread (once; when the process first opens a
-/// device). Returns false if the line could not start (the caller then spins).
+/// Allocates the pool and starts the timer thread (at the process's first use, which runs
+/// once). Returns false if the line could not start: the caller turns the mode off
+/// ([`crate::state::set_line`]) and posts wait in place (spin).
 pub fn start() -> bool {
-    // 0 not started, 1 starting, 2 on, 3 failed: a second opener waits for the first.
-    static STARTED: AtomicU32 = AtomicU32::new(0);
-    if STARTED.compare_exchange(0, 1, AcqRel, Acquire).is_err() {
-        loop {
-            match STARTED.load(Acquire) {
-                1 => std::thread::yield_now(),
-                s => return s == 2,
-            }
-        }
-    }
-    let ok = start_once();
-    STARTED.store(if ok { 2 } else { 3 }, Release);
-    ok
-}
-
-fn start_once() -> bool {
     // The pool (a few MiB) is reserved fallibly: under an address-space limit (`ulimit -v`)
     // the line does not start and posts wait in place, never an abort.
     if !lanes::start() || !flusher::start() {
@@ -91,10 +74,7 @@ fn start_once() -> bool {
         .name("ibjitter-line".into())
         .spawn(flusher::timer_thread)
     {
-        Ok(_) => {
-            ON.store(true, Release);
-            true
-        }
+        Ok(_) => true,
         Err(e) => {
             say::warn_once(&format!(
                 "IBJITTER_MODE=line: cannot start the timer thread ({e}); posts wait in place (spin)"
@@ -102,12 +82,6 @@ fn start_once() -> bool {
             false
         }
     }
-}
-
-/// Whether the line takes posts.
-#[inline]
-pub fn on() -> bool {
-    ON.load(Relaxed)
 }
 
 /// The line's `post_send`: each work request of the chain is due `units` (clock units) from
@@ -265,10 +239,9 @@ pub fn not_delivered() -> (u64, u64) {
     (NOT_DELIVERED.load(Relaxed), NOT_DELIVERED_NS.load(Relaxed))
 }
 
-/// fork() child: no timer thread here; the child's posts wait in place, and the parent's
+/// fork() child: no timer thread here (the state's mode is spin again); the parent's
 /// requests in the line are not the child's to post.
 pub fn after_fork_child() {
-    ON.store(false, Release);
     flusher::forget_after_fork();
 }
 
