@@ -17,7 +17,7 @@
 //!   empty) would sleep on held completions: there the polling thread waits for the next one
 //!   instead of returning without it.
 use crate::abi::verbs::*;
-use crate::modes::hold::HoldRing;
+use crate::modes::hold::{HoldRing, PollFlag};
 use crate::state;
 use crate::sys::clock::{self, WaitKind};
 use crate::sys::{addr_table, rng};
@@ -43,7 +43,7 @@ type Ring = HoldRing<ibv_wc>;
 
 struct CqEntry {
     key: AtomicUsize,
-    busy: AtomicBool,
+    polling: PollFlag,
     ring: AtomicPtr<Ring>,
 }
 
@@ -51,7 +51,7 @@ const CQ_SLOTS: usize = 4096;
 #[allow(clippy::declare_interior_mutable_const)]
 const CQ_EMPTY: CqEntry = CqEntry {
     key: AtomicUsize::new(0),
-    busy: AtomicBool::new(false),
+    polling: PollFlag::new(),
     ring: AtomicPtr::new(null_mut()),
 };
 static CQS: [CqEntry; CQ_SLOTS] = [CQ_EMPTY; CQ_SLOTS];
@@ -147,12 +147,11 @@ pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -
         }
         return got;
     };
-    if e.busy.swap(true, Acquire) {
+    let Some(_polling) = e.polling.try_take() else {
         return 0;
-    }
+    };
     let r = e.ring.load(Acquire);
     if r.is_null() {
-        e.busy.store(false, Release);
         return orig(cq, n, wc);
     }
     let ring = &mut *r;
@@ -163,7 +162,6 @@ pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -
             [const { std::mem::MaybeUninit::uninit() }; BATCH];
         let got = orig(cq, room as c_int, fresh.as_mut_ptr().cast());
         if got < 0 {
-            e.busy.store(false, Release);
             return got;
         }
         let now = now_units();
@@ -184,7 +182,6 @@ pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -
         handed_over(ns);
         k += 1;
     }
-    e.busy.store(false, Release);
     k as c_int
 }
 

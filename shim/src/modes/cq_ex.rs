@@ -12,12 +12,12 @@
 //! swapped, for one that flushes and calls the provider's.
 use crate::abi::verbs::*;
 use crate::modes::cq;
-use crate::modes::hold::HoldRing;
+use crate::modes::hold::{HoldRing, PollFlag};
 use crate::modes::line;
 use crate::sys::addr_table;
 use std::ffi::{c_int, c_uint};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 
 /// Completions taken from the provider per `start_poll`.
 const BATCH: usize = 32;
@@ -128,7 +128,7 @@ struct ExCq {
 
 struct Entry {
     key: AtomicUsize,
-    busy: AtomicBool,
+    polling: PollFlag,
     cq: AtomicPtr<ExCq>,
     /// Line mode without completion-side delay: the provider's `start_poll` (an address).
     flush_only: AtomicUsize,
@@ -138,7 +138,7 @@ const SLOTS: usize = 1024;
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY: Entry = Entry {
     key: AtomicUsize::new(0),
-    busy: AtomicBool::new(false),
+    polling: PollFlag::new(),
     cq: AtomicPtr::new(null_mut()),
     flush_only: AtomicUsize::new(0),
 };
@@ -268,16 +268,14 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
     let Some(e) = find(cq as usize) else {
         return libc::ENOENT;
     };
-    if e.busy.swap(true, Acquire) {
+    let Some(polling) = e.polling.try_take() else {
         return libc::ENOENT;
-    }
+    };
     let Some(x) = e.cq.load(Acquire).as_mut() else {
-        e.busy.store(false, Release);
         return libc::ENOENT;
     };
     let o = x.orig;
     let (Some(sp), Some(ep)) = (o.start_poll, o.end_poll) else {
-        e.busy.store(false, Release);
         return libc::ENOENT;
     };
     // Take what the provider has, as far as the ring has room: one completion per provider
@@ -295,7 +293,6 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
         }
         if rc != 0 {
             if x.ring.is_empty() {
-                e.busy.store(false, Release);
                 return rc;
             }
             break;
@@ -309,9 +306,9 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
         x.ring.wait_for_head();
     }
     let rc = present(cq, x);
-    if rc != 0 {
-        // No end_poll follows a start_poll that found nothing.
-        e.busy.store(false, Release);
+    if rc == 0 {
+        // The program's end_poll releases it (none follows a start_poll that found nothing).
+        polling.keep();
     }
     rc
 }
@@ -333,5 +330,5 @@ unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
     if let Some(x) = e.cq.load(Acquire).as_mut() {
         consume(x);
     }
-    e.busy.store(false, Release);
+    e.polling.release();
 }

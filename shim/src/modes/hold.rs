@@ -4,6 +4,52 @@
 //! later: a CQ keeps its order, as completions of one QP are ordered on the wire. Used by
 //! `ibv_poll_cq` ([`crate::modes::cq`]) and the extended poll API ([`crate::modes::cq_ex`]).
 use crate::sys::clock::now_units;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+
+/// One poll of a CQ at a time (its ring has one reader): a try-flag. A thread that finds it
+/// taken sees an empty CQ, as when another thread's poll took the completions.
+pub struct PollFlag(AtomicBool);
+
+/// The flag, taken until dropped (or [`Taken::keep`]).
+pub struct Taken<'a>(&'a PollFlag);
+
+impl PollFlag {
+    pub const fn new() -> PollFlag {
+        PollFlag(AtomicBool::new(false))
+    }
+
+    /// Takes the flag; None if another thread polls the CQ now.
+    #[inline]
+    pub fn try_take(&self) -> Option<Taken<'_>> {
+        (!self.0.swap(true, Acquire)).then_some(Taken(self))
+    }
+
+    /// Releases a flag kept across calls ([`Taken::keep`]).
+    #[inline]
+    pub fn release(&self) {
+        self.0.store(false, Release);
+    }
+}
+
+impl Default for PollFlag {
+    fn default() -> PollFlag {
+        PollFlag::new()
+    }
+}
+
+impl Taken<'_> {
+    /// Keeps the flag taken past this call: a poll that goes on in later calls
+    /// (`ibv_start_poll` to `ibv_end_poll`), which releases it.
+    pub fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
 
 /// Completions a ring holds (completions beyond wait in the provider's CQ).
 pub const CAP: usize = 1024;
