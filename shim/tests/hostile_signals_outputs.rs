@@ -333,6 +333,44 @@ fn a_fifo_as_an_output_file_neither_hangs_nor_is_written() {
     warned_once(&r, &trace, "not a regular file");
 }
 
+/// A FIFO that a reader has open as the stats file: opening it for writing would succeed
+/// (and hand the reader an empty file, an end of file: a side effect of its own, as opening a
+/// device may have). The shim looks before it opens: the reader never sees a writer.
+#[test]
+fn an_unfit_output_path_is_never_opened() {
+    let dir = scratch("fifo-read");
+    let fifo = dir.join("stats.json");
+    mkfifo(&fifo);
+    // The reader blocks in open(2) until some writer opens the FIFO.
+    let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (fifo, opened) = (fifo.clone(), opened.clone());
+        std::thread::spawn(move || {
+            let _f = std::fs::File::open(&fifo).unwrap();
+            opened.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let r = run(driver(0, 10, "exit").env("IBJITTER_STATS", &fifo));
+    assert!(
+        r.status.success(),
+        "{}
+{}",
+        r.status,
+        r.stderr
+    );
+    warned_once(&r, &fifo, "not a regular file");
+    std::thread::sleep(Duration::from_millis(100));
+    let shim_opened_it = opened.load(std::sync::atomic::Ordering::SeqCst);
+    // Let the reader go (this test is its writer now).
+    let _w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    reader.join().unwrap();
+    assert!(
+        !shim_opened_it,
+        "the shim opened the FIFO its reader waited on"
+    );
+}
+
 /// A symbolic link as the stats or trace file (a path like `/tmp/ibjitter.%p.json` is
 /// predictable): the link is not followed, its target keeps its contents.
 #[test]

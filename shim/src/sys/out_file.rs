@@ -2,8 +2,10 @@
 //! a careless or hostile path cannot hurt the host: never through a symbolic link (paths like
 //! `/tmp/ibjitter.%p.json` are predictable, another user could plant one), never blocking (a
 //! FIFO or a device would hang the exit, or the signal handler), and only a regular file of the
-//! process's own effective user. Async-signal-safe: open, fstat, ftruncate, close only, no
-//! allocation; the signal-time writer uses [`open_raw`].
+//! process's own effective user. What is already there is looked at before it is opened (a
+//! FIFO with a reader, a device: opening them has effects of its own), and again once open
+//! (what the path names may change in between). Async-signal-safe: fstatat, open, fstat,
+//! ftruncate, close only, no allocation; the signal-time writer uses [`open_raw`].
 use std::ffi::{c_char, c_int, CString};
 use std::fmt;
 use std::os::fd::FromRawFd;
@@ -76,6 +78,10 @@ fn errno() -> c_int {
 /// # Safety
 /// `path` is a NUL-terminated string.
 pub unsafe fn open_raw(path: *const c_char) -> Result<c_int, Refused> {
+    let mut st: libc::stat = std::mem::zeroed();
+    if libc::fstatat(libc::AT_FDCWD, path, &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0 {
+        refuse_unfit(&st)?;
+    }
     let flags =
         libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
     let fd = libc::open(path, flags, 0o666 as libc::c_uint);
@@ -88,13 +94,10 @@ pub unsafe fn open_raw(path: *const c_char) -> Result<c_int, Refused> {
             e => Refused::Open(e),
         });
     }
-    let mut st: libc::stat = std::mem::zeroed();
     let checked = if libc::fstat(fd, &mut st) != 0 {
         Err(Refused::Open(errno()))
-    } else if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        Err(Refused::NotRegular)
-    } else if st.st_uid != libc::geteuid() {
-        Err(Refused::OtherOwner)
+    } else if let Err(r) = refuse_unfit(&st) {
+        Err(r)
     } else if libc::ftruncate(fd, 0) != 0 {
         Err(Refused::Truncate(errno()))
     } else {
@@ -104,6 +107,16 @@ pub unsafe fn open_raw(path: *const c_char) -> Result<c_int, Refused> {
         libc::close(fd);
     }
     checked
+}
+
+/// Why `st` (of the path, not followed, or of the open file) is no file to write, if so.
+fn refuse_unfit(st: &libc::stat) -> Result<(), Refused> {
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFLNK => Err(Refused::Link),
+        libc::S_IFREG if st.st_uid != unsafe { libc::geteuid() } => Err(Refused::OtherOwner),
+        libc::S_IFREG => Ok(()),
+        _ => Err(Refused::NotRegular),
+    }
 }
 
 /// [`open_raw`] for the writers that run outside a signal handler.
