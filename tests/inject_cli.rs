@@ -321,3 +321,55 @@ fn a_set_too_long_for_a_request_is_refused_with_the_limit() {
     assert!(e.contains("at most 1023 bytes"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Set in the process that serves a segment where `/proc` is an empty directory.
+const NO_PROC: &str = "IBJITTER_INJECT_TEST_NO_PROC";
+
+/// `--all` never removes the file of a live process that made it without a readable `/proc`
+/// (a chroot, a sandbox): whether that process lives cannot be told, so its file is said to
+/// be unreachable and left alone, and the process keeps its live control.
+#[test]
+fn all_leaves_the_file_of_a_process_without_proc_alone() {
+    const NAME: &str = "all_leaves_the_file_of_a_process_without_proc_alone";
+    if std::env::var_os(NO_PROC).is_some() {
+        // Here /proc is an empty tmpfs: no start time, no pid namespace to record.
+        assert!(std::fs::metadata("/proc/self/stat").is_err());
+        return serve_in_other_namespace();
+    }
+    if !private() {
+        return in_private_shm(NAME);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut other = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs ibjitter-no-proc /proc && exec \"$@\"")
+        .arg("sh")
+        .arg(exe)
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env(NO_PROC, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(other.stdout.take().unwrap());
+    let pid = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "no SERVING");
+        if let Some((_, p)) = line.trim().split_once("SERVING ") {
+            break p.parse::<u32>().unwrap();
+        }
+    };
+    let (o, _) = inject(&["status", "--all"]);
+    let e = stderr(&o);
+    assert!(
+        e.contains(&format!("{pid}: ")) && e.contains("without a readable /proc"),
+        "{e}"
+    );
+    assert!(!e.contains("removed"), "{e}");
+    assert!(
+        ctl::path(pid).exists(),
+        "the live process's file was removed"
+    );
+    drop(other.stdin.take());
+    other.wait().unwrap();
+}

@@ -241,7 +241,16 @@ fn a_truncated_live_segment_leaves_its_process_running() {
     assert!(status.success(), "{status}: {lines:?}");
     let warned = lines.iter().filter(|l| l.contains("truncated")).count();
     assert_eq!(warned, 1, "{lines:?}");
-    assert!(stdout.contains("RESULT posts"), "{stdout}");
+    // Every send reached the provider, before and after the truncation.
+    let result = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|r| r.1.to_string()))
+        .expect("RESULT");
+    let n: Vec<u64> = result
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(n[0] > 100 && n[0] == n[1], "{result}");
 }
 
 /// After an exec into a program without the shim, the file stays (same pid, same start
@@ -328,4 +337,51 @@ fn a_set_without_its_terminator_is_refused_by_the_process() {
     );
     let (status, _, lines) = finish(child);
     assert!(status.success(), "{status}: {lines:?}");
+}
+
+/// Another user made the control directory first (`/dev/shm` is shared by every user): the
+/// injected process puts no segment in it (whoever owns it could answer `inject pause` with
+/// "paused" while nothing paused), says once that live control is unavailable and why, and
+/// passes every send through.
+#[test]
+fn another_users_control_directory_is_refused_by_the_process() {
+    const NAME: &str = "another_users_control_directory_is_refused_by_the_process";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "1m");
+    }
+    let dir = ctl::dir();
+    std::fs::create_dir(&dir).unwrap();
+    // nobody's, and writable by all: a planted directory.
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let (child, pid) = spawn_child(NAME, "open", 50);
+    let (status, stdout, lines) = finish(child);
+    eprintln!("{status}\n{stdout}\n{lines:?}");
+    assert!(status.success(), "{status}: {lines:?}");
+    let warned: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("live control unavailable"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{lines:?}");
+    let result = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|r| r.1.to_string()))
+        .expect("RESULT");
+    let n: Vec<u64> = result
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(n[0] > 0 && n[0] == n[1], "{result}");
+    assert!(
+        !ctl::path(pid).exists(),
+        "a segment in another user's directory"
+    );
+    let inside: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(inside.is_empty(), "{inside:?}");
 }
