@@ -123,7 +123,8 @@ pub fn rdtsc() -> u64 {
     0
 }
 
-/// CLOCK_MONOTONIC in ns (through the vDSO: no syscall on the usual clocksources).
+/// CLOCK_MONOTONIC in ns (through the vDSO: no syscall on the usual clocksources, `tsc` and
+/// `kvm-clock`; a system call on those the vDSO cannot read, e.g. `hpet`, `acpi_pm`).
 #[inline(always)]
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
