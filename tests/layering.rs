@@ -2,9 +2,9 @@
 //! (`src/` and the injector, `shim/src/`), and the injector's modules import only from the
 //! layers its crate doc lists before their own (`shim/src/lib.rs`, the "Layers" list).
 //!
-//! A module's imports are the `crate::…` and `super::…` paths in its code (comments and the
-//! `#[cfg(test)]` module at the end of a file aside), each resolved to the deepest module
-//! file it names.
+//! A module's imports are the `crate::…`, `super::…` and `self::…` paths in its code, and the
+//! bare paths that start with one of its own submodules (`use ops::Op` in a parent), comments
+//! and `#[cfg(test)]` items aside, each resolved to the deepest module file it names.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -81,26 +81,50 @@ fn code_of(text: &str) -> String {
     out
 }
 
-/// Every path a `use` or an expression names from `crate::` or `super::`, expanded
-/// (`crate::{a, b::{c, d}}` → `a`, `b::c`, `b::d`), relative to the crate root.
-fn imported_paths(module: &str, code: &str) -> Vec<String> {
+/// Every path a `use` or an expression names from `crate::`, `super::`, `self::` or one of
+/// the module's own submodules (`children`: a parent that uses its child by a bare path),
+/// expanded (`crate::{a, b::{c, d}}` → `a`, `b::c`, `b::d`), relative to the crate root.
+fn imported_paths(module: &str, code: &str, children: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     let bytes = code.as_bytes();
-    for (start, prefix) in [("crate::", ""), ("super::", "super")] {
+    let own = |child: &str| {
+        if module.is_empty() {
+            child.to_string()
+        } else {
+            format!("{module}::{child}")
+        }
+    };
+    for child in children {
+        let start = format!("{child}::");
+        let mut from = 0;
+        while let Some(i) = code[from..].find(&start) {
+            let at = from + i;
+            from = at + start.len();
+            // Not the tail of another identifier or path (`serde_json::`, `crate::json::`).
+            if at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || b"_:".contains(&bytes[at - 1])) {
+                continue;
+            }
+            expand(&code[from..], &own(child), &mut out);
+        }
+    }
+    for (start, prefix) in [("crate::", ""), ("super::", "super"), ("self::", "self")] {
         let mut from = 0;
         while let Some(i) = code[from..].find(start) {
             let at = from + i;
             from = at + start.len();
-            // A path starts here unless it is the tail of another identifier (`foo_crate::`).
-            if at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_') {
+            // A path starts here unless it is the tail of another identifier (`foo_crate::`)
+            // or path (`super::self::` does not occur; `x::self` is handled by `expand`).
+            if at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || b"_:".contains(&bytes[at - 1])) {
                 continue;
             }
-            let base = if prefix == "super" {
-                let mut parts: Vec<&str> = module.split("::").collect();
-                parts.pop();
-                parts.join("::")
-            } else {
-                String::new()
+            let base = match prefix {
+                "super" => {
+                    let mut parts: Vec<&str> = module.split("::").collect();
+                    parts.pop();
+                    parts.join("::")
+                }
+                "self" => module.to_string(),
+                _ => String::new(),
             };
             expand(&code[from..], &base, &mut out);
         }
@@ -172,7 +196,17 @@ fn resolve<'a>(mods: &'a BTreeMap<String, String>, path: &str) -> Option<&'a str
 fn graph(mods: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>> {
     mods.iter()
         .map(|(m, code)| {
-            let deps = imported_paths(m, code)
+            let prefix = if m.is_empty() {
+                String::new()
+            } else {
+                format!("{m}::")
+            };
+            let children: Vec<&str> = mods
+                .keys()
+                .filter_map(|k| k.strip_prefix(prefix.as_str()))
+                .filter(|rest| !rest.is_empty() && !rest.contains("::"))
+                .collect();
+            let deps = imported_paths(m, code, &children)
                 .iter()
                 .filter_map(|p| resolve(mods, p))
                 .filter(|d| d != m)
@@ -335,6 +369,14 @@ fn the_checker_sees_circles_and_nested_imports() {
             .into(),
     );
     mods.insert("e::f".into(), "use super::super::c;\n".into());
+    // A parent and its child by bare and `self::` paths, beside look-alikes that are not.
+    mods.insert(
+        "p".into(),
+        "mod q;\nuse q::x;\nfn f() { serde_q::y(); crate::c::z(); }\n".into(),
+    );
+    mods.insert("p::q".into(), "use super::w;\n".into());
+    mods.insert("r".into(), "mod s;\nfn f() { self::s::t() }\n".into());
+    mods.insert("r::s".into(), String::new());
     let mods: BTreeMap<String, String> = mods.into_iter().map(|(k, v)| (k, code_of(&v))).collect();
     let g = graph(&mods);
     assert_eq!(g["a"], BTreeSet::from(["b".to_string(), "c".to_string()]));
@@ -342,5 +384,17 @@ fn the_checker_sees_circles_and_nested_imports() {
     assert_eq!(g["c"], BTreeSet::from(["d".to_string()]));
     assert!(g["d"].is_empty());
     assert_eq!(g["e::f"], BTreeSet::from(["c".to_string()]));
-    assert_eq!(circles(&g), vec![vec!["a".to_string(), "b".to_string()]]);
+    assert_eq!(
+        g["p"],
+        BTreeSet::from(["p::q".to_string(), "c".to_string()])
+    );
+    assert_eq!(g["p::q"], BTreeSet::from(["p".to_string()]));
+    assert_eq!(g["r"], BTreeSet::from(["r::s".to_string()]));
+    assert_eq!(
+        circles(&g),
+        vec![
+            vec!["a".to_string(), "b".to_string()],
+            vec!["p".to_string(), "p::q".to_string()]
+        ]
+    );
 }

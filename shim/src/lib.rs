@@ -4,8 +4,8 @@
 //! each batch of `ibv_wr_*` requests, at `ibv_wr_start`) by a busy-wait drawn from a
 //! 4096-entry table, without changing APP.
 //!
-//! Layers, from the bottom up; a module imports only from its own layer's earlier modules
-//! and from the layers listed before its own (`tests/layering.rs` checks it):
+//! Layers, from the bottom up; no module imports from a layer listed after its own, and no
+//! modules import each other, directly or around a circle (`tests/layering.rs` checks both):
 //! - [`abi`]: libibverbs' struct layouts and function types, ELF dynamic tables;
 //! - [`sys`]: stderr, clocks and busy-waits, per-thread state and PCG streams, address
 //!   tables, a fork-safe spin lock and mutex, typed real symbols, libc's own `dlsym`;

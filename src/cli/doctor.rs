@@ -65,7 +65,7 @@ fn doctor_run(a: DoctorArgs) -> Result<i32, String> {
         ));
     }
     if let Some(p) = &a.json {
-        super::check_writable(p)?;
+        super::output_path::check_writable(p)?;
     }
     let shim = match a.shim {
         Some(p) => p,
@@ -103,7 +103,7 @@ fn doctor_run(a: DoctorArgs) -> Result<i32, String> {
         exit::PARTLY
     };
     if let Some(p) = &a.json {
-        let written = super::create(p).and_then(|mut f| {
+        let written = super::output_path::create(p).and_then(|mut f| {
             serde_json::to_writer_pretty(&mut f, &report)
                 .map_err(|e| e.to_string())
                 .and_then(|_| f.flush().map_err(|e| e.to_string()))

@@ -166,7 +166,7 @@ pub fn run(a: IncastArgs) -> i32 {
         }
     };
     // Every step writes into --out, after its traffic: checked before any is launched.
-    if let Err(e) = super::check_dir_creatable(&a.out) {
+    if let Err(e) = super::output_path::check_dir_creatable(&a.out) {
         eprintln!("ibjitter incast: {e}");
         return exit::SETUP;
     }

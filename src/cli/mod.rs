@@ -1,6 +1,8 @@
 //! Command-line parsing (clap) and dispatch. Each subcommand has its own file; the logic it
-//! calls lives in the library, so it can be tested without a process.
-use clap::{Args, CommandFactory, Parser, Subcommand};
+//! calls lives in the library, so it can be tested without a process. What several share has
+//! a file of its own (`exit`, `units`, `output_path`, `rdma_args`), below the subcommands and
+//! this dispatch.
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
 mod doctor;
@@ -8,7 +10,9 @@ mod exec;
 mod exit;
 mod incast;
 mod inject;
+mod output_path;
 mod pcap;
+mod rdma_args;
 mod run;
 mod serve;
 mod size_spec;
@@ -108,89 +112,4 @@ fn write_docs(what: &str, dir: &Path, write: impl Fn(&Path) -> std::io::Result<(
             exit::SETUP
         }
     }
-}
-
-/// A buffered output file, or the error naming it.
-fn create(path: &std::path::Path) -> Result<std::io::BufWriter<std::fs::File>, String> {
-    std::fs::File::create(path)
-        .map(std::io::BufWriter::new)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
-
-/// Whether `path` can be written, without changing anything: an existing file must open for
-/// writing (not truncated), a new one needs an existing directory we may write to. For
-/// outputs written at the end, checked before any work so that a bad path is a bad argument.
-fn check_writable(path: &std::path::Path) -> Result<(), String> {
-    let refuse = |why: String| Err(format!("cannot write {}: {why}", path.display()));
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => return refuse("it is a directory".into()),
-        Ok(_) => {
-            return std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map(drop)
-                .or_else(|e| refuse(e.to_string()))
-        }
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return refuse(e.to_string()),
-        Err(_) => {}
-    }
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => std::path::Path::new("."),
-    };
-    check_dir_writable(parent).or_else(refuse)
-}
-
-/// Whether `dir` can be created (if missing) and written into, without creating it: its
-/// nearest existing ancestor must be a directory we may write to.
-fn check_dir_creatable(dir: &std::path::Path) -> Result<(), String> {
-    let mut at = dir;
-    loop {
-        match std::fs::symlink_metadata(at) {
-            Ok(_) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("cannot write into {}: {e}", dir.display())),
-        }
-        at = match at.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => std::path::Path::new("."),
-        };
-    }
-    check_dir_writable(at).map_err(|e| format!("cannot write into {}: {e}", dir.display()))
-}
-
-/// Whether files can be created in `dir` (which must exist): access(2) with W_OK and X_OK,
-/// which also says no for a read-only file system.
-fn check_dir_writable(dir: &std::path::Path) -> Result<(), String> {
-    use std::os::unix::ffi::OsStrExt;
-    match std::fs::metadata(dir) {
-        Ok(m) if !m.is_dir() => return Err(format!("{} is not a directory", dir.display())),
-        Ok(_) => {}
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
-    }
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| format!("{}: a NUL byte in the path", dir.display()))?;
-    // SAFETY: a valid NUL-terminated path; access(2) only reads it.
-    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
-        return Err(format!(
-            "{}: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
-}
-
-/// Which RDMA device, port and GID `run` and `serve` use.
-#[derive(Args)]
-struct RdmaArgs {
-    /// RDMA device (default: $IBJITTER_DEV, else the first one)
-    #[arg(long = "dev", short = 'd', env = "IBJITTER_DEV")]
-    device: Option<String>,
-    /// Device port
-    #[arg(long, default_value_t = 1)]
-    ib_port: u8,
-    /// GID index (default: the first RoCEv2 IPv4 GID, else 0)
-    #[arg(long)]
-    gid_index: Option<i32>,
 }

@@ -1,6 +1,7 @@
 //! `ibjitter pcap`: what RoCE / InfiniBand flows did on the wire, from a tcpdump or ibdump
 //! capture.
-use super::{create, exit, units};
+use super::output_path::create;
+use super::{exit, units};
 use clap::Args;
 use ibjitter::pcap::{analyze_file, ipd, Options};
 use ibjitter::report::export::{pcap as export, timeseries};

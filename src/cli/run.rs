@@ -1,6 +1,8 @@
 //! `ibjitter run`: argument parsing and output files; the generator is `ibjitter::gen`.
+use super::output_path::{check_writable, create};
+use super::rdma_args::RdmaArgs;
 use super::size_spec::{self, SizeSpec};
-use super::{create, exit, units, RdmaArgs};
+use super::{exit, units};
 use clap::{Args, ValueEnum};
 use ibjitter::gen::client::{self, RunOutput};
 use ibjitter::gen::cpus;
@@ -557,7 +559,7 @@ fn open_json(a: &RunArgs) -> Result<Option<JsonOut>, String> {
 fn check_fct_figures(a: &RunArgs) -> Result<(), String> {
     if let Some(path) = &a.fct {
         for suffix in ["-buckets.csv", ".svg"] {
-            super::check_writable(&fct_export::beside(path, suffix))?;
+            check_writable(&fct_export::beside(path, suffix))?;
         }
     }
     Ok(())

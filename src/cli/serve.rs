@@ -1,5 +1,6 @@
 //! `ibjitter serve`: argument parsing; the server is `ibjitter::gen::server`.
-use super::{exit, units, RdmaArgs};
+use super::rdma_args::RdmaArgs;
+use super::{exit, units};
 use clap::Args;
 use ibjitter::gen::server::{serve, ServeConfig};
 use std::time::Duration;

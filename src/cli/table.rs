@@ -269,11 +269,11 @@ pub fn run(args: TableArgs) -> i32 {
 /// table made, so that a bad path is found first.
 fn check_outputs(cmd: &TableCommand) -> Result<(), TableError> {
     let file = |p: &Option<PathBuf>| match p {
-        Some(p) => super::check_writable(p).map_err(TableError::new),
+        Some(p) => super::output_path::check_writable(p).map_err(TableError::new),
         None => Ok(()),
     };
     // Not created yet: nothing is written when the input is refused.
-    let dir = |d: &Path| super::check_dir_creatable(d).map_err(TableError::new);
+    let dir = |d: &Path| super::output_path::check_dir_creatable(d).map_err(TableError::new);
     match cmd {
         TableCommand::Lognormal(LognormalArgs { out, .. })
         | TableCommand::Uniform(UniformArgs { out, .. })

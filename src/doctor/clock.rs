@@ -1,7 +1,7 @@
 //! The clock the injector waits on: an invariant TSC, its calibration against
 //! CLOCK_MONOTONIC, and how far a busy-wait of 1, 10 and 100 µs overshoots on this CPU,
 //! measured with the injector's own method (spin on rdtsc until the calibrated tick count).
-use super::{Check, Verdict};
+use super::verdict::{Check, Verdict};
 use serde_json::json;
 
 const GROUP: &str = "clock";

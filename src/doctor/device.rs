@@ -1,5 +1,5 @@
 //! Devices, ports, link layer, GIDs, MTU, and whether the port's counters can be read.
-use super::{Check, Verdict};
+use super::verdict::{Check, Verdict};
 use crate::gen::port_counters::PortCounters;
 use crate::verbs::{self, cm::gid_ipv4, mtu_bytes};
 use serde_json::json;

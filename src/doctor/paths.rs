@@ -9,8 +9,9 @@
 //! round trip should grow by D.
 use super::child::{free_port, pair, run_bounded, Finished};
 use super::device::Target;
+use super::options::Options;
 use super::shim::{read_stats, Stats};
-use super::{Check, Options, Verdict};
+use super::verdict::{Check, Verdict};
 use serde_json::json;
 use std::process::Command;
 use std::time::Duration;

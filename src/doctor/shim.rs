@@ -1,7 +1,7 @@
 //! The injector: it loads, and what its stats file (`IBJITTER_STATS`) says a program did:
 //! posts per hook, delays injected, and why nothing was delayed if so.
 use super::child::run_bounded;
-use super::{Check, Verdict};
+use super::verdict::{Check, Verdict};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;

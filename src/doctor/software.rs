@@ -1,6 +1,6 @@
 //! UCX and libfabric (present? which version?) and /dev/shm space.
 use super::child::run_bounded;
-use super::{Check, Verdict};
+use super::verdict::{Check, Verdict};
 use serde_json::json;
 use std::process::Command;
 use std::time::Duration;

@@ -4,10 +4,10 @@
 //!
 //! The loop talks to its flows through [`Transport`] (a [`Shard`] on the device, a fake in
 //! the tests below) and leaves what to post to a [`Pattern`].
+use super::ops::{self, Op};
 use super::shard::Shard;
 use super::stats::FlowStats;
 use super::stop::{Reason, StopToken};
-use super::{ops, Op};
 use crate::verbs::{AtomicOp, AtomicTarget, SendKind, SendWr, WorkCompletion};
 
 /// One work request of a flow, as a pattern asks for it.

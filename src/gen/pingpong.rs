@@ -7,11 +7,11 @@
 //! SEND: we keep a receive posted; the server answers each SEND with a SEND.
 use super::drive::{drive, Limits, Pattern, Post, Transport};
 use super::intervals::Sink;
+use super::ops::Op;
 use super::progress::Counters;
 use super::shard::Shard;
 use super::stats::{FlowStats, Recorder};
 use super::worker::{WorkerOutput, WorkerParams};
-use super::Op;
 use crate::verbs::{wc_status_str, WorkCompletion};
 use std::time::Instant;
 

@@ -2,7 +2,7 @@
 //! for the ops that raise completions there, the client's for the others), and the checks a
 //! user can read off (fetch_add words sum to fetch_adds x addend, every cmp_swap swapped, UD
 //! datagrams lost).
-use super::Latency;
+use super::latency::Latency;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

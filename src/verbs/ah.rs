@@ -1,7 +1,8 @@
 //! Address handles: where a UD datagram goes (the peer's LID, GID and our port), made once per
 //! destination and named by each SEND.
-use super::qp::ah_attr;
-use super::{Endpoint, Error, ProtectionDomain, Result};
+use super::endpoint::{ah_attr, Endpoint};
+use super::error::{Error, Result};
+use super::pd::ProtectionDomain;
 use std::sync::Arc;
 
 pub struct AddressHandle {

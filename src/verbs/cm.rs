@@ -2,10 +2,12 @@
 //! and the event channel that reports each step. QPs on a [`CmId`] must live on librdmacm's
 //! own device context (`rdma_create_qp` checks), so code that connects through rdma_cm opens
 //! its device with [`open_device`] here instead of `verbs::open_device`.
-use super::{Context, Error, Result};
+use super::context::Context;
+use super::error::{Error, Result};
+pub use super::gid::gid_ipv4;
 use rdma_sys::rdma_cm_event_type as Ev;
 use std::ffi::CStr;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,12 +46,6 @@ pub fn open_device(name: Option<&str>) -> Result<Arc<Context>> {
             },
         ))
     }
-}
-
-/// The IPv4 address of a RoCE GID, if it is IPv4-mapped (`::ffff:a.b.c.d`).
-pub fn gid_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
-    (gid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff])
-        .then(|| Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
 }
 
 /// Where rdma_cm reports resolutions, connection requests and connection state changes.
@@ -123,7 +119,7 @@ impl EventChannel {
     pub fn next(self: &Arc<Self>, timeout: Duration) -> Result<Option<Event>> {
         // SAFETY: raw is a live channel.
         let fd = unsafe { (*self.raw).fd };
-        if !super::readable(fd, timeout, "poll(rdma_cm event channel)")? {
+        if !super::event_fd::readable(fd, timeout, "poll(rdma_cm event channel)")? {
             return Ok(None);
         }
         let mut ev = std::ptr::null_mut();
@@ -421,18 +417,6 @@ fn sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ipv4_mapped_gids_give_their_address() {
-        let mut gid = [0u8; 16];
-        gid[10] = 0xff;
-        gid[11] = 0xff;
-        gid[12..].copy_from_slice(&[10, 0, 0, 2]);
-        assert_eq!(gid_ipv4(&gid), Some(Ipv4Addr::new(10, 0, 0, 2)));
-        gid[0] = 0xfe;
-        gid[1] = 0x80;
-        assert_eq!(gid_ipv4(&gid), None);
-    }
 
     #[test]
     fn socket_addresses_are_laid_out_for_c() {

@@ -1,5 +1,5 @@
 //! An open device: port and device queries, GID selection.
-use super::{Error, Result};
+use super::error::{Error, Result};
 use std::mem::MaybeUninit;
 
 /// An open RDMA device (`ibv_context`).
@@ -151,7 +151,7 @@ impl Context {
             if !kind.contains("RoCE v2") {
                 continue;
             }
-            if super::cm::gid_ipv4(&gid).is_some() {
+            if super::gid::gid_ipv4(&gid).is_some() {
                 return Ok(index);
             }
             first_v2.get_or_insert(index);

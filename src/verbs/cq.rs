@@ -1,5 +1,6 @@
 //! Completion queues.
-use super::{Context, Error, Result};
+use super::context::Context;
+use super::error::{Error, Result};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,7 +111,7 @@ impl CompletionQueue {
         }
         // SAFETY: the channel is live.
         let fd = unsafe { (*self.channel).fd };
-        if !super::readable(fd, timeout, "poll(completion channel)")? {
+        if !super::event_fd::readable(fd, timeout, "poll(completion channel)")? {
             return Ok(false);
         }
         let mut cq = std::ptr::null_mut();

@@ -1,5 +1,6 @@
 //! Finding and opening RDMA devices.
-use super::{Context, Error, Result};
+use super::context::Context;
+use super::error::{Error, Result};
 use std::ffi::CStr;
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
 //! Registered memory: a page-aligned, zeroed buffer and its registration.
-use super::{Error, ProtectionDomain, Result};
+use super::error::{Error, Result};
+use super::pd::ProtectionDomain;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ pub(crate) fn post_recv_with(
     wr_id: u64,
     local: Sge,
     post: impl FnOnce(*mut rdma_sys::ibv_recv_wr, *mut *mut rdma_sys::ibv_recv_wr) -> i32,
-) -> super::Result<()> {
+) -> Result<()> {
     let mut sge = rdma_sys::ibv_sge {
         addr: local.addr,
         length: local.len,

@@ -1,5 +1,6 @@
 //! Protection domains.
-use super::{Context, Error, Result};
+use super::context::Context;
+use super::error::{Error, Result};
 use std::sync::Arc;
 
 pub struct ProtectionDomain {

@@ -1,29 +1,20 @@
 //! Queue pairs: reliable-connected (creation, the INIT → RTR → RTS walk) and unreliable
 //! datagram (ready at once, addressed per post through an [`AddressHandle`]); posting every
 //! verb the generator uses.
+use super::ah::AddressHandle;
 use super::cm::CmId;
-use super::{
-    AddressHandle, CompletionQueue, Error, ProtectionDomain, Result, Sge, SharedReceiveQueue,
-};
+use super::cq::CompletionQueue;
+use super::endpoint::{ah_attr, Endpoint};
+use super::error::{Error, Result};
+use super::mr::Sge;
+use super::pd::ProtectionDomain;
+use super::srq::SharedReceiveQueue;
 use rdma_sys::{
     ibv_qp_attr_mask as Mask, ibv_qp_state as State, ibv_qp_type as Type, ibv_wr_opcode as Opcode,
 };
 use serde::{Deserialize, Serialize};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
-
-/// What the peer needs to connect to one of our QPs (exchanged out of band).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Endpoint {
-    pub qpn: u32,
-    pub psn: u32,
-    pub lid: u16,
-    pub gid: [u8; 16],
-    /// RDMA READs and atomics this QP accepts at once (its max_dest_rd_atomic): the peer's
-    /// max_rd_atomic must not exceed it. 0 from an older peer: 1.
-    #[serde(default)]
-    pub rd_atomic: u8,
-}
 
 /// A registered buffer on the peer, for RDMA WRITE and READ.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -527,28 +518,6 @@ pub enum SendKind<'a> {
         ah: &'a AddressHandle,
         remote_qpn: u32,
     },
-}
-
-/// The address vector toward `remote` from `port`: its LID, and with a GID (RoCE, or IB
-/// across subnets) a global route from our GID at `gid_index` in `traffic_class`.
-pub(super) fn ah_attr(
-    port: u8,
-    gid_index: i32,
-    traffic_class: u8,
-    remote: &Endpoint,
-) -> rdma_sys::ibv_ah_attr {
-    // SAFETY: plain data; all-zero is a valid starting point.
-    let mut ah: rdma_sys::ibv_ah_attr = unsafe { MaybeUninit::zeroed().assume_init() };
-    ah.dlid = remote.lid;
-    ah.port_num = port;
-    if remote.gid != [0; 16] {
-        ah.is_global = 1;
-        ah.grh.dgid.raw = remote.gid;
-        ah.grh.sgid_index = gid_index as u8;
-        ah.grh.hop_limit = 64;
-        ah.grh.traffic_class = traffic_class;
-    }
-    ah
 }
 
 fn init_attr(

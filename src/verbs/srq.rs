@@ -1,5 +1,7 @@
 //! Shared receive queues: one pool of receive buffers for many RC flows.
-use super::{Error, ProtectionDomain, Result, Sge};
+use super::error::{Error, Result};
+use super::mr::Sge;
+use super::pd::ProtectionDomain;
 use std::sync::Arc;
 
 pub struct SharedReceiveQueue {

@@ -9,11 +9,12 @@ use super::cpus;
 use super::fct::FctBuckets;
 use super::intervals::Outputs;
 use super::port_counters::PortCounters;
+pub use super::run_config::steady_window_ns;
+use super::run_config::RunConfig;
 use super::stats::{new_histogram, ByOp, FlowStats};
 use super::stop::{Reason, StopToken};
 use super::wire::{Control, OpCount};
 use super::worker::WorkerParams;
-use super::{RunConfig, StopAt};
 use crate::report::fct::FctReport;
 use crate::report::{hist, RunReport, ThreadReport};
 use setup::Local;
@@ -123,17 +124,6 @@ fn worker_params(cfg: &RunConfig, local: &Local, stop: StopToken) -> WorkerParam
         sizes: cfg.sizes.clone(),
         fct: local.fct,
     }
-}
-
-/// The steady-state window, ns since the start: after the warm-up, before the cool-down of a
-/// timed run (a run of `--iters` has no known end: its window runs to its last completion).
-pub fn steady_window_ns(cfg: &RunConfig) -> (u64, u64) {
-    let from = cfg.warmup.as_nanos() as u64;
-    let until = match cfg.stop {
-        StopAt::Duration(d) => d.saturating_sub(cfg.cooldown).as_nanos() as u64,
-        StopAt::Iters(_) => u64::MAX,
-    };
-    (from, until.max(from))
 }
 
 /// Merges the threads' flows, asks the server what it received (unless it is gone), and

@@ -1,9 +1,9 @@
 //! The run's report from what the flows measured (and the server said).
-use super::super::ops::{Op, FETCH_ADD_ADDEND};
+use super::super::ops::{Op, QpType, FETCH_ADD_ADDEND};
+use super::super::run_config::{steady_window_ns, Load, RunConfig};
 use super::super::stats::{ByOp, FlowStats, SteadySpan};
 use super::super::stop::{Reason, StopToken};
 use super::super::wire::{CountedAt, ServerCounts};
-use super::super::{Load, QpType, RunConfig};
 use crate::report::fct::{FctReport, SizesReport};
 use crate::report::ops::{CmpSwapCheck, FetchAddCheck, OpReport, ServerOpReport, ServerReport};
 use crate::report::{
@@ -106,7 +106,7 @@ pub fn build_report(
     let (steady_ops, steady_bytes) = flows
         .iter()
         .fold((0, 0), |(o, b), f| (o + f.steady_ops, b + f.steady_bytes));
-    let (from_ns, until_ns) = super::steady_window_ns(cfg);
+    let (from_ns, until_ns) = steady_window_ns(cfg);
     let steady = Steady::new(
         from_ns as f64 / 1e9,
         (until_ns as f64 / 1e9).min(measured_s),

@@ -3,11 +3,13 @@
 //! an rdma_cm id per flow, already resolved toward the server.
 use super::super::cm;
 use super::super::fct::FctParams;
+use super::super::ops::QpType;
 use super::super::pacing::Arrival;
+use super::super::pingpong;
+use super::super::run_config::{Load, RunConfig};
 use super::super::shard::{FlowLayout, Shard};
 use super::super::stop::StopToken;
 use super::super::wire::{FlowEndpoint, RunRequest};
-use super::super::{pingpong, Load, QpType, RunConfig};
 use super::report::{rss_bytes, MemoryAtSetup};
 use crate::verbs::cm::{ConnParams, EventChannel};
 use crate::verbs::{

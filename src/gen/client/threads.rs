@@ -4,14 +4,15 @@
 use super::super::cpus;
 use super::super::fct;
 use super::super::intervals::{self, Outputs, Sink};
+use super::super::pingpong;
 use super::super::port_counters::{self, PortCounters};
 use super::super::progress::{self, Counters};
+use super::super::run_config::{RunConfig, StopAt};
 use super::super::shard::Shard;
 use super::super::stats::new_histogram;
 use super::super::stop::Reason;
 use super::super::wire::Control;
 use super::super::worker::{self, WorkerOutput, WorkerParams};
-use super::super::{pingpong, RunConfig, StopAt};
 use crate::report::gbps;
 use hdrhistogram::Histogram;
 use std::io::{IsTerminal, Write};

@@ -2,80 +2,26 @@
 //! client of a group at the start barrier until all are ready, then absorbs or echoes traffic
 //! and reports what reached it, by op.
 //! This file: the device and the listener; [`barrier`] the start barrier; one thread per client runs its
-//! [`session`] over its [`resources`]; [`responder`] is the data path, [`counts`] what reached
-//! the server.
+//! [`session`] over its [`resources`] and what all sessions share ([`shared`]); [`responder`]
+//! is the data path, [`counts`] what reached the server.
 mod barrier;
 mod counts;
 mod resources;
 mod responder;
+mod serve_config;
 mod session;
+mod shared;
 
 use super::cm::Listener;
 use crate::verbs::cm as verbs_cm;
-use crate::verbs::{self, Context, DeviceLimits, ProtectionDomain};
+use crate::verbs::{self, ProtectionDomain};
 use barrier::StartBarrier;
 pub use barrier::READY_LINE;
+pub use serve_config::ServeConfig;
 use session::session;
+use shared::Shared;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::time::Duration;
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServeConfig {
-    pub device: Option<String>,
-    pub ib_port: u8,
-    pub gid_index: Option<i32>,
-    /// Also accept flows connected through rdma_cm (`run --cm`), on the same port number in
-    /// rdma_cm's own port space.
-    pub cm: bool,
-    pub bind: String,
-    pub port: u16,
-    /// Clients that start together (the start barrier's size).
-    pub clients: u32,
-    /// Exit after one group of clients has finished.
-    pub once: bool,
-    pub qp_timeout: u8,
-    pub setup_timeout: Duration,
-    pub start_timeout: Duration,
-    /// The launcher releases the start barrier: `ready` on stdout, then a line on stdin.
-    pub hold: bool,
-}
-
-impl Default for ServeConfig {
-    fn default() -> Self {
-        ServeConfig {
-            device: None,
-            ib_port: 1,
-            gid_index: None,
-            cm: false,
-            bind: "0.0.0.0".into(),
-            port: 18515,
-            clients: 1,
-            once: false,
-            qp_timeout: 18,
-            setup_timeout: Duration::from_secs(30),
-            start_timeout: Duration::from_secs(120),
-            hold: false,
-        }
-    }
-}
-
-/// What is shared by every session: the device and the start barrier.
-struct Shared {
-    cfg: ServeConfig,
-    ctx: Arc<Context>,
-    pd: Arc<ProtectionDomain>,
-    lid: u16,
-    gid: [u8; 16],
-    gid_index: i32,
-    mtu: u32,
-    max_srq_wr: u32,
-    /// READ/atomic depths and whether the device does atomics at all.
-    limits: DeviceLimits,
-    barrier: StartBarrier,
-    /// The rdma_cm listener, with `cm`.
-    cm: Option<Listener>,
-}
 
 /// Why `serve` ended badly.
 #[derive(Debug)]

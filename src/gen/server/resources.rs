@@ -2,7 +2,7 @@
 //! queue and its pool when the run's ops raise receives, one buffer (a slot per flow, the
 //! flows' atomic words, the pool), and a QP per flow (RC connected to the client's, or UD).
 use super::responder::{self, EchoFlow, Finish, Received, RecvPool};
-use super::Shared;
+use super::shared::Shared;
 use crate::gen::cm::Incoming;
 use crate::gen::ops::GRH_BYTES;
 use crate::gen::shard::{initial_psn, slot_size};

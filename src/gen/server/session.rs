@@ -4,7 +4,7 @@
 use super::counts;
 use super::resources::Resources;
 use super::responder::Finish;
-use super::Shared;
+use super::shared::Shared;
 use crate::gen::wire::{self, Control, QpType, RunRequest};
 use crate::verbs::mtu_bytes;
 use std::net::TcpStream;

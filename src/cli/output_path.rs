@@ -1,0 +1,73 @@
+//! Output paths for the subcommands that write files: whether one can be written, checked
+//! before any work (so that a bad path is a bad argument, not a lost run), and opening it.
+
+/// A buffered output file, or the error naming it.
+pub(super) fn create(path: &std::path::Path) -> Result<std::io::BufWriter<std::fs::File>, String> {
+    std::fs::File::create(path)
+        .map(std::io::BufWriter::new)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Whether `path` can be written, without changing anything: an existing file must open for
+/// writing (not truncated), a new one needs an existing directory we may write to. For
+/// outputs written at the end, checked before any work so that a bad path is a bad argument.
+pub(super) fn check_writable(path: &std::path::Path) -> Result<(), String> {
+    let refuse = |why: String| Err(format!("cannot write {}: {why}", path.display()));
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => return refuse("it is a directory".into()),
+        Ok(_) => {
+            return std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map(drop)
+                .or_else(|e| refuse(e.to_string()))
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return refuse(e.to_string()),
+        Err(_) => {}
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    check_dir_writable(parent).or_else(refuse)
+}
+
+/// Whether `dir` can be created (if missing) and written into, without creating it: its
+/// nearest existing ancestor must be a directory we may write to.
+pub(super) fn check_dir_creatable(dir: &std::path::Path) -> Result<(), String> {
+    let mut at = dir;
+    loop {
+        match std::fs::symlink_metadata(at) {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot write into {}: {e}", dir.display())),
+        }
+        at = match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => std::path::Path::new("."),
+        };
+    }
+    check_dir_writable(at).map_err(|e| format!("cannot write into {}: {e}", dir.display()))
+}
+
+/// Whether files can be created in `dir` (which must exist): access(2) with W_OK and X_OK,
+/// which also says no for a read-only file system.
+fn check_dir_writable(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => return Err(format!("{} is not a directory", dir.display())),
+        Ok(_) => {}
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| format!("{}: a NUL byte in the path", dir.display()))?;
+    // SAFETY: a valid NUL-terminated path; access(2) only reads it.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        return Err(format!(
+            "{}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
