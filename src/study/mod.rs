@@ -5,6 +5,7 @@
 //! spread and slowdown, and the correlation of the metric with the injected mean and sd.
 //!
 //! - [`plan`]: configurations and the order of runs (a pure function of the seed).
+//! - [`stopping`]: when rounds have measured enough (`--reps`, `--until-ci`).
 //! - [`tables`]: the tables as configurations (files, or a generated mean-preserving family).
 //! - [`runner`]: one run: environment, congestor, wall time, metric, what was injected.
 //! - [`output`]: a run's output read for its metric from the end, in bounded memory.
@@ -19,10 +20,11 @@ pub mod plan;
 pub mod record;
 pub mod runner;
 pub mod stats;
+pub mod stopping;
 pub mod summary;
 pub mod tables;
 
-use plan::{Plan, Stopping};
+use plan::Plan;
 use record::{Row, Writer};
 use runner::{Interrupted, Runner};
 use std::io::{IsTerminal, Write};
@@ -37,16 +39,7 @@ fn read_if_present(path: &Path, what: &str) -> Result<Option<String>, String> {
         .map_err(|e| e.to_string())
 }
 
-/// How a study ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
-    /// The stopping rule was met.
-    Complete,
-    /// `--until-ci` reached its cap before every CI was narrow enough.
-    CapReached,
-    /// Ctrl-C: the run in flight was dropped; the rows before it are kept.
-    Interrupted,
-}
+pub use stopping::Ending;
 
 /// Reads `DIR/plan.json` if there is one: a study may continue only with the same plan.
 /// Writes it otherwise. Returns the rows already measured.
@@ -86,36 +79,15 @@ pub fn open(plan: &Plan, dir: &Path) -> Result<Vec<Row>, String> {
 
 /// Whether the stopping rule is met by `rows` (checked at round boundaries).
 fn enough(plan: &Plan, rows: &[Row]) -> Option<Ending> {
-    let n = plan.configurations.len();
-    let done = rows.len();
-    if done < plan.warmup || (done - plan.warmup) % n != 0 {
+    if rows.len() < plan.warmup {
         return None;
     }
-    let rounds = (done - plan.warmup) / n;
-    match plan.stopping {
-        Stopping::Reps(r) => (rounds >= r).then_some(Ending::Complete),
-        Stopping::UntilCi { fraction, min, max } => {
-            if rounds < min.max(2) {
-                return None;
-            }
-            let narrow = plan.configurations.iter().all(|c| {
-                let xs: Vec<f64> = rows
-                    .iter()
-                    .filter(|r| r.ok && !r.warmup && r.config == c.name)
-                    .map(|r| r.metric)
-                    .collect();
-                let half = stats::ci95_half(&xs);
-                half.is_finite() && half <= fraction * stats::mean(&xs).abs()
-            });
-            if narrow {
-                Some(Ending::Complete)
-            } else if rounds >= max {
-                Some(Ending::CapReached)
-            } else {
-                None
-            }
-        }
-    }
+    let names: Vec<&str> = plan
+        .configurations
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    stopping::rounds_enough(plan.stopping, &names, &rows[plan.warmup..])
 }
 
 /// Runs the study's remaining runs, appending each to `DIR/study.csv`.
@@ -218,7 +190,7 @@ fn clock(secs: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plan::{Configuration, Perturbation};
+    use plan::{Configuration, Perturbation, Stopping};
 
     #[test]
     fn until_ci_stops_when_every_interval_is_narrow_or_at_the_cap() {
