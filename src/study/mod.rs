@@ -15,6 +15,7 @@
 //! Results directory: `plan.json`, `study.csv`, `runs/` (each run's output and the injector's
 //! stats), `tables/` (generated tables), and `summary.md`, `summary.json`, `*.svg`
 //! (`report::export::study`).
+pub mod linefit;
 pub mod output;
 pub mod plan;
 pub mod record;
