@@ -110,7 +110,7 @@ pub struct StudyArgs {
 }
 
 /// Why an injector variable is study's own, or `None` if `--shim-env` may set it. Overriding
-/// one silently defeated the study (every table run rejected as "the injector delayed nothing").
+/// one silently defeated the study (every table run rejected as "the injector drew no delay").
 fn owned_by_study(name: &str) -> Option<&'static str> {
     match name {
         "IBJITTER_TABLE" | "IBJITTER_DIST" | "IBJITTER_DELAY" | "IBJITTER_EPISODES" => {
