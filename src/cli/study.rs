@@ -247,6 +247,7 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
         metric: a.metric.clone(),
         tail_metric: a.tail_metric.clone(),
         higher_is_better: a.higher_is_better,
+        tolerance: None,
     };
     let runner = Runner {
         command: a.command.clone(),

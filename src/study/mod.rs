@@ -11,6 +11,7 @@
 //! - [`output`]: a run's output read for its metric from the end, in bounded memory.
 //! - [`record`]: `study.csv`, appended as runs finish; read back to resume.
 //! - [`stats`], [`summary`]: the figures and the verdict, from the rows alone.
+//! - [`linefit`], [`tolerance`]: a tolerance study's fitted lines and crossings, likewise.
 //!
 //! Results directory: `plan.json`, `study.csv`, `runs/` (each run's output and the injector's
 //! stats), `tables/` (generated tables), and `summary.md`, `summary.json`, `*.svg`
@@ -24,6 +25,7 @@ pub mod stats;
 pub mod stopping;
 pub mod summary;
 pub mod tables;
+pub mod tolerance;
 
 use plan::Plan;
 use record::{Row, Writer};
@@ -217,6 +219,7 @@ mod tests {
             metric: None,
             tail_metric: None,
             higher_is_better: false,
+            tolerance: None,
         };
         let mut rows = Vec::new();
         let push = |rows: &mut Vec<Row>, metric: f64| {
