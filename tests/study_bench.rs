@@ -240,3 +240,115 @@ fn lammps_under_a_heavy_table_is_slower_with_its_interval() {
         }
     }
 }
+
+/// A tolerance line of a summary: its slope in µs per µs with its interval, and its sentence.
+fn tolerance_line(s: &serde_json::Value, which: &str) -> ((f64, f64, f64), String) {
+    let a = &s["tolerance"][which];
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    (
+        (
+            f(&a["slope_us_per_us"]),
+            f(&a["slope_us_per_us_ci95"][0]),
+            f(&a["slope_us_per_us_ci95"][1]),
+        ),
+        a["sentence"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// `--tolerance` where the answer is known: an Open MPI ping-pong (2 ranks over UCX rc_verbs)
+/// whose round trip is two sends, each delayed once, so N round trips take 2N µs longer per µs
+/// added and the mean round trip (its metric) 2 µs: the fitted slope's interval holds 2. Then
+/// the ring/allreduce workload (`pingpong -w`), both sweeps: its tolerances are reported, its
+/// runtime rises with the added mean. Every figure agrees with study_check.py's.
+#[test]
+fn a_tolerance_sweep_holds_a_pingpongs_slope_and_reports_a_ring_workloads_tolerances() {
+    let bin = release_artifact("ibjitter", "ibjitter");
+    release_artifact("ibjitter-shim", "libibjitter.so");
+    let pp = mpi_pingpong();
+    let dir = scratch_dir("study-tolerance-mpi");
+    let d = dir.display();
+    let study = format!(
+        "{} study --no-progress --tolerance --reps 3 --seed 7 --timeout 120s",
+        bin.display()
+    );
+    let pp = pp.display();
+    let out = Vm::new().timeout(1800).writable(&dir).run(&format!(
+        r#"{study} --kind mean --tolerance-max 200us --metric 'mean_rtt_us=([0-9.]+)' \
+            --metric-unit us --out {d}/pingpong -- {MPIRUN} {pp} 2000 8
+        echo "pingpong_rc=$?"
+        {study} --kind both --tolerance-max 500us --metric 'runtime_s=([0-9.]+)' \
+            --metric-unit s --out {d}/ring -- {MPIRUN} {pp} -w 300 8
+        echo "ring_rc=$?""#
+    ));
+    out.assert_success();
+    let o = &out.output;
+    for (name, rc) in [("pingpong", "pingpong_rc"), ("ring", "ring_rc")] {
+        println!(
+            "{}",
+            std::fs::read_to_string(dir.join(name).join("summary.md")).unwrap_or_default()
+        );
+        assert_eq!(field(o, rc), Some(0.0), "{o}");
+        println!("{}", check(&dir.join(name)));
+    }
+    let s = read_json(&dir.join("pingpong/summary.json"));
+    assert_eq!(s["runs_failed"], 0, "{s}");
+    let ((k, lo, hi), sentence) = tolerance_line(&s, "mean");
+    eprintln!("ping-pong: {k:.3} µs per µs [{lo:.3}, {hi:.3}]; {sentence}");
+    assert!(lo <= 2.0 && 2.0 <= hi, "ping-pong slope {k} [{lo}, {hi}]");
+
+    let s = read_json(&dir.join("ring/summary.json"));
+    assert_eq!(s["runs_failed"], 0, "{s}");
+    let ((k, lo, hi), mean) = tolerance_line(&s, "mean");
+    let (_, sd) = tolerance_line(&s, "sd");
+    eprintln!("ring: {k:.1} µs per µs [{lo:.1}, {hi:.1}]; {mean} {sd}");
+    assert!(
+        lo > 0.0,
+        "the ring's runtime does not rise with the mean: {k} [{lo}, {hi}]"
+    );
+    assert!(
+        mean.starts_with("Tolerates") || mean.starts_with("Slows less"),
+        "{mean}"
+    );
+    assert!(sd.starts_with("At +20.0 µs mean, an sd"), "{sd}");
+}
+
+/// LAMMPS (`lmp`, tools/mpi/lj.in, 2 ranks over UCX rc_verbs, its "Loop time" as the metric)
+/// under `--tolerance`, both sweeps: the added latency and sd it tolerates are reported with
+/// their intervals, its loop time rises with the added mean (its steps wait on their ghost
+/// exchanges), and every figure agrees with study_check.py's.
+#[test]
+fn lammps_tolerances_are_reported_with_their_intervals() {
+    let bin = release_artifact("ibjitter", "ibjitter");
+    release_artifact("ibjitter-shim", "libibjitter.so");
+    let dir = scratch_dir("study-tolerance-lammps");
+    let d = dir.display();
+    let out = Vm::new().timeout(1800).writable(&dir).run(&format!(
+        r#"{bin} study --no-progress --tolerance --kind both --reps 3 --seed 11 --timeout 300s \
+            --tolerance-max 500us --metric 'Loop time of ([0-9.]+)' --metric-unit s \
+            --out {d}/lmp -- {MPIRUN} lmp -in tools/mpi/lj.in -log none
+        echo "lammps_rc=$?""#,
+        bin = bin.display(),
+    ));
+    out.assert_success();
+    let o = &out.output;
+    println!(
+        "{}",
+        std::fs::read_to_string(dir.join("lmp/summary.md")).unwrap_or_default()
+    );
+    assert_eq!(field(o, "lammps_rc"), Some(0.0), "{o}");
+    println!("{}", check(&dir.join("lmp")));
+    let s = read_json(&dir.join("lmp/summary.json"));
+    let ((k, lo, hi), mean) = tolerance_line(&s, "mean");
+    let (_, sd) = tolerance_line(&s, "sd");
+    eprintln!("LAMMPS: {k:.0} µs per µs [{lo:.0}, {hi:.0}]; {mean} {sd}");
+    assert!(
+        lo > 0.0,
+        "LAMMPS's loop time does not rise with the mean: {k} [{lo}, {hi}]"
+    );
+    for c in s["tolerance"]["mean"]["crossings"].as_array().unwrap() {
+        // Each crossing is either within the sweep with its interval, or said not reached.
+        let reached = c["reached"] == true;
+        assert!(!reached || c["ci95"][0].is_number(), "{c}");
+    }
+    assert!(sd.starts_with("At +20.0 µs mean, an sd"), "{sd}");
+}

@@ -3,7 +3,7 @@ use super::exit;
 use super::units::duration;
 use clap::Args;
 use ibjitter::gen::stop::{self, StopToken};
-use ibjitter::study::plan::{Configuration, Perturbation, Plan, Stopping};
+use ibjitter::study::plan::{Configuration, Perturbation, Plan, Stopping, Swept, Tolerance};
 use ibjitter::study::runner::Runner;
 use ibjitter::study::tables::{family_at_means, from_files, FamilyBase};
 use ibjitter::study::{self, Ending};
@@ -19,6 +19,15 @@ use std::time::Duration;
       --out st2 -- sh -c 'mpirun -np 4 lmp -in in.lj'
   ibjitter study --congestor 'incast --receiver n0:10.0.0.1 --senders n2,n3 -- --duration 3600s' \\
       --reps 10 --out st3 -- srun -N2 ./canary
+  ibjitter study --tolerance --target 1%,5%,10% --kind both --until-ci 0.5% --out tol -- \\
+      mpirun -np 2 ./solver
+
+--tolerance sweeps added constant delays (and, at --tolerance-mean, the sd of the
+mean-preserving lognormal family) in steps of rounds with clean runs, each step chosen from the
+rows so far (a resumed sweep replays them), fits runtime as a line in each (x = 0: a zero
+delay, the injector loaded and nothing added) and reports the added latency and the sd at which
+the slowdown crosses each --target, with intervals, and the runtime per us added (the number of
+latency-bound messages on the critical path). See summary.md and tolerance.svg.
 
 Every run's environment loads libibjitter.so (LD_PRELOAD, IBJITTER_TABLE, IBJITTER_SEED,
 IBJITTER_STATS) for table configurations; launchers that start ranks on other hosts must pass
@@ -36,7 +45,7 @@ pub struct StudyArgs {
     tables: Vec<PathBuf>,
     /// Generate the mean-preserving lognormal family and its uniform table from measured
     /// latencies (FILE, fitted), a fit (FIT.json from `ibjitter table fit --json`) or
-    /// shape=S,scale=D[,loc=D]
+    /// shape=S,scale=D[,loc=D] (with --tolerance: the base of its sd sweep)
     #[arg(long, value_name = "FILE|FIT.json|shape=S,scale=D[,loc=D]")]
     family: Option<String>,
     /// The family's means (default: the base lognormal's own); two or more make the runtime's
@@ -104,13 +113,73 @@ pub struct StudyArgs {
     /// No progress line
     #[arg(long)]
     no_progress: bool,
+    /// How much added latency, and spread, the program tolerates: an adaptive sweep of
+    /// constant delays and of the lognormal family's sd at --tolerance-mean, each point
+    /// repeated as --reps or --until-ci say, runtime fitted as a line in each; reports where
+    /// the slowdown crosses each --target (instead of --tables, --family-means, --congestor)
+    #[arg(long)]
+    tolerance: bool,
+    /// With --tolerance: the slowdowns whose crossing points are sought
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1%,5%,10%",
+        value_name = "PERCENT,PERCENT",
+        requires = "tolerance"
+    )]
+    target: Vec<String>,
+    /// With --tolerance: sweep the added mean (constant delays), the sd at --tolerance-mean
+    /// (the mean-preserving lognormal family of --family, else of a lognormal of shape 0.5),
+    /// or both
+    #[arg(long, value_enum, default_value_t = SweepKind::Both, requires = "tolerance")]
+    kind: SweepKind,
+    /// With --tolerance: the mean at which the sd is swept
+    #[arg(long, default_value = "20us", value_name = "D", requires = "tolerance")]
+    tolerance_mean: String,
+    /// With --tolerance: the mean sweep's first constant delay
+    #[arg(long, default_value = "10us", value_name = "D", requires = "tolerance")]
+    tolerance_start: String,
+    /// With --tolerance: the most constant delay the mean sweep adds (a target not crossed
+    /// by then is reported as not reached)
+    #[arg(long, default_value = "1ms", value_name = "D", requires = "tolerance")]
+    tolerance_max: String,
+    /// With --tolerance and --metric: the metric's unit, so the fitted slope is also given
+    /// as µs of runtime per µs added (the wall time's is s)
+    #[arg(long, value_enum, requires_all = ["metric", "tolerance"])]
+    metric_unit: Option<MetricUnit>,
     /// The program and its arguments (a launcher line: mpirun ..., srun ..., sh -c '...')
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum SweepKind {
+    Mean,
+    Sd,
+    Both,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum MetricUnit {
+    S,
+    Ms,
+    Us,
+    Ns,
+}
+
+impl MetricUnit {
+    fn in_us(self) -> f64 {
+        match self {
+            MetricUnit::S => 1e6,
+            MetricUnit::Ms => 1e3,
+            MetricUnit::Us => 1.0,
+            MetricUnit::Ns => 1e-3,
+        }
+    }
+}
+
 /// Why an injector variable is study's own, or `None` if `--shim-env` may set it. Overriding
-/// one silently defeated the study (every table run rejected as "the injector delayed nothing").
+/// one silently defeated the study (every table run rejected as "the injector drew no delay").
 fn owned_by_study(name: &str) -> Option<&'static str> {
     match name {
         "IBJITTER_TABLE" | "IBJITTER_DIST" | "IBJITTER_DELAY" | "IBJITTER_EPISODES" => {
@@ -124,7 +193,8 @@ fn owned_by_study(name: &str) -> Option<&'static str> {
     }
 }
 
-fn percent(text: &str) -> Result<f64, String> {
+/// `5%` (or `0.05`) as 0.05, for `flag`; strictly between 0 and 100 %.
+fn percent(flag: &str, text: &str) -> Result<f64, String> {
     let t = text.trim();
     let (v, scale) = match t.strip_suffix('%') {
         Some(p) => (p, 100.0),
@@ -133,14 +203,92 @@ fn percent(text: &str) -> Result<f64, String> {
     let v: f64 = v
         .trim()
         .parse()
-        .map_err(|_| format!("--until-ci: expected a percentage like 5%, found {text:?}"))?;
+        .map_err(|_| format!("{flag}: expected a percentage like 5%, found {text:?}"))?;
     let f = v / scale;
     if !(f > 0.0 && f < 1.0) {
         return Err(format!(
-            "--until-ci: expected a share between 0 and 100 %, found {text:?}"
+            "{flag}: expected a share between 0 and 100 %, found {text:?}"
         ));
     }
     Ok(f)
+}
+
+/// `--tolerance`'s sweep, checked; `None` without `--tolerance`.
+fn tolerance(a: &StudyArgs, stopping: Stopping) -> Result<Option<Tolerance>, String> {
+    if !a.tolerance {
+        return Ok(None);
+    }
+    // What a sweep chooses itself, or cannot use.
+    let refused = [
+        (!a.tables.is_empty(), "--tables", "it makes its own tables (constant delays and the family at --tolerance-mean); to study given tables, leave out --tolerance"),
+        (!a.family_means.is_empty(), "--family-means", "the sd is swept at --tolerance-mean"),
+        (a.family_fractions != [0.75, 0.5, 0.25], "--family-fractions", "the sweep chooses the family's members"),
+        (a.congestor.is_some(), "--congestor", "it sweeps delays only; to study a congestor, leave out --tolerance"),
+        (a.higher_is_better, "--higher-is-better", "runtime is fitted as a line in latency: give a time as the metric"),
+        (a.family.is_some() && a.kind == SweepKind::Mean, "--family", "it is the base of the sd sweep, and --kind mean has none"),
+    ];
+    if let Some((_, flag, why)) = refused.iter().find(|r| r.0) {
+        return Err(format!("--tolerance cannot be used with {flag}: {why}"));
+    }
+    if stopping == Stopping::Reps(1) {
+        return Err(
+            "--tolerance needs --reps 2 or more: each point's interval needs two runs".into(),
+        );
+    }
+    let mut targets = a
+        .target
+        .iter()
+        .map(|t| percent("--target", t))
+        .collect::<Result<Vec<f64>, String>>()?;
+    targets.sort_by(f64::total_cmp);
+    targets.dedup();
+    let us = |flag: &str, text: &str| {
+        ibjitter::table::duration::parse_duration(text)
+            .map_err(|e| format!("{flag}: {e}"))
+            .and_then(|ns| {
+                if ns >= 1e3 {
+                    Ok(ns)
+                } else {
+                    Err(format!("{flag}: expected at least 1us, found {text:?}"))
+                }
+            })
+    };
+    let (start, max) = (
+        us("--tolerance-start", &a.tolerance_start)?,
+        us("--tolerance-max", &a.tolerance_max)?,
+    );
+    if start >= max {
+        return Err(format!(
+            "--tolerance-start ({}) must be below --tolerance-max ({})",
+            a.tolerance_start, a.tolerance_max
+        ));
+    }
+    let sd_mean = us("--tolerance-mean", &a.tolerance_mean)?;
+    // The sd sweep's base: the family given, else a lognormal of shape 0.5 (scaled to the
+    // mean: only its shape matters).
+    let (base, _) = match &a.family {
+        Some(spec) => FamilyBase::parse(spec)?.lognormal()?,
+        None => FamilyBase::parse("shape=0.5,scale=1us")?.lognormal()?,
+    };
+    let metric_unit_us = match (&a.metric, a.metric_unit) {
+        (None, _) => Some(MetricUnit::S.in_us()),
+        (Some(_), u) => u.map(MetricUnit::in_us),
+    };
+    Ok(Some(Tolerance {
+        targets,
+        sweep: match a.kind {
+            SweepKind::Mean => Swept::Mean,
+            SweepKind::Sd => Swept::Sd,
+            SweepKind::Both => Swept::Both,
+        },
+        mean_start_ns: start,
+        mean_max_ns: max,
+        sd_mean_ns: sd_mean,
+        sd_base_shape: base.shape,
+        sd_base_scale_ns: base.scale_ns,
+        sd_base_loc_ns: base.loc_ns,
+        metric_unit_us,
+    }))
 }
 
 /// Everything checked, tables generated: the plan and its runner.
@@ -154,7 +302,7 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
                 ));
             }
             Stopping::UntilCi {
-                fraction: percent(p)?,
+                fraction: percent("--until-ci", p)?,
                 min: a.min_reps,
                 max: a.max_reps,
             }
@@ -162,9 +310,12 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
         None if a.reps == 0 => return Err("--reps must be at least 1".into()),
         None => Stopping::Reps(a.reps),
     };
-    if a.tables.is_empty() && a.family.is_none() && a.congestor.is_none() {
+    let tolerance = tolerance(a, stopping)?;
+    if a.tables.is_empty() && a.family.is_none() && a.congestor.is_none() && tolerance.is_none() {
         return Err(
-            "nothing to compare with the clean runs: give --tables, --family or --congestor".into(),
+            "nothing to compare with the clean runs: give --tables, --family, --congestor or \
+             --tolerance"
+                .into(),
         );
     }
     let mut configurations = vec![Configuration {
@@ -173,7 +324,8 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
     }];
     let mut taken = vec!["clean".to_string(), "congested".to_string()];
     configurations.extend(from_files(&a.tables, &mut taken)?);
-    if let Some(spec) = &a.family {
+    // A sweep makes its tables as it goes; --family is then its sd sweep's base.
+    if let Some(spec) = a.family.as_ref().filter(|_| tolerance.is_none()) {
         let base = FamilyBase::parse(spec)?;
         let means = a
             .family_means
@@ -205,9 +357,10 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
     };
     let self_exe =
         std::env::current_exe().map_err(|e| format!("cannot find this program's path: {e}"))?;
-    let needs_shim = configurations
-        .iter()
-        .any(|c| matches!(c.perturbation, Perturbation::Table { .. }));
+    let needs_shim = tolerance.is_some()
+        || configurations
+            .iter()
+            .any(|c| matches!(c.perturbation, Perturbation::Table { .. }));
     let shim = match &a.shim {
         Some(p) => p.clone(),
         // Installed (PREFIX/lib/ibjitter/) or built (beside this binary).
@@ -247,6 +400,7 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
         metric: a.metric.clone(),
         tail_metric: a.tail_metric.clone(),
         higher_is_better: a.higher_is_better,
+        tolerance,
     };
     let runner = Runner {
         command: a.command.clone(),
@@ -271,7 +425,7 @@ pub fn run(a: StudyArgs) -> i32 {
             return exit::SETUP;
         }
     };
-    let rows = match study::open(&plan, &a.out) {
+    let (mut schedule, rows) = match study::open(&plan, &a.out) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("ibjitter study: {e}");
@@ -279,14 +433,14 @@ pub fn run(a: StudyArgs) -> i32 {
         }
     };
     stop::install_signal_handlers();
-    let (rows, ending) = match study::run(&plan, &a.out, &runner, rows, !a.no_progress) {
+    let (rows, ending) = match study::run(&mut schedule, &a.out, &runner, rows, !a.no_progress) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("ibjitter study: {e}");
             return exit::SETUP;
         }
     };
-    let summary = match study::finish(&plan, &a.out, &rows, ending) {
+    let summary = match study::finish(&schedule, &a.out, &rows, ending) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("ibjitter study: {e}");
@@ -294,6 +448,11 @@ pub fn run(a: StudyArgs) -> i32 {
         }
     };
     eprintln!("ibjitter study: {}", summary.verdict);
+    if let Some(t) = &summary.tolerance {
+        for axis in [&t.mean, &t.sd].into_iter().flatten() {
+            eprintln!("ibjitter study: {}", axis.sentence);
+        }
+    }
     for w in &summary.warnings {
         eprintln!("ibjitter study: {w}");
     }

@@ -84,11 +84,19 @@ fn category_at(names: &[&str], x: f64) -> String {
 
 /// The legend of what was drawn with labels, in the upper right corner.
 fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, path: &Path) -> Result<(), String> {
+    legend_at(chart, SeriesLabelPosition::UpperRight, path)
+}
+
+fn legend_at<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    at: SeriesLabelPosition,
+    path: &Path,
+) -> Result<(), String> {
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
+        .position(at)
         .draw()
         .map_err(|e| failed(path, e))
 }
@@ -224,17 +232,70 @@ pub fn band_chart(
 pub fn scatter_chart(
     path: &Path,
     title: &str,
-    (x_label, y_label): (&str, &str),
+    labels: (&str, &str),
     lines: &[Series],
     dots: &[Series],
 ) -> Result<(), String> {
-    let all = || lines.iter().chain(dots).flat_map(|s| s.points.iter());
+    let extras = Extras {
+        y_from_zero: true,
+        ..Extras::default()
+    };
+    scatter_chart_with(path, title, labels, (lines, dots), &extras)
+}
+
+/// What a [`scatter_chart_with`] draws besides its lines and dots, and its y axis.
+#[derive(Debug, Default)]
+pub struct Extras<'a> {
+    /// Lines drawn black, without dots (a fitted line), labelled when named.
+    pub fits: &'a [Series],
+    /// Thin grey lines without dots (thresholds, where a fit crosses them), labelled when
+    /// named.
+    pub guides: &'a [Series],
+    /// Whether the y axis starts at 0; else it spans the data (slowdowns near 1).
+    pub y_from_zero: bool,
+    /// The legend in the upper left corner (where data rising to the right leaves room).
+    pub legend_left: bool,
+}
+
+/// [`scatter_chart`] with fitted lines, guides and the y axis as `extras` say.
+pub fn scatter_chart_with(
+    path: &Path,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    (lines, dots): (&[Series], &[Series]),
+    extras: &Extras,
+) -> Result<(), String> {
+    let all = || {
+        lines
+            .iter()
+            .chain(dots)
+            .chain(extras.fits)
+            .chain(extras.guides)
+            .flat_map(|s| s.points.iter())
+    };
     let xs = span(all().map(|p| p.0), true);
-    let ys = span(all().map(|p| p.1), true);
+    let ys = span(all().map(|p| p.1), extras.y_from_zero);
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| failed(path, e))?;
     let mut chart = axes(&root, Some(title), (xs, ys), (x_label, y_label), path)?;
     let mut labelled = false;
+    let plain = [
+        (extras.guides, BLACK.mix(0.45).stroke_width(1)),
+        (extras.fits, BLACK.stroke_width(2)),
+    ];
+    for (series, style) in plain {
+        for s in series {
+            let drawn = chart
+                .draw_series(LineSeries::new(s.points.iter().copied(), style))
+                .map_err(|e| failed(path, e))?;
+            if !s.name.is_empty() {
+                labelled = true;
+                drawn
+                    .label(s.name.clone())
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], style));
+            }
+        }
+    }
     for (k, s) in lines.iter().enumerate() {
         let color = Palette99::pick(k).to_rgba();
         let drawn = chart
@@ -264,7 +325,12 @@ pub fn scatter_chart(
             .map_err(|e| failed(path, e))?;
     }
     if labelled {
-        legend(&mut chart, path)?;
+        let at = if extras.legend_left {
+            SeriesLabelPosition::UpperLeft
+        } else {
+            SeriesLabelPosition::UpperRight
+        };
+        legend_at(&mut chart, at, path)?;
     }
     root.present().map_err(|e| failed(path, e))
 }
@@ -522,6 +588,31 @@ mod tests {
         .unwrap();
         let text = std::fs::read_to_string(&scatter).unwrap();
         assert!(text.contains("flow 1") && text.contains("<circle"));
+        // A fit and a guide add labelled lines and no dots.
+        let extra = |name: &str| Series {
+            name: name.into(),
+            points: vec![(0.0, 1.05), (1.0, 1.05)],
+        };
+        let extras = Extras {
+            fits: &[extra("fitted line")],
+            guides: &[extra("5 % slower")],
+            y_from_zero: false,
+            legend_left: true,
+        };
+        scatter_chart_with(
+            &scatter,
+            "slowdown",
+            ("us", "x"),
+            (&series, &series),
+            &extras,
+        )
+        .unwrap();
+        let guided = std::fs::read_to_string(&scatter).unwrap();
+        assert!(guided.contains("5 % slower") && guided.contains("fitted line"));
+        assert_eq!(
+            guided.matches("<circle").count(),
+            text.matches("<circle").count()
+        );
         let strip = dir.join("strip.svg");
         let cats = vec![
             ("clean".to_string(), vec![1.0, 1.1, 0.9], (0.8, 1.2)),

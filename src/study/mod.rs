@@ -5,30 +5,39 @@
 //! spread and slowdown, and the correlation of the metric with the injected mean and sd.
 //!
 //! - [`plan`]: configurations and the order of runs (a pure function of the seed).
-//! - [`tables`]: the tables as configurations (files, or a generated mean-preserving family).
+//! - [`stopping`]: when rounds have measured enough (`--reps`, `--until-ci`).
+//! - [`sweep`]: a tolerance study's adaptive steps (`--tolerance`), decided from the rows.
+//! - [`tables`]: the tables as configurations (files, a generated mean-preserving family,
+//!   constant delays).
 //! - [`runner`]: one run: environment, congestor, wall time, metric, what was injected.
 //! - [`output`]: a run's output read for its metric from the end, in bounded memory.
 //! - [`record`]: `study.csv`, appended as runs finish; read back to resume.
 //! - [`stats`], [`summary`]: the figures and the verdict, from the rows alone.
+//! - [`linefit`], [`tolerance`]: a tolerance study's fitted lines and crossings, likewise.
 //!
 //! Results directory: `plan.json`, `study.csv`, `runs/` (each run's output and the injector's
 //! stats), `tables/` (generated tables), and `summary.md`, `summary.json`, `*.svg`
 //! (`report::export::study`).
+pub mod linefit;
 pub mod output;
 pub mod plan;
 pub mod record;
 pub mod runner;
 pub mod stats;
+pub mod stopping;
 pub mod summary;
+pub mod sweep;
 pub mod tables;
+pub mod tolerance;
 
-use plan::{Plan, Stopping};
+use plan::Plan;
 use record::{Row, Writer};
 use runner::{Interrupted, Runner};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
 use summary::Summary;
+use sweep::{Next, Sweep};
 
 /// Reads a file of a study's directory within the limits of every reader of user files
 /// ([`crate::table::input::LIMITS`]); `None` if there is no such file.
@@ -37,20 +46,40 @@ fn read_if_present(path: &Path, what: &str) -> Result<Option<String>, String> {
         .map_err(|e| e.to_string())
 }
 
-/// How a study ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
-    /// The stopping rule was met.
-    Complete,
-    /// `--until-ci` reached its cap before every CI was narrow enough.
-    CapReached,
-    /// Ctrl-C: the run in flight was dropped; the rows before it are kept.
-    Interrupted,
+pub use stopping::Ending;
+
+/// What decides the runs: a study's fixed rounds, or a tolerance sweep's steps.
+pub enum Schedule {
+    Rounds(Box<Plan>),
+    Sweep(Box<Sweep>),
+}
+
+impl Schedule {
+    /// The plan with every configuration run so far (a sweep's grows as it goes).
+    pub fn plan(&self) -> &Plan {
+        match self {
+            Schedule::Rounds(p) => p,
+            Schedule::Sweep(s) => s.plan(),
+        }
+    }
+
+    /// The run after `rows`, or the end.
+    fn next(&mut self, rows: &[Row]) -> Result<Next, String> {
+        match self {
+            Schedule::Rounds(plan) => Ok(match enough(plan, rows) {
+                Some(e) => Next::Done(e),
+                None if rows.len() >= plan.max_runs() => Next::Done(Ending::CapReached),
+                None => Next::Run(plan.slot(rows.len())),
+            }),
+            Schedule::Sweep(s) => s.next(rows),
+        }
+    }
 }
 
 /// Reads `DIR/plan.json` if there is one: a study may continue only with the same plan.
-/// Writes it otherwise. Returns the rows already measured.
-pub fn open(plan: &Plan, dir: &Path) -> Result<Vec<Row>, String> {
+/// Writes it otherwise. Returns the schedule and the rows already measured (a sweep has
+/// replayed its decisions over them).
+pub fn open(plan: &Plan, dir: &Path) -> Result<(Schedule, Vec<Row>), String> {
     std::fs::create_dir_all(dir.join("runs")).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join("plan.json");
     if let Some(text) = read_if_present(&path, "a study's plan")? {
@@ -68,59 +97,61 @@ pub fn open(plan: &Plan, dir: &Path) -> Result<Vec<Row>, String> {
     }
     let text = serde_json::to_string_pretty(plan).map_err(|e| e.to_string())?;
     std::fs::write(&path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
-    let rows = record::load(&dir.join("study.csv"))?;
+    let csv = dir.join("study.csv");
+    let rows = record::load(&csv)?;
+    if plan.tolerance.is_some() {
+        let mut sweep = Sweep::new(plan, &dir.join("tables"))?;
+        sweep
+            .replay(&rows)
+            .map_err(|e| format!("{}: {e}", csv.display()))?;
+        return Ok((Schedule::Sweep(Box::new(sweep)), rows));
+    }
     for r in &rows {
         let want = &plan.configurations[plan.slot(r.run).config].name;
         if &r.config != want {
             return Err(format!(
                 "{}: run {} is {:?}, but this plan's run {} is {want:?}: the CSV is from another study",
-                dir.join("study.csv").display(),
+                csv.display(),
                 r.run,
                 r.config,
                 r.run
             ));
         }
     }
-    Ok(rows)
+    Ok((Schedule::Rounds(Box::new(plan.clone())), rows))
 }
 
 /// Whether the stopping rule is met by `rows` (checked at round boundaries).
 fn enough(plan: &Plan, rows: &[Row]) -> Option<Ending> {
-    let n = plan.configurations.len();
-    let done = rows.len();
-    if done < plan.warmup || (done - plan.warmup) % n != 0 {
+    if rows.len() < plan.warmup {
         return None;
     }
-    let rounds = (done - plan.warmup) / n;
-    match plan.stopping {
-        Stopping::Reps(r) => (rounds >= r).then_some(Ending::Complete),
-        Stopping::UntilCi { fraction, min, max } => {
-            if rounds < min.max(2) {
-                return None;
-            }
-            let narrow = plan.configurations.iter().all(|c| {
-                let xs: Vec<f64> = rows
-                    .iter()
-                    .filter(|r| r.ok && !r.warmup && r.config == c.name)
-                    .map(|r| r.metric)
-                    .collect();
-                let half = stats::ci95_half(&xs);
-                half.is_finite() && half <= fraction * stats::mean(&xs).abs()
-            });
-            if narrow {
-                Some(Ending::Complete)
-            } else if rounds >= max {
-                Some(Ending::CapReached)
-            } else {
-                None
-            }
-        }
-    }
+    let names: Vec<&str> = plan
+        .configurations
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    stopping::rounds_enough(plan.stopping, &names, &rows[plan.warmup..])
+}
+
+/// The progress line's "run N of M (what)" for a study's fixed rounds.
+fn rounds_progress(plan: &Plan, index: usize) -> String {
+    let of = if plan.rounds_fixed().is_some() {
+        format!("{}", plan.max_runs())
+    } else {
+        format!("at most {}", plan.max_runs())
+    };
+    let slot = plan.slot(index);
+    let what = match slot.round {
+        None => "warm-up".to_string(),
+        Some(r) => format!("round {}", r + 1),
+    };
+    format!("run {} of {of} ({what})", index + 1)
 }
 
 /// Runs the study's remaining runs, appending each to `DIR/study.csv`.
 pub fn run(
-    plan: &Plan,
+    schedule: &mut Schedule,
     dir: &Path,
     runner: &Runner,
     mut rows: Vec<Row>,
@@ -137,36 +168,40 @@ pub fn run(
         );
     }
     let ending = loop {
-        if let Some(e) = enough(plan, &rows) {
-            break e;
-        }
-        if rows.len() >= plan.max_runs() {
-            break Ending::CapReached;
-        }
-        let slot = plan.slot(rows.len());
+        let slot = match schedule.next(&rows)? {
+            Next::Done(e) => break e,
+            Next::Run(slot) => slot,
+        };
+        let plan = schedule.plan();
         let name = &plan.configurations[slot.config].name;
         if progress {
-            let done = rows.len() - resumed_at;
-            let left = plan.max_runs() - rows.len();
-            let eta = if done > 0 {
-                let per = started.elapsed().as_secs_f64() / done as f64;
-                format!(", ETA {}", clock(per * left as f64))
-            } else {
-                String::new()
+            let (head, eta) = match &*schedule {
+                Schedule::Rounds(plan) => {
+                    let done = rows.len() - resumed_at;
+                    let left = plan.max_runs() - rows.len();
+                    let eta = if done > 0 {
+                        let per = started.elapsed().as_secs_f64() / done as f64;
+                        format!(", ETA {}", clock(per * left as f64))
+                    } else {
+                        String::new()
+                    };
+                    (rounds_progress(plan, rows.len()), eta)
+                }
+                // A sweep's length is not known in advance: no ETA.
+                Schedule::Sweep(s) => match slot.round {
+                    None => (format!("run {} (warm-up)", rows.len() + 1), String::new()),
+                    Some(r) => (
+                        format!(
+                            "run {} (sweep step {}, round {})",
+                            rows.len() + 1,
+                            s.steps(),
+                            r + 1
+                        ),
+                        String::new(),
+                    ),
+                },
             };
-            let of = if plan.rounds_fixed().is_some() {
-                format!("{}", plan.max_runs())
-            } else {
-                format!("at most {}", plan.max_runs())
-            };
-            let what = match slot.round {
-                None => "warm-up".to_string(),
-                Some(r) => format!("round {}", r + 1),
-            };
-            let line = format!(
-                "study: run {} of {of} ({what}): {name}{eta}",
-                rows.len() + 1
-            );
+            let line = format!("study: {head}: {name}{eta}");
             if tty {
                 eprint!("\r\x1b[K{line}");
                 let _ = std::io::stderr().flush();
@@ -199,8 +234,23 @@ pub fn run(
 }
 
 /// Summarizes and writes `summary.md`, `summary.json` and the plots.
-pub fn finish(plan: &Plan, dir: &Path, rows: &[Row], ending: Ending) -> Result<Summary, String> {
-    let summary = summary::summarize(plan, rows, ending == Ending::Complete);
+pub fn finish(
+    schedule: &Schedule,
+    dir: &Path,
+    rows: &[Row],
+    ending: Ending,
+) -> Result<Summary, String> {
+    let plan = schedule.plan();
+    let summary = match schedule {
+        Schedule::Rounds(_) => summary::summarize(plan, rows, ending == Ending::Complete),
+        // A sweep that ran its course is complete even where a step hit `--until-ci`'s cap
+        // (re-running would not change it): that is a warning.
+        Schedule::Sweep(s) => {
+            let mut summary = summary::summarize(plan, rows, ending != Ending::Interrupted);
+            summary.warnings.extend(s.warnings());
+            summary
+        }
+    };
     crate::report::export::study::write_all(&summary, plan, rows, dir)?;
     Ok(summary)
 }
@@ -218,7 +268,7 @@ fn clock(secs: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plan::{Configuration, Perturbation};
+    use plan::{Configuration, Perturbation, Stopping};
 
     #[test]
     fn until_ci_stops_when_every_interval_is_narrow_or_at_the_cap() {
@@ -244,6 +294,7 @@ mod tests {
             metric: None,
             tail_metric: None,
             higher_is_better: false,
+            tolerance: None,
         };
         let mut rows = Vec::new();
         let push = |rows: &mut Vec<Row>, metric: f64| {

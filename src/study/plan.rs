@@ -1,5 +1,6 @@
 //! What a study runs: its configurations (clean, one per delay table, congested) and the
-//! order of its runs. The order is a pure function of the seed and the run's index, so a
+//! order of its runs, or for a tolerance study the sweep it makes. The order is a pure
+//! function of the seed and the run's index (a sweep's, of the rows before it too), so a
 //! study resumed from its CSV continues exactly where an uninterrupted one would be.
 use rand_core::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
@@ -73,6 +74,45 @@ impl Stopping {
     }
 }
 
+/// What a tolerance sweep (`--tolerance`) sweeps: its configurations are not fixed in advance
+/// but chosen as it goes (`study::sweep`) from this and the rows measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    /// The slowdowns whose crossing points are sought, as fractions (0.05: 5 %), ascending.
+    pub targets: Vec<f64>,
+    pub sweep: Swept,
+    /// The mean sweep's first constant delay and the most it adds, ns.
+    pub mean_start_ns: f64,
+    pub mean_max_ns: f64,
+    /// The sd sweep's mean, ns, and its base lognormal before scaling to that mean (stored,
+    /// not its source, so a changed source file is noticed on resume).
+    pub sd_mean_ns: f64,
+    pub sd_base_shape: f64,
+    pub sd_base_scale_ns: f64,
+    pub sd_base_loc_ns: f64,
+    /// µs per unit of the metric (1e6 for seconds) when known: the fitted slope is then also
+    /// a count of latency-bound messages.
+    pub metric_unit_us: Option<f64>,
+}
+
+/// Which of the two sweeps a tolerance study makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Swept {
+    Mean,
+    Sd,
+    Both,
+}
+
+impl Swept {
+    pub fn mean(self) -> bool {
+        matches!(self, Swept::Mean | Swept::Both)
+    }
+    pub fn sd(self) -> bool {
+        matches!(self, Swept::Sd | Swept::Both)
+    }
+}
+
 /// Everything that decides which run comes when: stored as `DIR/plan.json`, so a resumed
 /// study checks it runs the same experiment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,6 +126,9 @@ pub struct Plan {
     pub metric: Option<String>,
     pub tail_metric: Option<String>,
     pub higher_is_better: bool,
+    /// A tolerance study's sweep (its `configurations` are then the clean one alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
 }
 
 /// Run `index` of the study: which configuration, in which round and slot.
@@ -180,12 +223,18 @@ impl Plan {
         {
             d.push("the metric".to_string());
         }
+        if self.tolerance != stored.tolerance {
+            d.push("the tolerance sweep (targets, kind, range, sd mean or family)".to_string());
+        } else if self.tolerance.is_some() && self.stopping != stored.stopping {
+            // A sweep's next point depends on when each point stopped.
+            d.push("the stopping rule (--reps, --until-ci, --min-reps, --max-reps)".to_string());
+        }
         d
     }
 }
 
 /// A permutation of 0..n from (seed, round): Fisher–Yates with a PCG stream of its own.
-fn round_order(seed: u64, round: usize, n: usize) -> Vec<usize> {
+pub fn round_order(seed: u64, round: usize, n: usize) -> Vec<usize> {
     let mut rng = Pcg64::seed_from_u64(seed ^ (round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut order: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
@@ -223,6 +272,7 @@ mod tests {
             metric: None,
             tail_metric: None,
             higher_is_better: false,
+            tolerance: None,
         }
     }
 

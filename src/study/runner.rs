@@ -187,10 +187,14 @@ impl Runner {
         if let Some(re) = &self.tail_metric {
             row.tail_metric = last_match_in_file(re, &log);
         }
+        // Draws show the injector in place where no delay came out non-zero: under a
+        // zero-delay table, or a few sends under a table whose smallest entries are 0.
+        let mut draws = 0;
         if matches!(config.perturbation, Perturbation::Table { .. }) {
-            let (delayed, mean_us) = injected(&self.runs_dir, slot.index);
-            row.delayed = delayed;
-            row.injected_mean_us = mean_us;
+            let got = injected(&self.runs_dir, slot.index);
+            row.delayed = got.delayed;
+            row.injected_mean_us = got.mean_us;
+            draws = got.draws;
         }
         let mut notes = Vec::new();
         if !status.success() {
@@ -202,9 +206,9 @@ impl Runner {
                 log.display()
             ));
         }
-        if row.kind == "table" && row.delayed == 0 {
+        if row.kind == "table" && row.delayed == 0 && draws == 0 {
             notes.push(
-                "the injector delayed nothing (does the program send over RDMA, and does its \
+                "the injector drew no delay (does the program send over RDMA, and does its \
                  launcher pass LD_PRELOAD on?)"
                     .to_string(),
             );
@@ -301,12 +305,27 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// Sends delayed and the mean delay drawn (µs) over the stats files of run `index`.
-pub fn injected(runs_dir: &Path, index: usize) -> (u64, f64) {
+/// What the injector reports it did in one run, over every process's stats file.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Injected {
+    /// Sends delayed (by a non-zero delay).
+    pub delayed: u64,
+    /// The mean delay drawn, µs (NaN when none was delayed).
+    pub mean_us: f64,
+    /// Delays drawn, zero ones included.
+    pub draws: u64,
+}
+
+/// What the stats files of run `index` say was injected.
+pub fn injected(runs_dir: &Path, index: usize) -> Injected {
     let prefix = format!("{index:04}.stats.");
-    let (mut delayed, mut sum_us) = (0u64, 0.0f64);
+    let (mut delayed, mut sum_us, mut draws) = (0u64, 0.0f64, 0u64);
     let Ok(entries) = std::fs::read_dir(runs_dir) else {
-        return (0, f64::NAN);
+        return Injected {
+            delayed: 0,
+            mean_us: f64::NAN,
+            draws: 0,
+        };
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
@@ -324,6 +343,7 @@ pub fn injected(runs_dir: &Path, index: usize) -> (u64, f64) {
             continue;
         };
         delayed += doc["delays_injected"].as_u64().unwrap_or(0);
+        draws += doc["draws"].as_u64().unwrap_or(0);
         let unit = doc["unit"].as_str().unwrap_or("ns");
         let sum = doc[format!("sum_{unit}")].as_f64().unwrap_or(0.0);
         sum_us += match unit {
@@ -332,12 +352,16 @@ pub fn injected(runs_dir: &Path, index: usize) -> (u64, f64) {
             _ => sum / 1e3,
         };
     }
-    let mean = if delayed > 0 {
+    let mean_us = if delayed > 0 {
         sum_us / delayed as f64
     } else {
         f64::NAN
     };
-    (delayed, mean)
+    Injected {
+        delayed,
+        mean_us,
+        draws,
+    }
 }
 
 #[cfg(test)]
@@ -360,7 +384,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join("0003.stats.11.json"),
-            r#"{"unit":"ns","delays_injected":10,"sum_ns":50000}"#,
+            r#"{"unit":"ns","draws":12,"delays_injected":10,"sum_ns":50000}"#,
         )
         .unwrap();
         std::fs::write(
@@ -373,10 +397,10 @@ mod tests {
             r#"{"unit":"ns","delays_injected":99,"sum_ns":1}"#,
         )
         .unwrap();
-        let (n, m) = injected(&dir, 3);
-        assert_eq!(n, 40);
-        assert!((m - 5.0).abs() < 1e-9, "{m}");
-        assert_eq!(injected(&dir, 5).0, 0);
+        let got = injected(&dir, 3);
+        assert_eq!((got.delayed, got.draws), (40, 12));
+        assert!((got.mean_us - 5.0).abs() < 1e-9, "{got:?}");
+        assert_eq!(injected(&dir, 5).delayed, 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

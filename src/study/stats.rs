@@ -33,7 +33,7 @@ pub fn median(xs: &[f64]) -> f64 {
 }
 
 /// The two-sided 97.5 % quantile of Student's t with `df` degrees of freedom.
-fn t975(df: f64) -> f64 {
+pub fn t975(df: f64) -> f64 {
     if !(df.is_finite() && df > 0.0) {
         return f64::NAN;
     }

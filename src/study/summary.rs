@@ -2,10 +2,11 @@
 //! study summarizes the same way): per configuration the runs' mean, sd, median, 95 % CI
 //! and slowdown against the clean runs; over the clean and table runs, Pearson's r of the
 //! metric against the injected mean and against the injected sd, and Fisher's z test of the
-//! two, with a verdict in words.
+//! two, with a verdict in words; for a tolerance study, its fitted lines and crossings too.
 use super::plan::Plan;
 use super::record::Row;
 use super::stats::{ci95_half, fisher_z, mean, median, pearson, pearson_p, ratio_ci95, sd};
+use super::tolerance::ToleranceSummary;
 use serde::Serialize;
 
 /// Significance level of the verdict's tests.
@@ -63,6 +64,9 @@ pub struct Summary {
     /// Whether the stopping rule was met (false: interrupted, or `--until-ci` hit its cap).
     pub complete: bool,
     pub warnings: Vec<String>,
+    /// A tolerance study's fitted lines and crossings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<ToleranceSummary>,
 }
 
 /// The metric oriented so that larger is worse (the correlations' sign then reads alike for
@@ -194,6 +198,7 @@ pub fn summarize(plan: &Plan, rows: &[Row], complete: bool) -> Summary {
         warmup_runs: rows.iter().filter(|r| r.warmup).count(),
         complete,
         warnings,
+        tolerance: super::tolerance::summarize(plan, rows),
     }
 }
 
@@ -288,6 +293,7 @@ mod tests {
             metric: None,
             tail_metric: None,
             higher_is_better: false,
+            tolerance: None,
         };
         // Runtime = 10 + sd/10 (µs), a little noise; the mean does not matter past clean.
         let mut rows = Vec::new();

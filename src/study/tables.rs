@@ -1,13 +1,15 @@
-//! The delay tables a study injects, as configurations: tables given by file, or the
+//! The delay tables a study injects, as configurations: tables given by file, the
 //! mean-preserving lognormal family (plus its uniform table) generated at one or more means
-//! from a fit to measured latencies or a lognormal given by its parameters.
+//! from a fit to measured latencies or a lognormal given by its parameters, and the constant
+//! delays a tolerance sweep adds.
 use super::plan::{Configuration, Perturbation};
-use crate::table::dist::LogNormal;
-use crate::table::family::{family, percent, table_mean};
+use crate::table::dist::{Dist, LogNormal};
+use crate::table::family::{family, percent, table_mean, Family};
 use crate::table::fit::fit_lognormal;
+use crate::table::generate::make_table;
 use crate::table::samples::read_samples;
 use crate::table::stats::Stats;
-use crate::table::{read, Kind};
+use crate::table::{read, Kind, Table};
 use std::path::{Path, PathBuf};
 
 /// Where a family's base lognormal comes from.
@@ -60,7 +62,8 @@ impl FamilyBase {
         }
     }
 
-    fn lognormal(&self) -> Result<(LogNormal, String), String> {
+    /// The base lognormal, and where it came from in words.
+    pub fn lognormal(&self) -> Result<(LogNormal, String), String> {
         match self {
             FamilyBase::Given(l) => Ok((*l, format!("the lognormal {}", l.describe()))),
             FamilyBase::Fit(path) => {
@@ -163,52 +166,88 @@ pub fn family_at_means(
     dir: &Path,
 ) -> Result<Vec<Configuration>, String> {
     let (l, source) = base.lognormal()?;
-    let own = table_mean(&l);
     let means: Vec<f64> = if means_ns.is_empty() {
-        vec![own]
+        vec![table_mean(&l)]
     } else {
         means_ns.to_vec()
     };
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut out = Vec::new();
     for &m in &means {
-        if !(m.is_finite() && m > 0.0) {
-            return Err(format!("--family-means: expected means > 0, found {m} ns"));
-        }
-        let f = m / own;
-        let scaled = LogNormal::new(l.shape, l.scale_ns * f, l.loc_ns * f)
-            .map_err(|e| format!("--family at mean {}: {e}", fmt_mean(m)))?;
-        let fam = family(&scaled, fractions, &source)
-            .map_err(|e| format!("--family at mean {}: {e}", fmt_mean(m)))?;
-        let label = fmt_mean(m);
-        let mut files: Vec<(String, &crate::table::Table)> = fam
-            .members
-            .iter()
-            .map(|mem| {
-                let n = if mem.fraction == 1.0 {
-                    format!("{label}-lognormal")
-                } else {
-                    format!("{label}-scale{}", percent(mem.fraction))
-                };
-                (n, &mem.table)
-            })
-            .collect();
-        files.push((format!("{label}-uniform"), &fam.uniform));
-        for (name, table) in files {
-            let path = dir.join(format!("{name}.dist"));
-            let file =
-                std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            table
-                .write(file)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            out.push(table_config(name, &path)?);
+        let fam = family_at_mean(&l, &source, m, fractions)?;
+        for (name, table) in family_tables(&fam, m) {
+            out.push(write_config(dir, &name, table)?);
         }
     }
     Ok(out)
 }
 
-/// A mean for a name: `50us`, `1.5ms` (three significant digits, no spaces).
-fn fmt_mean(ns: f64) -> String {
+/// The mean-preserving family of `l` scaled to mean `mean_ns` (its shape kept, its scale and
+/// location scaled), in memory.
+pub fn family_at_mean(
+    l: &LogNormal,
+    source: &str,
+    mean_ns: f64,
+    fractions: &[f64],
+) -> Result<Family, String> {
+    if !(mean_ns.is_finite() && mean_ns > 0.0) {
+        return Err(format!(
+            "--family-means: expected means > 0, found {mean_ns} ns"
+        ));
+    }
+    let f = mean_ns / table_mean(l);
+    let scaled = LogNormal::new(l.shape, l.scale_ns * f, l.loc_ns * f)
+        .map_err(|e| format!("--family at mean {}: {e}", fmt_mean(mean_ns)))?;
+    family(&scaled, fractions, source)
+        .map_err(|e| format!("--family at mean {}: {e}", fmt_mean(mean_ns)))
+}
+
+/// A family's tables with their configuration names: `<mean>-lognormal`, `<mean>-scale75`,
+/// …, `<mean>-uniform`.
+pub fn family_tables(fam: &Family, mean_ns: f64) -> Vec<(String, &Table)> {
+    let label = fmt_mean(mean_ns);
+    let mut files: Vec<(String, &Table)> = fam
+        .members
+        .iter()
+        .map(|mem| (member_name(&label, mem.fraction), &mem.table))
+        .collect();
+    files.push((format!("{label}-uniform"), &fam.uniform));
+    files
+}
+
+/// The name of a family member at `mean_ns`: `<mean>-lognormal` for the base, else
+/// `<mean>-scale<percent>`.
+pub fn member_name(label: &str, fraction: f64) -> String {
+    if fraction == 1.0 {
+        format!("{label}-lognormal")
+    } else {
+        format!("{label}-scale{}", percent(fraction))
+    }
+}
+
+/// The constant delay `mean_ns` (every entry the same: the research's "uniform" table),
+/// written to `dir` as `const-<mean>.dist`.
+pub fn constant_at(mean_ns: f64, dir: &Path) -> Result<Configuration, String> {
+    let mut table = make_table(&Dist::Uniform { mean_ns }, Kind::Absolute)
+        .map_err(|e| format!("a constant delay of {}: {e}", fmt_mean(mean_ns)))?;
+    table
+        .comments
+        .insert(2, "a constant delay of a tolerance sweep".to_string());
+    write_config(dir, &format!("const-{}", fmt_mean(mean_ns)), &table)
+}
+
+/// Writes `table` to `dir/<name>.dist` and makes it a configuration of that name.
+pub fn write_config(dir: &Path, name: &str, table: &Table) -> Result<Configuration, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(format!("{name}.dist"));
+    let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    table
+        .write(file)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    table_config(name.to_string(), &path)
+}
+
+/// A mean for a name: `50.0us`, `1.50ms` (three significant digits, no spaces).
+pub fn fmt_mean(ns: f64) -> String {
     sanitize(&crate::table::duration::format_short(ns))
 }
 
@@ -239,6 +278,28 @@ mod tests {
         assert!(FamilyBase::parse("size=1,scale=1us")
             .unwrap_err()
             .contains("unknown key"));
+    }
+
+    #[test]
+    fn constant_delays_are_tables_of_one_value_zero_included() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-study-const-{}", std::process::id()));
+        for (ns, name) in [(0.0, "const-0.00ns"), (20e3, "const-20.0us")] {
+            let c = constant_at(ns, &dir).unwrap();
+            assert_eq!(c.name, name);
+            match &c.perturbation {
+                Perturbation::Table {
+                    path,
+                    mean_ns,
+                    sd_ns,
+                } => {
+                    assert_eq!((*mean_ns, *sd_ns), (ns, 0.0));
+                    assert!(path.ends_with(format!("{name}.dist")));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(constant_at(-1.0, &dir).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

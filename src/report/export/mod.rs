@@ -11,3 +11,4 @@ pub mod study;
 pub mod table;
 pub mod text;
 pub mod timeseries;
+pub mod tolerance;

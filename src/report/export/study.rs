@@ -1,7 +1,8 @@
 //! `ibjitter study` output: `summary.json` (the figures), `summary.md` (the same for people,
 //! with the verdict first) and three SVG plots: the metric against the injected sd at each
 //! fixed mean (`sd.svg`), against the injected mean (`mean.svg`), and every configuration's
-//! runs (`runs.svg`).
+//! runs (`runs.svg`); a tolerance study's part is `export::tolerance`.
+use super::tolerance;
 use crate::report::plot::{scatter_chart, strip_chart, Series};
 use crate::study::plan::Plan;
 use crate::study::record::Row;
@@ -54,6 +55,12 @@ pub fn markdown(s: &Summary) -> String {
         format!("**Verdict:** {}.", s.verdict),
         String::new(),
     ];
+    if let Some(t) = &s.tolerance {
+        for line in tolerance::sentences(t) {
+            md.push(line);
+            md.push(String::new());
+        }
+    }
     if !s.complete {
         md.push(
             "**Incomplete:** the study was interrupted, or `--until-ci` reached its cap before \
@@ -73,6 +80,9 @@ pub fn markdown(s: &Summary) -> String {
     if s.r_mean.is_finite() || s.r_sd.is_finite() {
         md.push(correlations(s));
         md.push(String::new());
+    }
+    if let Some(t) = &s.tolerance {
+        md.extend(tolerance::markdown(t));
     }
     md.push(
         "Slowdown: a configuration's mean metric over the clean runs' mean (the inverse for \
@@ -163,6 +173,9 @@ fn plots(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), Strin
     runs_plot(s, plan, rows, dir)?;
     if has_tables(s) {
         delay_plots(s, rows, dir)?;
+    }
+    if let Some(t) = &s.tolerance {
+        tolerance::plots(t, rows, dir)?;
     }
     Ok(())
 }
