@@ -25,8 +25,12 @@ pub const EARLY_NS: u64 = 150_000;
 /// thread only sleeps, as a backstop.
 pub const ACTIVE_NS: u64 = 100_000;
 /// While the program is calling, how long after its due time a request waits for the
-/// program's calls before the timer thread hands it over.
+/// program's calls before the timer thread hands it over: from [`BACKSTOP_NS`], doubled at
+/// each wake-up that found the program's calls had kept up (on a full node each wake-up
+/// takes a core from a rank), up to [`BACKSTOP_MAX_NS`]; back to the least as soon as the
+/// timer thread had to hand a request over.
 pub const BACKSTOP_NS: u64 = 50_000;
+pub const BACKSTOP_MAX_NS: u64 = 1_000_000;
 
 /// The earliest due time in the line (u64::MAX: the line is empty). Posters lower it
 /// ([`announce`]), the flusher sets it from its heap.
@@ -160,15 +164,17 @@ pub fn flush(by: &AtomicU64) -> bool {
 
 /// Hands requests over for programs that sleep (completion channels, idle phases), and as a
 /// backstop for those that call. While the program's calls are flushing the line (one saw
-/// requests in it within [`ACTIVE_NS`]) it only sleeps, to [`BACKSTOP_NS`] past the earliest
-/// due time, and leaves the core to the program. Otherwise it sleeps until [`EARLY_NS`]
+/// requests in it within [`ACTIVE_NS`]) it only sleeps, to the backstop past the earliest
+/// due time ([`BACKSTOP_NS`] .. [`BACKSTOP_MAX_NS`]), and leaves the core to the program. Otherwise it sleeps until [`EARLY_NS`]
 /// before the earliest due time (at most [`IDLE_NS`], so it sees new requests) and spins the
 /// rest, unless a program call hands the request over first.
 pub fn timer_thread() {
     // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
     let units = |ns| clock::ns_to_units(ns, clock::kind());
-    let (early, active, backstop) = (units(EARLY_NS), units(ACTIVE_NS), units(BACKSTOP_NS));
+    let (early, active) = (units(EARLY_NS), units(ACTIVE_NS));
+    let (least, most) = (units(BACKSTOP_NS), units(BACKSTOP_MAX_NS));
+    let mut backstop = least;
     loop {
         let next = NEXT_DUE.load(Acquire);
         let nap = if next == u64::MAX {
@@ -180,9 +186,13 @@ pub fn timer_thread() {
                 let wake = next.saturating_add(backstop);
                 if now >= wake {
                     flush(&BY_TIMER);
+                    backstop = least;
                     continue;
                 }
-                units_to_ns(wake - now).min(ACTIVE_NS)
+                // Woken with nothing to hand over: the program keeps up, wake less often.
+                let nap = units_to_ns(wake - now).min(units_to_ns(backstop).max(ACTIVE_NS));
+                backstop = (backstop * 2).min(most);
+                nap
             } else if next <= now.saturating_add(early) {
                 // Due within EARLY_NS: spin to it, unless someone hands it over first.
                 while now_units() < next && NEXT_DUE.load(Acquire) == next {
