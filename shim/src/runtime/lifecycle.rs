@@ -71,7 +71,7 @@ pub fn install(settings: Settings) {
 const CLOCK_NOT_CHOSEN: &str = "not chosen (no device opened, no UCP send)";
 
 /// The wait clock for the settings' tables, chosen (the TSC calibrated against
-/// CLOCK_MONOTONIC: 2 ms of busy time), the tables converted to its units, and the
+/// CLOCK_MONOTONIC: 250 us of busy time), the tables converted to its units, and the
 /// start-up line made with its description. At first use, not at load: shells and
 /// launchers under `LD_PRELOAD` never pay for it.
 fn choose_clock() {
