@@ -548,6 +548,13 @@ fn a_killed_tolerance_sweep_resumes_into_the_rows_of_an_uninterrupted_one() {
         16 < before && before < all,
         "killed after {before} of {all} runs"
     );
+    // What a run killed in flight may leave: its injector stats (the run at index `before`,
+    // and one further on). They are not the re-run's: its counts must be its own.
+    let stale = r#"{"unit":"ns","draws":1000,"delays_injected":1000,"sum_ns":5000000}"#;
+    for index in [before, before + 3] {
+        let path = cut.join(format!("runs/{index:04}.stats.999999.json"));
+        std::fs::write(path, stale).unwrap();
+    }
     let out = run(&mut tolerance_study(&cut, &args, &model));
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("after {before} runs")));

@@ -158,6 +158,7 @@ pub fn run(
     progress: bool,
 ) -> Result<(Vec<Row>, Ending), String> {
     let mut csv = Writer::open(&dir.join("study.csv"))?;
+    runner.forget_unrecorded(rows.len())?;
     let tty = progress && std::io::stderr().is_terminal();
     let started = Instant::now();
     let resumed_at = rows.len();
