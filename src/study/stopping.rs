@@ -2,7 +2,7 @@
 //! `--until-ci`'s intervals all narrow (or its cap). A study's rounds use it once; a
 //! tolerance sweep uses it for each of its steps.
 use super::plan::Stopping;
-use super::record::Row;
+use super::record::{counted_metrics, Row};
 use super::stats;
 
 /// How a study (or one step of a sweep) ended.
@@ -31,11 +31,7 @@ pub fn rounds_enough(stopping: Stopping, names: &[&str], rows: &[Row]) -> Option
                 return None;
             }
             let narrow = names.iter().all(|name| {
-                let xs: Vec<f64> = rows
-                    .iter()
-                    .filter(|r| r.ok && !r.warmup && r.config == *name)
-                    .map(|r| r.metric)
-                    .collect();
+                let xs = counted_metrics(rows, name);
                 let half = stats::ci95_half(&xs);
                 half.is_finite() && half <= fraction * stats::mean(&xs).abs()
             });

@@ -80,7 +80,7 @@ fn badness(plan: &Plan, v: f64) -> f64 {
 }
 
 pub fn summarize(plan: &Plan, rows: &[Row], complete: bool) -> Summary {
-    let counted = |r: &&Row| r.ok && !r.warmup;
+    let counted = |r: &&Row| r.counts();
     let clean: Vec<f64> = rows
         .iter()
         .filter(counted)

@@ -20,7 +20,7 @@
 //! and goes on exactly where an uninterrupted one would.
 use super::linefit::LineFit;
 use super::plan::{round_order, Configuration, Plan, Slot, Tolerance};
-use super::record::Row;
+use super::record::{counted_metrics, Row};
 use super::stats::ratio_ci95;
 use super::stopping::{rounds_enough, Ending};
 use super::tables::{constant_at, family_at_mean, family_tables, write_config};
@@ -318,13 +318,8 @@ impl Sweep {
     fn decide(&mut self, rows: &[Row]) -> Vec<Point> {
         let targets = &self.spec.targets;
         let largest = targets.last().copied().unwrap_or(f64::NAN);
-        let metrics_of = |config: usize| -> Vec<f64> {
-            let name = &self.plan.configurations[config].name;
-            rows.iter()
-                .filter(|r| r.ok && !r.warmup && &r.config == name)
-                .map(|r| r.metric)
-                .collect()
-        };
+        let metrics_of =
+            |config: usize| counted_metrics(rows, &self.plan.configurations[config].name);
         // Whether the last point's slowdown over `base` is beyond the largest target.
         let beyond = |points: &[(usize, usize)], base: &[f64]| {
             let last = points.iter().max_by_key(|p| p.0).map(|p| p.1);

@@ -25,14 +25,10 @@ use serde::Serialize;
 /// Tables whose mean is within this share of the sd sweep's mean are at that mean.
 pub const SAME_MEAN: f64 = 0.01;
 
-fn counted(r: &Row) -> bool {
-    r.ok && !r.warmup
-}
-
 /// The mean line's pairs (added mean µs, metric): runs under constant delays, zero included.
 pub fn mean_pairs(rows: &[Row]) -> (Vec<f64>, Vec<f64>) {
     rows.iter()
-        .filter(|r| counted(r) && r.kind == "table" && r.table_sd_us == 0.0)
+        .filter(|r| r.counts() && r.kind == "table" && r.table_sd_us == 0.0)
         .map(|r| (r.table_mean_us, r.metric))
         .unzip()
 }
@@ -40,7 +36,7 @@ pub fn mean_pairs(rows: &[Row]) -> (Vec<f64>, Vec<f64>) {
 /// The sd line's pairs (sd µs, metric): runs under tables at `mean_us`.
 pub fn sd_pairs(rows: &[Row], mean_us: f64) -> (Vec<f64>, Vec<f64>) {
     rows.iter()
-        .filter(|r| counted(r) && r.kind == "table")
+        .filter(|r| r.counts() && r.kind == "table")
         .filter(|r| (r.table_mean_us - mean_us).abs() <= SAME_MEAN * mean_us)
         .map(|r| (r.table_sd_us, r.metric))
         .unzip()

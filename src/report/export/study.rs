@@ -5,7 +5,7 @@
 use super::tolerance;
 use crate::report::plot::{scatter_chart, strip_chart, Series};
 use crate::study::plan::Plan;
-use crate::study::record::Row;
+use crate::study::record::{counted, counted_metrics, Row};
 use crate::study::summary::{ConfigSummary, Summary, ALPHA};
 use std::path::Path;
 
@@ -180,13 +180,6 @@ fn plots(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), Strin
     Ok(())
 }
 
-/// Rows of a configuration that count.
-fn counted<'a>(rows: &'a [Row], name: &str) -> Vec<&'a Row> {
-    rows.iter()
-        .filter(|r| r.ok && !r.warmup && r.config == name)
-        .collect()
-}
-
 /// Every configuration's runs with the mean and its CI.
 fn runs_plot(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), String> {
     let cats: Vec<(String, Vec<f64>, (f64, f64))> = plan
@@ -194,7 +187,7 @@ fn runs_plot(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), S
         .iter()
         .zip(&s.configurations)
         .map(|(c, cs)| {
-            let v: Vec<f64> = counted(rows, &c.name).iter().map(|r| r.metric).collect();
+            let v = counted_metrics(rows, &c.name);
             (c.name.clone(), v, (cs.mean - cs.ci95, cs.mean + cs.ci95))
         })
         .collect();
@@ -208,7 +201,7 @@ fn runs_plot(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), S
 
 /// The metric against the injected sd (one line per mean) and against the injected mean.
 fn delay_plots(s: &Summary, rows: &[Row], dir: &Path) -> Result<(), String> {
-    let counted = |name: &str| counted(rows, name);
+    let counted = |name: &str| counted(rows, name).collect::<Vec<_>>();
     let clean = s.configurations.iter().find(|c| c.kind == "clean");
     let y_label = s.metric.clone();
 
