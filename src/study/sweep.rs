@@ -22,7 +22,7 @@ use super::linefit::LineFit;
 use super::plan::{round_order, Configuration, Plan, Slot, Tolerance};
 use super::record::{counted_metrics, Row};
 use super::stats::ratio_ci95;
-use super::stopping::{rounds_enough, Ending};
+use super::stopping::{rounds_enough, wide, Ending};
 use super::tables::{constant_at, family_at_mean, family_tables, write_config};
 use super::tolerance::{mean_pairs, sd_pairs};
 use crate::table::dist::LogNormal;
@@ -153,7 +153,7 @@ pub struct Sweep {
     sd_points: Vec<(usize, usize)>,
     mean_done: bool,
     sd_done: bool,
-    /// The configurations of steps that reached `--until-ci`'s cap.
+    /// The configurations that steps reaching `--until-ci`'s cap left wide.
     capped: Vec<String>,
     ended: Option<Ending>,
 }
@@ -270,7 +270,8 @@ impl Sweep {
                         None => return Ok(Next::Run(self.slot(step, index))),
                         Some(e) => {
                             if e == Ending::CapReached {
-                                self.capped.extend(names[1..].iter().map(|n| n.to_string()));
+                                let left = wide(self.plan.stopping, &names, mine);
+                                self.capped.extend(left.iter().map(|n| n.to_string()));
                             }
                             (step.first_round + mine.len() / step.configs.len(), index)
                         }
