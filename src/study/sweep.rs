@@ -23,7 +23,7 @@ use super::plan::{round_order, Configuration, Plan, Slot, Tolerance};
 use super::record::{counted_metrics, Row};
 use super::stats::ratio_ci95;
 use super::stopping::{rounds_enough, wide, Ending};
-use super::tables::{constant_at, family_at_mean, family_tables, write_config};
+use super::tables::{as_named, constant_at, family_at_mean, family_tables, fmt_mean, write_config};
 use super::tolerance::{mean_pairs, sd_pairs};
 use crate::table::dist::LogNormal;
 use crate::table::family::Family;
@@ -37,8 +37,9 @@ const SD_STEPS: usize = 11;
 const MEAN_FLOOR_NS: f64 = 1e3;
 
 /// The mean sweep's candidate delays, ns, ascending: the 1-2-5 series from 1 µs up to `max`,
-/// with `start` and `max` themselves.
+/// with `start` and `max` themselves as their names write them (so no two share a name).
 pub fn mean_grid(start_ns: f64, max_ns: f64) -> Vec<f64> {
+    let (start_ns, max_ns) = (as_named(start_ns), as_named(max_ns));
     let mut g = vec![start_ns, max_ns];
     let mut decade = MEAN_FLOOR_NS;
     while decade <= max_ns {
@@ -50,7 +51,7 @@ pub fn mean_grid(start_ns: f64, max_ns: f64) -> Vec<f64> {
         decade *= 10.0;
     }
     g.sort_by(f64::total_cmp);
-    g.dedup();
+    g.dedup_by(|a, b| fmt_mean(*a) == fmt_mean(*b));
     g
 }
 
@@ -329,7 +330,7 @@ impl Sweep {
         let mut next = Vec::new();
         if self.spec.sweep.mean() && !self.mean_done {
             if self.mean_points.is_empty() {
-                let start = self.spec.mean_start_ns / 1e3;
+                let start = as_named(self.spec.mean_start_ns) / 1e3;
                 let k = self.mean_grid.iter().position(|&g| g == start).unwrap_or(0);
                 next.extend([Point::MeanZero, Point::Mean(k)]);
             } else {
@@ -443,6 +444,18 @@ mod tests {
             mean_grid(7e3, 300e3),
             vec![1e3, 2e3, 5e3, 7e3, 10e3, 20e3, 50e3, 100e3, 200e3, 300e3]
         );
+        // A start or top that names round to a grid point's name is that point: no two
+        // configurations share a name.
+        assert_eq!(
+            mean_grid(10.04e3, 1.0004e6),
+            vec![1e3, 2e3, 5e3, 10e3, 20e3, 50e3, 100e3, 200e3, 500e3, 1e6]
+        );
+        let g = mean_grid(12.345e3, 987.65e3);
+        let names: Vec<String> = g.iter().map(|&ns| fmt_mean(ns)).collect();
+        assert!(names.contains(&"12.3us".to_string()) && names.contains(&"988us".to_string()));
+        let mut unique = names.clone();
+        unique.dedup();
+        assert_eq!(unique, names);
     }
 
     use crate::study::plan::{Perturbation, Stopping, Swept};
