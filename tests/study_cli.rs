@@ -444,7 +444,8 @@ fn a_tolerance_sweep_finds_the_slope_and_crossings_of_a_known_program() {
     println!("{}", check(&dir));
     assert!(s["tolerance"]["sd"].is_null(), "{s}");
     for c in s["configurations"].as_array().unwrap() {
-        // Clean in every round of the sweep's steps, each point in the rounds of its own.
+        // Clean and the zero delay in every round of the sweep's steps, each point in the
+        // rounds of its own.
         assert_eq!(c["runs"].as_u64().unwrap() % 4, 0, "{c}");
         // Every send delayed (the set-up send and 50 timed ones), but under the zero delay,
         // whose runs count because the injector drew for them.
@@ -463,8 +464,9 @@ fn a_tolerance_sweep_finds_the_slope_and_crossings_of_a_known_program() {
     eprintln!("slope {k} [{k_lo}, {k_hi}]; crossings {crossings:?}");
     assert!(near(50.0, k_lo, k_hi), "slope {k} [{k_lo}, {k_hi}]");
     assert!(k_hi - k_lo < 5.0, "slope {k} [{k_lo}, {k_hi}]");
-    let base = s["tolerance"]["mean"]["intercept"].as_f64().unwrap();
-    assert!((base / 5000.0 - 1.0).abs() < 0.01, "intercept {base}");
+    // The base: the zero delay's runtime, 5000 µs and 50 zero-delay sends.
+    let base = s["tolerance"]["mean"]["base"].as_f64().unwrap();
+    assert!((base / 5000.0 - 1.0).abs() < 0.01, "base {base}");
     assert_eq!(crossings.len(), 3);
     for (p, at, lo, hi, reached) in crossings {
         let want = p * 5000.0 / 50.0;
@@ -524,8 +526,8 @@ fn a_killed_tolerance_sweep_resumes_into_the_rows_of_an_uninterrupted_one() {
     }
 
     // SIGKILL in the second step (after 1 warm-up and 3 rounds of clean, the zero delay,
-    // 10 µs, the sd sweep's constant 20 µs and its base: 16 runs), then the same command
-    // again: its replay crosses the first step's decision.
+    // the sd sweep's constant 20 µs, 10 µs and the sd sweep's base: 16 runs), then the same
+    // command again: its replay crosses the first step's decision.
     let all = schedule(&whole).len() - 1;
     let cut = scratch_dir("study-tolerance-killed");
     let mut child = tolerance_study(&cut, &args, &model)
@@ -580,6 +582,102 @@ fn a_killed_tolerance_sweep_resumes_into_the_rows_of_an_uninterrupted_one() {
     ));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("the tolerance sweep"));
+}
+
+/// The model of the resume test on a machine that became 5 % slower at everything from the
+/// sweep's second step on (run 16): each run over its own round's references, the lines
+/// still hold the program's slopes and crossings. (Fitted over the runs as they were, with
+/// the references in the first step only, the change read as latency: the sd line's 1 % came
+/// out at 17.3 µs [15.3, 19.7] and its 5 % at 86.3 µs [76.4, 98.7], for 22 and 110.)
+#[test]
+fn a_machine_whose_speed_changed_between_steps_does_not_move_the_lines() {
+    let _serial = one_at_a_time();
+    let dir = scratch_dir("study-tolerance-drift");
+    let model = [
+        "model",
+        "10000",
+        "50",
+        "5",
+        "20",
+        "0",
+        "seed=9",
+        "jump=16:1.05",
+    ];
+    let out = run(&mut tolerance_study(
+        &dir,
+        &["--reps", "3", "--seed", "9"],
+        &model,
+    ));
+    assert_eq!(out.status.code(), Some(0));
+    println!(
+        "{}",
+        std::fs::read_to_string(dir.join("summary.md")).unwrap()
+    );
+    println!("{}", check(&dir));
+    let s = read_json(&dir.join("summary.json"));
+    // The rows do show the change: the zero delay's runs, 10000 µs, then 10500.
+    let zero = &common::study::metrics(&dir)["const-0.00ns"];
+    assert!(
+        zero[0] < 10030.0 && zero[zero.len() - 1] > 10470.0,
+        "{zero:?}"
+    );
+    // The slowdown per µs: 50 over 10000 for the mean, 5 over 11000 for the sd.
+    for (which, want, base) in [("mean", 50.0, 10000.0), ("sd", 5.0, 11000.0)] {
+        let a = &s["tolerance"][which];
+        let (lo, hi) = (
+            a["slope_ci95"][0].as_f64().unwrap(),
+            a["slope_ci95"][1].as_f64().unwrap(),
+        );
+        assert!(
+            lo <= want / base && want / base <= hi,
+            "{which}: [{lo}, {hi}]"
+        );
+        for c in a["crossings"].as_array().unwrap() {
+            let at = c["target"].as_f64().unwrap() * base / want;
+            let (lo, hi) = (
+                c["ci95"][0].as_f64().unwrap(),
+                c["ci95"][1].as_f64().unwrap(),
+            );
+            assert!(lo <= at && at <= hi, "{which}: {c}, want {at}");
+        }
+    }
+}
+
+/// A runtime flat up to 5 µs of added delay, then 50 µs per µs (LLAMP's piecewise-linear
+/// case): the line through the points is off them, and the summary and stderr say so.
+#[test]
+fn points_off_a_straight_line_are_said_to_be() {
+    let _serial = one_at_a_time();
+    let dir = scratch_dir("study-tolerance-knee");
+    let model = ["model", "10000", "50", "5", "20", "0", "knee=5"];
+    let out = run(&mut tolerance_study(
+        &dir,
+        &["--kind", "mean", "--reps", "3", "--seed", "9"],
+        &model,
+    ));
+    assert_eq!(out.status.code(), Some(0));
+    println!(
+        "{}",
+        std::fs::read_to_string(dir.join("summary.md")).unwrap()
+    );
+    println!("{}", check(&dir));
+    let s = read_json(&dir.join("summary.json"));
+    let lack = &s["tolerance"]["mean"]["lack_of_fit"];
+    assert_eq!(lack["off_line"], true, "{s}");
+    assert!(lack["p"].as_f64().unwrap() < 0.05, "{lack}");
+    let said = |text: &str| text.contains("mean line: the points are off a straight line");
+    assert!(
+        s["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| said(w.as_str().unwrap())),
+        "{s}"
+    );
+    assert!(said(&String::from_utf8_lossy(&out.stderr)));
+    assert!(said(
+        &std::fs::read_to_string(dir.join("summary.md")).unwrap()
+    ));
 }
 
 #[test]

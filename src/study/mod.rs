@@ -13,7 +13,8 @@
 //! - [`output`]: a run's output read for its metric from the end, in bounded memory.
 //! - [`record`]: `study.csv`, appended as runs finish; read back to resume.
 //! - [`stats`], [`summary`]: the figures and the verdict, from the rows alone.
-//! - [`linefit`], [`tolerance`]: a tolerance study's fitted lines and crossings, likewise.
+//! - [`linefit`], [`tolerance`]: a tolerance study's slowdowns, fitted lines and crossings,
+//!   likewise.
 //!
 //! Results directory: `plan.json`, `study.csv`, `runs/` (each run's output and the injector's
 //! stats), `tables/` (generated tables), and `summary.md`, `summary.json`, `*.svg`

@@ -5,12 +5,9 @@
 //! two, with a verdict in words; for a tolerance study, its fitted lines and crossings too.
 use super::plan::Plan;
 use super::record::Row;
-use super::stats::{ci95_half, fisher_z, mean, median, pearson, pearson_p, ratio_ci95, sd};
+use super::stats::{ci95_half, fisher_z, mean, median, pearson, pearson_p, ratio_ci95, sd, ALPHA};
 use super::tolerance::ToleranceSummary;
 use serde::Serialize;
-
-/// Significance level of the verdict's tests.
-pub const ALPHA: f64 = 0.05;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ConfigSummary {
@@ -177,6 +174,10 @@ pub fn summarize(plan: &Plan, rows: &[Row], complete: bool) -> Summary {
     let (fz, p) = fisher_z(r_sd, r_mean, n);
     let (p_r_mean, p_r_sd) = (pearson_p(r_mean, n), pearson_p(r_sd, n));
     let verdict = verdict(r_mean, p_r_mean, r_sd, p_r_sd, p, n, plan);
+    let tolerance = super::tolerance::summarize(plan, rows, complete);
+    if let Some(t) = &tolerance {
+        warnings.extend(t.warnings());
+    }
     Summary {
         command: plan.command.join(" "),
         metric: plan
@@ -198,7 +199,7 @@ pub fn summarize(plan: &Plan, rows: &[Row], complete: bool) -> Summary {
         warmup_runs: rows.iter().filter(|r| r.warmup).count(),
         complete,
         warnings,
-        tolerance: super::tolerance::summarize(plan, rows),
+        tolerance,
     }
 }
 

@@ -6,7 +6,8 @@ use super::tolerance;
 use crate::report::plot::{scatter_chart, strip_chart, Series};
 use crate::study::plan::Plan;
 use crate::study::record::{counted, counted_metrics, Row};
-use crate::study::summary::{ConfigSummary, Summary, ALPHA};
+use crate::study::stats::ALPHA;
+use crate::study::summary::{ConfigSummary, Summary};
 use std::path::Path;
 
 /// Writes summary.json, summary.md, sd.svg, mean.svg and runs.svg into `dir`.
