@@ -443,6 +443,14 @@ fn a_tolerance_sweep_finds_the_slope_and_crossings_of_a_known_program() {
     );
     println!("{}", check(&dir));
     assert!(s["tolerance"]["sd"].is_null(), "{s}");
+    // A sweep's delays are its design: no correlation of the metric with them, no verdict.
+    for absent in ["verdict", "r_mean", "r_sd", "fisher_z"] {
+        assert!(s.get(absent).is_none(), "{absent}: {s}");
+    }
+    assert_eq!(
+        (&s["ending"], &s["complete"]),
+        (&"complete".into(), &true.into())
+    );
     for c in s["configurations"].as_array().unwrap() {
         // Clean and the zero delay in every round of the sweep's steps, each point in the
         // rounds of its own.
@@ -477,6 +485,13 @@ fn a_tolerance_sweep_finds_the_slope_and_crossings_of_a_known_program() {
     }
     let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
     assert!(md.contains("**Tolerance (mean):** Tolerates +"), "{md}");
+    assert!(
+        !md.contains("**Verdict:**") && !md.contains("r_mean"),
+        "{md}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ibjitter study: Tolerates +"), "{err}");
+    assert!(!err.contains("sensitive"), "{err}");
     let svg = std::fs::read_to_string(dir.join("tolerance.svg")).unwrap();
     assert!(
         svg.contains("<circle") && svg.contains("10 % slower"),
@@ -678,6 +693,143 @@ fn points_off_a_straight_line_are_said_to_be() {
     assert!(said(
         &std::fs::read_to_string(dir.join("summary.md")).unwrap()
     ));
+}
+
+/// `--until-ci` on the model's seeded noise (the same numbers in every execution): each step
+/// stops when its own intervals are narrow, or at the cap; killed mid-sweep and run again, the
+/// sweep has the uninterrupted one's rows. A cap reached makes the summary incomplete (exit
+/// 1), naming only what it left wide.
+#[test]
+fn an_until_ci_sweep_resumes_exactly_and_its_cap_is_said() {
+    let _serial = one_at_a_time();
+    let model = ["model", "10000", "50", "5", "20", "15"];
+    let args = [
+        "--until-ci",
+        "0.17%",
+        "--min-reps",
+        "3",
+        "--max-reps",
+        "6",
+        "--seed",
+        "8",
+    ];
+    let whole = scratch_dir("study-tolerance-ci-whole");
+    let out = run(&mut tolerance_study(&whole, &args, &model));
+    let code = out.status.code();
+    println!(
+        "{}",
+        std::fs::read_to_string(whole.join("summary.md")).unwrap()
+    );
+    println!("{}", check(&whole));
+    let s = read_json(&whole.join("summary.json"));
+    // The steps stopped at different rounds: the rule depended on the data.
+    let rows = schedule(&whole);
+    let mut per_config = std::collections::BTreeMap::<String, usize>::new();
+    for r in rows.iter().skip(2) {
+        *per_config
+            .entry(r.split(',').nth(2).unwrap().to_string())
+            .or_default() += 1;
+    }
+    let mut counts: Vec<usize> = per_config
+        .iter()
+        .filter(|(n, _)| !["clean", "const-0.00ns", "20.0us-uniform"].contains(&n.as_str()))
+        .map(|(_, &k)| k)
+        .collect();
+    counts.sort();
+    counts.dedup();
+    assert!(
+        counts.len() >= 2,
+        "every point ran as many rounds: {per_config:?}"
+    );
+    // With this seed one step reaches the cap: the exit status and the summary agree, and
+    // only the one configuration left wide is named (not its step's others, which were
+    // narrow: the references, the sd sweep's point).
+    assert_eq!(code, Some(1));
+    assert!(
+        s["complete"] == false && s["ending"] == "cap_reached",
+        "{s}"
+    );
+    assert_eq!(s["capped"], serde_json::json!(["const-2.00us"]), "{s}");
+    let md = std::fs::read_to_string(whole.join("summary.md")).unwrap();
+    assert!(
+        md.contains("reached its cap before these intervals were within the target: const-2.00us."),
+        "{md}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("after 6 rounds (const-2.00us)"), "{err}");
+    let cut = scratch_dir("study-tolerance-ci-cut");
+    let mut child = tolerance_study(&cut, &args, &model)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while schedule(&cut).len() < 1 + 30 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = schedule(&cut).len() - 1;
+    assert!(
+        before < rows.len() - 1,
+        "killed after {before} runs: too late"
+    );
+    let again = run(&mut tolerance_study(&cut, &args, &model));
+    assert_eq!(again.status.code(), code);
+    let without_wall_time = |dir: &Path| -> Vec<String> {
+        std::fs::read_to_string(dir.join("study.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut c: Vec<&str> = l.split(',').collect();
+                c.remove(8);
+                c.join(",")
+            })
+            .collect()
+    };
+    assert_eq!(without_wall_time(&cut), without_wall_time(&whole));
+    assert_eq!(read_json(&cut.join("summary.json"))["capped"], s["capped"]);
+}
+
+/// Ctrl-C mid-sweep: exit 130, and the summary opens with why its figures are of the runs so
+/// far; a target not reached is not reached so far.
+#[test]
+fn an_interrupted_sweep_says_first_that_it_is_incomplete() {
+    let _serial = one_at_a_time();
+    let dir = scratch_dir("study-tolerance-sigint");
+    // Runs of 100 ms: Ctrl-C lands in the run after the one awaited.
+    let model = ["model", "10000", "50", "5", "20", "100"];
+    let child = tolerance_study(&dir, &["--kind", "mean", "--reps", "3"], &model)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    // The first step (warm-up, 3 rounds of clean, the zero delay and 10 µs) and a run more.
+    while schedule(&dir).len() < 1 + 11 {
+        assert!(t0.elapsed() < Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    let first = md.lines().find(|l| l.starts_with("**")).unwrap_or_default();
+    assert!(
+        first.starts_with("**Incomplete:** the study was interrupted"),
+        "{md}"
+    );
+    let s = read_json(&dir.join("summary.json"));
+    assert_eq!(
+        (&s["ending"], &s["complete"]),
+        (&"interrupted".into(), &false.into())
+    );
+    // Over 10000 at 50 per µs, 10 µs is 5 %: 10 % is not reached, so far.
+    let sentence = s["tolerance"]["mean"]["sentence"].as_str().unwrap();
+    assert!(
+        sentence.contains("10 %: not reached so far, within +10.0 µs"),
+        "{sentence}"
+    );
+    check(&dir);
 }
 
 #[test]

@@ -23,11 +23,15 @@ use std::time::Duration;
       mpirun -np 2 ./solver
 
 --tolerance sweeps added constant delays (and, at --tolerance-mean, the sd of the
-mean-preserving lognormal family) in steps of rounds with clean runs, each step chosen from the
-rows so far (a resumed sweep replays them), fits runtime as a line in each (x = 0: a zero
-delay, the injector loaded and nothing added) and reports the added latency and the sd at which
-the slowdown crosses each --target, with intervals, and the runtime per us added (the number of
-latency-bound messages on the critical path). See summary.md and tolerance.svg.
+mean-preserving lognormal family) in steps of rounds with clean runs and two references (a zero
+delay: the injector loaded, nothing added; the constant delay at --tolerance-mean), each step
+chosen from the rows so far (a resumed sweep replays them). Each run's slowdown is taken over
+the references of its own round; a line through the origin is fitted to each sweep's points
+(points - 1 degrees of freedom, with a test of whether they lie on a line), and the study
+reports the added latency and the sd at which the slowdown crosses each --target, with
+intervals, and the runtime per us added (the number of latency-bound messages on the critical
+path). No verdict or correlations: the sweep's delays are its design. See summary.md,
+tolerance.svg and docs/study.md.
 
 Every run's environment loads libibjitter.so (LD_PRELOAD, IBJITTER_TABLE, IBJITTER_SEED,
 IBJITTER_STATS) for table configurations; launchers that start ranks on other hosts must pass
@@ -447,7 +451,13 @@ pub fn run(a: StudyArgs) -> i32 {
             return exit::with_write_failure(exit::PARTLY);
         }
     };
-    eprintln!("ibjitter study: {}", summary.verdict);
+    // What the figures are of comes first: an interrupted study's are of the runs so far.
+    if ending == Ending::Interrupted {
+        eprintln!("ibjitter study: interrupted: the figures below are of the runs so far");
+    }
+    if let Some(c) = &summary.correlation {
+        eprintln!("ibjitter study: {}", c.verdict);
+    }
     if let Some(t) = &summary.tolerance {
         for axis in [&t.mean, &t.sd].into_iter().flatten() {
             eprintln!("ibjitter study: {}", axis.sentence);
@@ -468,8 +478,10 @@ pub fn run(a: StudyArgs) -> i32 {
         }
         Ending::CapReached => {
             eprintln!(
-                "ibjitter study: --until-ci: not every 95 % CI is within the target after {} rounds",
-                a.max_reps
+                "ibjitter study: --until-ci: not every 95 % CI is within the target after {} \
+                 rounds ({}): the summary says incomplete",
+                a.max_reps,
+                summary.capped.join(", ")
             );
             exit::PARTLY
         }

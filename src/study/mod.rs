@@ -244,11 +244,27 @@ pub fn finish(
 ) -> Result<Summary, String> {
     let plan = schedule.plan();
     let summary = match schedule {
-        Schedule::Rounds(_) => summary::summarize(plan, rows, ending == Ending::Complete),
-        // A sweep that ran its course is complete even where a step hit `--until-ci`'s cap
-        // (re-running would not change it): that is a warning.
+        Schedule::Rounds(_) => {
+            let capped = if ending == Ending::CapReached {
+                let names: Vec<&str> = plan
+                    .configurations
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect();
+                let measured = &rows[plan.warmup.min(rows.len())..];
+                stopping::wide(plan.stopping, &names, measured)
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            summary::summarize(plan, rows, ending, capped)
+        }
+        // A sweep whose step hit `--until-ci`'s cap went on from it: it ends as capped
+        // (exit 1, not complete), naming what was left wide.
         Schedule::Sweep(s) => {
-            let mut summary = summary::summarize(plan, rows, ending != Ending::Interrupted);
+            let mut summary = summary::summarize(plan, rows, ending, s.capped());
             summary.warnings.extend(s.warnings());
             summary
         }

@@ -4,9 +4,11 @@
 use super::plan::Stopping;
 use super::record::{counted_metrics, Row};
 use super::stats;
+use serde::Serialize;
 
 /// How a study (or one step of a sweep) ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Ending {
     /// The stopping rule was met.
     Complete,

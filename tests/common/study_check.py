@@ -4,9 +4,10 @@ statistics module; Student's t quantiles from a printed table), for the tests:
 
     study_check.py DIR
 
-Checks every configuration's runs, mean, sd, median, 95 % CI and slowdown, the two Pearson
-r's, Fisher's z and its p-value, and the verdict's direction against DIR/summary.json; for a
-tolerance study (DIR/plan.json has a "tolerance" sweep) each line from the rows alone: every run's
+Checks every configuration's runs, mean, sd, median, 95 % CI and slowdown, that `complete`
+agrees with how the study ended, and the two Pearson r's, Fisher's z and its p-value, and the
+verdict's direction against DIR/summary.json; for a tolerance study (DIR/plan.json has a
+"tolerance" sweep) that there is no verdict, and each line from the rows alone: every run's
 slowdown over its own round's reference runs, the points, the line through the origin and its
 slope's interval (points - 1 df), the lack-of-fit F and its p-value (the incomplete beta
 integrated here), the base and the slope in us per us, every target's crossing, its Fieller
@@ -244,7 +245,11 @@ def check_tolerance(d, counted, s):
     t = s.get("tolerance")
     if t is None:
         sys.exit("study_check: a tolerance sweep's summary has no tolerance figures")
-    finished = s["complete"]  # a sweep that ran its course
+    # A sweep's delays are its design: no correlation with them, no verdict.
+    for k in ("verdict", "r_mean", "r_sd", "fisher_z", "p_value", "correlation_runs"):
+        if k in s:
+            sys.exit(f"study_check: a tolerance sweep's summary has {k}")
+    finished = s["ending"] != "interrupted"
     unit = tol.get("metric_unit_us")
     at_mean = tol["sd_mean_ns"] / 1e3
     swept = {"mean": tol["sweep"] in ("mean", "both"), "sd": tol["sweep"] in ("sd", "both")}
@@ -356,7 +361,13 @@ def main():
             t = statistics.mean(clean_tail) / statistics.mean(tail) if hib else statistics.mean(tail) / statistics.mean(clean_tail)
             close(c["tail_slowdown"], t, 1e-9, f"{c['name']} tail slowdown")
         print(f"study_check: {c['name']}: n={len(xs)} mean={m:.6g} slowdown={slow:.4f}")
+    if s["complete"] != (s["ending"] == "complete"):
+        sys.exit(f"study_check: complete {s['complete']} but the study ended {s['ending']}")
+    if s["capped"] and s["ending"] == "complete":
+        sys.exit(f"study_check: {s['capped']} left wide at the cap, yet complete")
     check_tolerance(d, counted, s)
+    if "tolerance" in s:
+        return
     pairs = [r for r in counted if r["kind"] in ("clean", "table")]
     y = [(-1 if hib else 1) * float(r["metric"]) for r in pairs]
     xm = [float(r["table_mean_us"]) for r in pairs]
