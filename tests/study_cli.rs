@@ -889,6 +889,17 @@ fn tolerance_arguments_are_checked() {
         "--tolerance-mean",
     );
     refuse(&["--tolerance", "--reps", "1"], "--reps 2 or more");
+    // Given, even as its default's value: the sweep chooses the members itself.
+    refuse(
+        &[
+            "--tolerance",
+            "--family",
+            "shape=1,scale=1us",
+            "--family-fractions",
+            "0.75,0.5,0.25",
+        ],
+        "cannot be used with --family-fractions",
+    );
     refuse(
         &["--tolerance", "--tolerance-start", "2ms"],
         "must be below --tolerance-max",

@@ -1,7 +1,8 @@
 //! `ibjitter study`: parsing and exit status; the work is in `ibjitter::study`.
 use super::exit;
 use super::units::duration;
-use clap::Args;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args};
 use ibjitter::gen::stop::{self, StopToken};
 use ibjitter::study::plan::{Configuration, Perturbation, Plan, Stopping, Swept, Tolerance};
 use ibjitter::study::runner::Runner;
@@ -154,6 +155,9 @@ pub struct StudyArgs {
     /// The program and its arguments (a launcher line: mpirun ..., srun ..., sh -c '...')
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
+    /// Whether --family-fractions was given, not its default (from clap's value source).
+    #[arg(skip)]
+    family_fractions_given: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -226,7 +230,7 @@ fn tolerance(a: &StudyArgs, stopping: Stopping) -> Result<Option<Tolerance>, Str
     let refused = [
         (!a.tables.is_empty(), "--tables", "it makes its own tables (constant delays and the family at --tolerance-mean); to study given tables, leave out --tolerance"),
         (!a.family_means.is_empty(), "--family-means", "the sd is swept at --tolerance-mean"),
-        (a.family_fractions != [0.75, 0.5, 0.25], "--family-fractions", "the sweep chooses the family's members"),
+        (a.family_fractions_given, "--family-fractions", "the sweep chooses the family's members"),
         (a.congestor.is_some(), "--congestor", "it sweeps delays only; to study a congestor, leave out --tolerance"),
         (a.higher_is_better, "--higher-is-better", "runtime is fitted as a line in latency: give a time as the metric"),
         (a.family.is_some() && a.kind == SweepKind::Mean, "--family", "it is the base of the sd sweep, and --kind mean has none"),
@@ -421,7 +425,10 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
     Ok((plan, runner))
 }
 
-pub fn run(a: StudyArgs) -> i32 {
+pub fn run(mut a: StudyArgs, matches: Option<&ArgMatches>) -> i32 {
+    a.family_fractions_given = matches
+        .and_then(|m| m.value_source("family_fractions"))
+        .is_some_and(|source| source != ValueSource::DefaultValue);
     let (plan, runner) = match prepare(&a) {
         Ok(p) => p,
         Err(e) => {
