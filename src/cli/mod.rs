@@ -2,7 +2,7 @@
 //! calls lives in the library, so it can be tested without a process. What several share has
 //! a file of its own (`exit`, `units`, `output_path`, `rdma_args`), below the subcommands and
 //! this dispatch.
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
 mod doctor;
@@ -66,7 +66,9 @@ enum Command {
 /// Runs the CLI and returns the process exit code.
 pub fn main() -> i32 {
     use_installed_distributions();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli =
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
     match cli.command {
         Command::Table(args) => table::run(args),
         Command::Serve(args) => serve::run(args),
@@ -74,7 +76,7 @@ pub fn main() -> i32 {
         Command::Incast(args) => incast::run(args),
         Command::Pcap(args) => pcap::run(args),
         Command::Inject(args) => inject::run(args),
-        Command::Study(args) => study::run(args),
+        Command::Study(args) => study::run(args, matches.subcommand_matches("study")),
         Command::Exec(args) => exec::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Man { out } => write_docs("man pages", &out, |dir| {

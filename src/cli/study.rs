@@ -1,7 +1,8 @@
 //! `ibjitter study`: parsing and exit status; the work is in `ibjitter::study`.
 use super::exit;
 use super::units::duration;
-use clap::Args;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args};
 use ibjitter::gen::stop::{self, StopToken};
 use ibjitter::study::plan::{Configuration, Perturbation, Plan, Stopping, Swept, Tolerance};
 use ibjitter::study::runner::Runner;
@@ -23,11 +24,15 @@ use std::time::Duration;
       mpirun -np 2 ./solver
 
 --tolerance sweeps added constant delays (and, at --tolerance-mean, the sd of the
-mean-preserving lognormal family) in steps of rounds with clean runs, each step chosen from the
-rows so far (a resumed sweep replays them), fits runtime as a line in each (x = 0: a zero
-delay, the injector loaded and nothing added) and reports the added latency and the sd at which
-the slowdown crosses each --target, with intervals, and the runtime per us added (the number of
-latency-bound messages on the critical path). See summary.md and tolerance.svg.
+mean-preserving lognormal family) in steps of rounds with clean runs and two references (a zero
+delay: the injector loaded, nothing added; the constant delay at --tolerance-mean), each step
+chosen from the rows so far (a resumed sweep replays them). Each run's slowdown is taken over
+the references of its own round; a line through the origin is fitted to each sweep's points
+(points - 1 degrees of freedom, with a test of whether they lie on a line), and the study
+reports the added latency and the sd at which the slowdown crosses each --target, with
+intervals, and the runtime per us added (the number of latency-bound messages on the critical
+path). No verdict or correlations: the sweep's delays are its design. See summary.md,
+tolerance.svg and docs/study.md.
 
 Every run's environment loads libibjitter.so (LD_PRELOAD, IBJITTER_TABLE, IBJITTER_SEED,
 IBJITTER_STATS) for table configurations; launchers that start ranks on other hosts must pass
@@ -150,6 +155,9 @@ pub struct StudyArgs {
     /// The program and its arguments (a launcher line: mpirun ..., srun ..., sh -c '...')
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
+    /// Whether --family-fractions was given, not its default (from clap's value source).
+    #[arg(skip)]
+    family_fractions_given: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -222,7 +230,7 @@ fn tolerance(a: &StudyArgs, stopping: Stopping) -> Result<Option<Tolerance>, Str
     let refused = [
         (!a.tables.is_empty(), "--tables", "it makes its own tables (constant delays and the family at --tolerance-mean); to study given tables, leave out --tolerance"),
         (!a.family_means.is_empty(), "--family-means", "the sd is swept at --tolerance-mean"),
-        (a.family_fractions != [0.75, 0.5, 0.25], "--family-fractions", "the sweep chooses the family's members"),
+        (a.family_fractions_given, "--family-fractions", "the sweep chooses the family's members"),
         (a.congestor.is_some(), "--congestor", "it sweeps delays only; to study a congestor, leave out --tolerance"),
         (a.higher_is_better, "--higher-is-better", "runtime is fitted as a line in latency: give a time as the metric"),
         (a.family.is_some() && a.kind == SweepKind::Mean, "--family", "it is the base of the sd sweep, and --kind mean has none"),
@@ -417,7 +425,10 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
     Ok((plan, runner))
 }
 
-pub fn run(a: StudyArgs) -> i32 {
+pub fn run(mut a: StudyArgs, matches: Option<&ArgMatches>) -> i32 {
+    a.family_fractions_given = matches
+        .and_then(|m| m.value_source("family_fractions"))
+        .is_some_and(|source| source != ValueSource::DefaultValue);
     let (plan, runner) = match prepare(&a) {
         Ok(p) => p,
         Err(e) => {
@@ -447,7 +458,13 @@ pub fn run(a: StudyArgs) -> i32 {
             return exit::with_write_failure(exit::PARTLY);
         }
     };
-    eprintln!("ibjitter study: {}", summary.verdict);
+    // What the figures are of comes first: an interrupted study's are of the runs so far.
+    if ending == Ending::Interrupted {
+        eprintln!("ibjitter study: interrupted: the figures below are of the runs so far");
+    }
+    if let Some(c) = &summary.correlation {
+        eprintln!("ibjitter study: {}", c.verdict);
+    }
     if let Some(t) = &summary.tolerance {
         for axis in [&t.mean, &t.sd].into_iter().flatten() {
             eprintln!("ibjitter study: {}", axis.sentence);
@@ -468,8 +485,10 @@ pub fn run(a: StudyArgs) -> i32 {
         }
         Ending::CapReached => {
             eprintln!(
-                "ibjitter study: --until-ci: not every 95 % CI is within the target after {} rounds",
-                a.max_reps
+                "ibjitter study: --until-ci: not every 95 % CI is within the target after {} \
+                 rounds ({}): the summary says incomplete",
+                a.max_reps,
+                summary.capped.join(", ")
             );
             exit::PARTLY
         }

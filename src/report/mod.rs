@@ -2,6 +2,7 @@
 //! HdrHistograms, fairness. `export/` turns a [`RunReport`] into files, one format per file.
 pub mod export;
 pub mod fct;
+pub mod figures;
 pub mod incast;
 pub mod latency;
 pub mod ops;

@@ -13,7 +13,8 @@
 //! - [`output`]: a run's output read for its metric from the end, in bounded memory.
 //! - [`record`]: `study.csv`, appended as runs finish; read back to resume.
 //! - [`stats`], [`summary`]: the figures and the verdict, from the rows alone.
-//! - [`linefit`], [`tolerance`]: a tolerance study's fitted lines and crossings, likewise.
+//! - [`linefit`], [`tolerance`]: a tolerance study's slowdowns, fitted lines and crossings,
+//!   likewise.
 //!
 //! Results directory: `plan.json`, `study.csv`, `runs/` (each run's output and the injector's
 //! stats), `tables/` (generated tables), and `summary.md`, `summary.json`, `*.svg`
@@ -158,6 +159,7 @@ pub fn run(
     progress: bool,
 ) -> Result<(Vec<Row>, Ending), String> {
     let mut csv = Writer::open(&dir.join("study.csv"))?;
+    runner.forget_unrecorded(rows.len())?;
     let tty = progress && std::io::stderr().is_terminal();
     let started = Instant::now();
     let resumed_at = rows.len();
@@ -242,11 +244,27 @@ pub fn finish(
 ) -> Result<Summary, String> {
     let plan = schedule.plan();
     let summary = match schedule {
-        Schedule::Rounds(_) => summary::summarize(plan, rows, ending == Ending::Complete),
-        // A sweep that ran its course is complete even where a step hit `--until-ci`'s cap
-        // (re-running would not change it): that is a warning.
+        Schedule::Rounds(_) => {
+            let capped = if ending == Ending::CapReached {
+                let names: Vec<&str> = plan
+                    .configurations
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect();
+                let measured = &rows[plan.warmup.min(rows.len())..];
+                stopping::wide(plan.stopping, &names, measured)
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            summary::summarize(plan, rows, ending, capped)
+        }
+        // A sweep whose step hit `--until-ci`'s cap went on from it: it ends as capped
+        // (exit 1, not complete), naming what was left wide.
         Schedule::Sweep(s) => {
-            let mut summary = summary::summarize(plan, rows, ending != Ending::Interrupted);
+            let mut summary = summary::summarize(plan, rows, ending, s.capped());
             summary.warnings.extend(s.warnings());
             summary
         }

@@ -317,4 +317,19 @@ mod tests {
         other.configurations[1].name = "x".into();
         assert!(p.differences(&other)[0].contains("configurations"));
     }
+
+    #[test]
+    fn a_plan_read_back_from_its_json_is_the_same_plan() {
+        // --until-ci 0.17% is 0.17 / 100, a double whose shortest text has 17 digits: read
+        // back to the last bit, or the resumed study is refused as another.
+        let mut p = plan(3, 1);
+        p.stopping = Stopping::UntilCi {
+            fraction: 0.17 / 100.0,
+            min: 3,
+            max: 6,
+        };
+        let text = serde_json::to_string_pretty(&p).unwrap();
+        let back: Plan = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, p, "{text}");
+    }
 }

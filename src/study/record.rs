@@ -59,6 +59,11 @@ fn clean_note(s: &str) -> String {
 }
 
 impl Row {
+    /// Whether the run counts in the figures: measured (not warm-up) and valid.
+    pub fn counts(&self) -> bool {
+        self.ok && !self.warmup
+    }
+
     /// A counted run of `config` that measured `metric` (tests fill in the rest).
     #[cfg(test)]
     pub fn counted(run: usize, config: &str, kind: &str, metric: f64) -> Row {
@@ -144,6 +149,20 @@ impl Row {
             note: f[15].to_string(),
         })
     }
+}
+
+/// The runs of `config` that count.
+pub fn counted<'a, 'b>(
+    rows: &'a [Row],
+    config: &'b str,
+) -> impl Iterator<Item = &'a Row> + use<'a, 'b> {
+    rows.iter()
+        .filter(move |r| r.counts() && r.config == config)
+}
+
+/// The metrics of the runs of `config` that count, in run order.
+pub fn counted_metrics(rows: &[Row], config: &str) -> Vec<f64> {
+    counted(rows, config).map(|r| r.metric).collect()
 }
 
 /// Reads the rows a study has written (none if the file does not exist). A last line without

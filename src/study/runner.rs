@@ -54,6 +54,28 @@ impl Runner {
         self.runs_dir.join(format!("{index:04}.stats.%p.json"))
     }
 
+    /// Removes the injector's stats files of run `from` and every later one: none of them is
+    /// in the CSV, but a run killed in flight (the study killed with it) may have written
+    /// some, and its re-run at the same index would add them to its own counts. Once per
+    /// study, before its first run: no cost per run.
+    pub fn forget_unrecorded(&self, from: usize) -> Result<(), String> {
+        let Ok(entries) = std::fs::read_dir(&self.runs_dir) else {
+            return Ok(());
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let index = name
+                .split_once(".stats.")
+                .filter(|_| name.ends_with(".json"))
+                .and_then(|(i, _)| i.parse::<usize>().ok());
+            if index.is_some_and(|i| i >= from) {
+                std::fs::remove_file(e.path())
+                    .map_err(|err| format!("{}: {err}", e.path().display()))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs the program once; `Err(Interrupted)` when Ctrl-C came during it.
     pub fn run(&self, plan: &Plan, slot: Slot) -> Result<Row, Interrupted> {
         let config = &plan.configurations[slot.config];
@@ -376,6 +398,40 @@ mod tests {
         assert!(last_match(&re, "nothing").is_nan());
         let whole = Regex::new(r"[0-9]+\.[0-9]+").unwrap();
         assert_eq!(last_match(&whole, "a 1.5 b 3.5"), 3.5);
+    }
+
+    #[test]
+    fn the_stats_of_runs_not_in_the_csv_are_forgotten_before_a_study_goes_on() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-study-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stats = r#"{"unit":"ns","draws":5,"delays_injected":5,"sum_ns":5000}"#;
+        for name in [
+            "0006.stats.7.json",
+            "0007.stats.8.json",
+            "0012.stats.9.json",
+        ] {
+            std::fs::write(dir.join(name), stats).unwrap();
+        }
+        std::fs::write(dir.join("0007-clean.log"), "kept").unwrap();
+        let runner = Runner {
+            command: vec!["true".into()],
+            shim: PathBuf::new(),
+            shim_env: Vec::new(),
+            runs_dir: dir.clone(),
+            self_exe: PathBuf::new(),
+            congestor_settle: Duration::ZERO,
+            timeout: None,
+            metric: None,
+            tail_metric: None,
+            stop: StopToken::new(),
+        };
+        // Seven runs recorded: run 7 was in flight when the study was killed.
+        runner.forget_unrecorded(7).unwrap();
+        assert_eq!(injected(&dir, 6).delayed, 5);
+        assert_eq!(injected(&dir, 7).delayed, 0);
+        assert_eq!(injected(&dir, 12).delayed, 0);
+        assert!(dir.join("0007-clean.log").exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //! test can recompute every figure independently.
 use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 
+/// Significance level of a study's tests (the verdict's, a line's lack of fit).
+pub const ALPHA: f64 = 0.05;
+
 /// Arithmetic mean; NaN when empty.
 pub fn mean(xs: &[f64]) -> f64 {
     if xs.is_empty() {

@@ -5,12 +5,10 @@
 //! two, with a verdict in words; for a tolerance study, its fitted lines and crossings too.
 use super::plan::Plan;
 use super::record::Row;
-use super::stats::{ci95_half, fisher_z, mean, median, pearson, pearson_p, ratio_ci95, sd};
+use super::stats::{ci95_half, fisher_z, mean, median, pearson, pearson_p, ratio_ci95, sd, ALPHA};
+use super::stopping::Ending;
 use super::tolerance::ToleranceSummary;
 use serde::Serialize;
-
-/// Significance level of the verdict's tests.
-pub const ALPHA: f64 = 0.05;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ConfigSummary {
@@ -40,12 +38,12 @@ pub struct ConfigSummary {
     pub delayed_per_run: f64,
 }
 
+/// Over the clean and table runs of a study of given tables: the metric's correlation with
+/// the injected mean and with the injected sd, and which is the stronger. Not for a tolerance
+/// sweep, whose delays are chosen (constant delays of several means, sds at one mean): there
+/// the two r's would describe the sweep's design, not the program.
 #[derive(Debug, Clone, Serialize)]
-pub struct Summary {
-    pub command: String,
-    pub metric: String,
-    pub higher_is_better: bool,
-    pub configurations: Vec<ConfigSummary>,
+pub struct Correlation {
     /// Pairs (clean and table runs) the correlations are over.
     pub correlation_runs: usize,
     /// Pearson r of the metric vs the injected mean, and its two-sided p-value.
@@ -58,11 +56,27 @@ pub struct Summary {
     pub fisher_z: f64,
     pub p_value: f64,
     pub verdict: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub command: String,
+    pub metric: String,
+    pub higher_is_better: bool,
+    pub configurations: Vec<ConfigSummary>,
+    /// The correlations and the verdict (absent for a tolerance sweep).
+    #[serde(flatten)]
+    pub correlation: Option<Correlation>,
     pub runs_total: usize,
     pub runs_failed: usize,
     pub warmup_runs: usize,
-    /// Whether the stopping rule was met (false: interrupted, or `--until-ci` hit its cap).
+    /// How the study ended: `complete`, `cap_reached` (`--until-ci`'s cap, exit 1) or
+    /// `interrupted` (exit 130).
+    pub ending: Ending,
+    /// Whether the stopping rule was met: `ending` is `complete`.
     pub complete: bool,
+    /// The configurations whose interval `--until-ci` left wider than asked at its cap.
+    pub capped: Vec<String>,
     pub warnings: Vec<String>,
     /// A tolerance study's fitted lines and crossings.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -79,8 +93,9 @@ fn badness(plan: &Plan, v: f64) -> f64 {
     }
 }
 
-pub fn summarize(plan: &Plan, rows: &[Row], complete: bool) -> Summary {
-    let counted = |r: &&Row| r.ok && !r.warmup;
+/// The summary of `rows`, which ended as `ending` with `capped` left wide by the cap.
+pub fn summarize(plan: &Plan, rows: &[Row], ending: Ending, capped: Vec<String>) -> Summary {
+    let counted = |r: &&Row| r.counts();
     let clean: Vec<f64> = rows
         .iter()
         .filter(counted)
@@ -164,9 +179,35 @@ pub fn summarize(plan: &Plan, rows: &[Row], complete: bool) -> Summary {
         });
     }
 
+    let tolerance = super::tolerance::summarize(plan, rows, ending != Ending::Interrupted);
+    if let Some(t) = &tolerance {
+        warnings.extend(t.warnings());
+    }
+    Summary {
+        command: plan.command.join(" "),
+        metric: plan
+            .metric
+            .clone()
+            .unwrap_or_else(|| "wall time (s)".into()),
+        higher_is_better: plan.higher_is_better,
+        configurations,
+        correlation: plan.tolerance.is_none().then(|| correlation(plan, rows)),
+        runs_total: rows.len(),
+        runs_failed: rows.iter().filter(|r| !r.ok).count(),
+        warmup_runs: rows.iter().filter(|r| r.warmup).count(),
+        ending,
+        complete: ending == Ending::Complete,
+        capped,
+        warnings,
+        tolerance,
+    }
+}
+
+/// The correlations of the metric with the injected mean and sd, and the verdict.
+fn correlation(plan: &Plan, rows: &[Row]) -> Correlation {
     let pairs: Vec<&Row> = rows
         .iter()
-        .filter(counted)
+        .filter(|r| r.counts())
         .filter(|r| r.kind == "clean" || r.kind == "table")
         .collect();
     let y: Vec<f64> = pairs.iter().map(|r| badness(plan, r.metric)).collect();
@@ -176,15 +217,7 @@ pub fn summarize(plan: &Plan, rows: &[Row], complete: bool) -> Summary {
     let (r_mean, r_sd) = (pearson(&xm, &y), pearson(&xs, &y));
     let (fz, p) = fisher_z(r_sd, r_mean, n);
     let (p_r_mean, p_r_sd) = (pearson_p(r_mean, n), pearson_p(r_sd, n));
-    let verdict = verdict(r_mean, p_r_mean, r_sd, p_r_sd, p, n, plan);
-    Summary {
-        command: plan.command.join(" "),
-        metric: plan
-            .metric
-            .clone()
-            .unwrap_or_else(|| "wall time (s)".into()),
-        higher_is_better: plan.higher_is_better,
-        configurations,
+    Correlation {
         correlation_runs: n,
         r_mean,
         p_r_mean,
@@ -192,13 +225,7 @@ pub fn summarize(plan: &Plan, rows: &[Row], complete: bool) -> Summary {
         p_r_sd,
         fisher_z: fz,
         p_value: p,
-        verdict,
-        runs_total: rows.len(),
-        runs_failed: rows.iter().filter(|r| !r.ok).count(),
-        warmup_runs: rows.iter().filter(|r| r.warmup).count(),
-        complete,
-        warnings,
-        tolerance: super::tolerance::summarize(plan, rows),
+        verdict: verdict(r_mean, p_r_mean, r_sd, p_r_sd, p, n, plan),
     }
 }
 
@@ -311,13 +338,14 @@ mod tests {
                 ));
             }
         }
-        let s = summarize(&plan, &rows, true);
-        assert!(s.r_sd > 0.95 && s.r_mean < 0.5, "{} {}", s.r_sd, s.r_mean);
-        assert!(s.p_value < ALPHA);
+        let s = summarize(&plan, &rows, Ending::Complete, Vec::new());
+        let c = s.correlation.as_ref().unwrap();
+        assert!(c.r_sd > 0.95 && c.r_mean < 0.5, "{} {}", c.r_sd, c.r_mean);
+        assert!(c.p_value < ALPHA);
         assert!(
-            s.verdict.starts_with("more sensitive to latency variation"),
+            c.verdict.starts_with("more sensitive to latency variation"),
             "{}",
-            s.verdict
+            c.verdict
         );
         let s100 = &s.configurations[3];
         assert_eq!(s100.runs, 6);
@@ -328,5 +356,64 @@ mod tests {
         );
         assert!(s100.slowdown_ci95[0] < s100.slowdown && s100.slowdown < s100.slowdown_ci95[1]);
         assert!(s.configurations[0].ci95 > 0.0);
+        // In summary.json the correlations sit beside the configurations, as they always did.
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(
+            json["verdict"].is_string() && json["r_sd"].is_number(),
+            "{json}"
+        );
+        assert_eq!(json["ending"], "complete");
+    }
+
+    #[test]
+    fn a_tolerance_sweep_has_no_verdict_and_a_capped_study_is_not_complete() {
+        let mut plan = Plan {
+            command: vec!["app".into()],
+            configurations: vec![Configuration {
+                name: "clean".into(),
+                perturbation: Perturbation::Clean,
+            }],
+            seed: 1,
+            warmup: 0,
+            stopping: Stopping::Reps(3),
+            metric: None,
+            tail_metric: None,
+            higher_is_better: false,
+            tolerance: None,
+        };
+        plan.tolerance = Some(crate::study::plan::Tolerance {
+            targets: vec![0.05],
+            sweep: crate::study::plan::Swept::Mean,
+            mean_start_ns: 10e3,
+            mean_max_ns: 100e3,
+            sd_mean_ns: 20e3,
+            sd_base_shape: 0.5,
+            sd_base_scale_ns: 1e3,
+            sd_base_loc_ns: 0.0,
+            metric_unit_us: None,
+        });
+        let rows: Vec<Row> = (0..6)
+            .map(|k| row(k, "const-0.00ns", "table", 0.0, 0.0, 10.0 + k as f64))
+            .collect();
+        let s = summarize(
+            &plan,
+            &rows,
+            Ending::CapReached,
+            vec!["const-0.00ns".into()],
+        );
+        assert!(s.correlation.is_none() && !s.complete);
+        let json = serde_json::to_value(&s).unwrap();
+        for absent in [
+            "verdict",
+            "r_mean",
+            "r_sd",
+            "fisher_z",
+            "p_value",
+            "correlation_runs",
+        ] {
+            assert!(json.get(absent).is_none(), "{absent}: {json}");
+        }
+        assert_eq!(json["ending"], "cap_reached");
+        assert_eq!(json["capped"][0], "const-0.00ns");
     }
 }

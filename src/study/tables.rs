@@ -251,6 +251,13 @@ pub fn fmt_mean(ns: f64) -> String {
     sanitize(&crate::table::duration::format_short(ns))
 }
 
+/// The delay `ns` as its name writes it (three significant digits): two delays that would
+/// share a name are then one delay, not two configurations with one name.
+pub fn as_named(ns: f64) -> f64 {
+    let text = crate::table::duration::format_short(ns);
+    crate::table::duration::parse_duration(&text).unwrap_or(ns)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,11 +4,16 @@ statistics module; Student's t quantiles from a printed table), for the tests:
 
     study_check.py DIR
 
-Checks every configuration's runs, mean, sd, median, 95 % CI and slowdown, the two Pearson
-r's, Fisher's z and its p-value, and the verdict's direction against DIR/summary.json; for a
-tolerance study (DIR/plan.json has a "tolerance" sweep) each fitted line's slope, intercept
-and their intervals, and every target's crossing point, Fieller interval and whether it is
-reached. Prints what it recomputed; exits 1 naming the first figure that disagrees."""
+Checks every configuration's runs, mean, sd, median, 95 % CI and slowdown, that `complete`
+agrees with how the study ended, and the two Pearson r's, Fisher's z and its p-value, and the
+verdict's direction against DIR/summary.json; for a tolerance study (DIR/plan.json has a
+"tolerance" sweep) that there is no verdict, and each line from the rows alone: every run's
+slowdown over its own round's reference runs, the points, the line through the origin and its
+slope's interval (points - 1 df), the lack-of-fit F and its p-value (the incomplete beta
+integrated here), the base and the slope in us per us, every target's crossing, its Fieller
+set (the quadratic solved as it stands) and whether it is reached, the warnings these call
+for, and the sentence rebuilt word for word. Prints what it recomputed; exits 1 naming the
+first figure that disagrees."""
 import csv
 import json
 import math
@@ -68,46 +73,165 @@ def close(a, b, rel, what):
         sys.exit(f"study_check: {what}: summary {a}, recomputed {b}")
 
 
-def num(v):
-    """A figure as the summary's sentences write it: three significant digits."""
-    a = abs(v)
-    return f"{v:.0f}" if a >= 99.95 else f"{v:.1f}" if a >= 9.995 else f"{v:.2f}" if a >= 0.9995 else f"{v:.3f}"
+def figure(v, sig):
+    """A figure as the summaries write it: `sig` significant digits, fixed notation from 0.01
+    up to a million, scientific outside it (1.23e-5), 0 for zero, a dash when there is none."""
+    if v is None or not math.isfinite(v):
+        return "–"
+    if v == 0:
+        return "0"
+    if not 0.01 <= abs(v) < 1e6:
+        mantissa, exponent = f"{v:.{sig - 1}e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    e = math.floor(math.log10(abs(v)))
+    text = f"{v:.{max(sig - 1 - e, 0)}f}"
+    if abs(float(text)) >= 10 ** (e + 1):  # rounded up to the next power of ten
+        text = f"{v:.{max(sig - 2 - e, 0)}f}"
+    return text
 
 
-def line_fit(xs, ys):
-    """Ordinary least squares by the textbook sums, and the slope's t interval (n - 2 df)."""
-    n = len(xs)
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    b = sxy / sxx
-    a = my - b * mx
-    # Cross-check the sums against the statistics module's own regression.
-    ref = statistics.linear_regression(xs, ys)
-    close(b, ref.slope, 1e-9, "slope by two methods")
-    s2 = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys)) / (n - 2)
-    t = t975_real(n - 2)
-    half = t * math.sqrt(s2 / sxx)
-    return {"a": a, "b": b, "s2": s2, "t": t, "lo": b - half, "hi": b + half,
-            "vaa": 1 / n + mx * mx / sxx, "vab": -mx / sxx, "vbb": 1 / sxx, "xmax": max(xs)}
+def percent(f):
+    """A target as the summaries write it: 0.05 is 5, 0.005 is 0.5."""
+    text = repr(round(f * 100 * 1e6) / 1e6)
+    return text[:-2] if text.endswith(".0") else text
 
 
-def fieller(f, p):
-    """The x where a + b x = (1 + p) a, and the x with (p a - b x)^2 <= t^2 s^2 Var-factor:
-    the quadratic A x^2 + B x + C <= 0 solved as it stands (bounded when A > 0)."""
-    a, b, g = f["a"], f["b"], f["t"] ** 2 * f["s2"]
-    at = p * a / b if b > 0 else None
-    qa = b * b - g * f["vbb"]
-    qb = -2 * p * (a * b - g * f["vab"])
-    qc = p * p * (a * a - g * f["vaa"])
-    disc = qb * qb - 4 * qa * qc
-    if qa > 0 and disc >= -1e-9 * qb * qb:
-        r = math.sqrt(max(disc, 0.0))
-        ci = ((-qb - r) / (2 * qa), (-qb + r) / (2 * qa))
-    else:
-        ci = (None, None)
-    reached = at is not None and 0 <= at <= f["xmax"]
-    return at, ci, reached
+def f_survival(f, d1, d2):
+    """P(F > f) for Fisher's F with (d1, d2) degrees of freedom: the regularized incomplete beta
+    function, its integral taken by Simpson's rule after t = u^2 (smooth for a, b >= 1/2), on
+    whichever side of the distribution keeps the integral away from its end point at 1."""
+    a, b = d1 / 2, d2 / 2
+    x = d1 * f / (d1 * f + d2)
+    beta = math.exp(math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b))
+
+    def part(p, q, upper, n=4000):
+        # integral over [0, upper] of t^(p-1) (1-t)^(q-1) dt, as 2 u^(2p-1) (1-u^2)^(q-1) du.
+        end = math.sqrt(upper)
+        h = end / n
+        g = lambda u: 2 * u ** (2 * p - 1) * (1 - u * u) ** (q - 1)
+        total = g(0) + g(end) + sum((4 if k % 2 else 2) * g(k * h) for k in range(1, n))
+        return total * h / 3 / beta
+
+    return 1 - part(a, b, x) if x < 0.5 else part(b, a, 1 - x)
+
+
+def line_data(counted, which, at_mean):
+    """A line's runs: each point's slowdowns (every run over the mean of its own round's
+    reference runs, less 1), the reference runs' metrics, and the runs with no reference in
+    their round."""
+    def x_of(r):
+        if r["kind"] != "table":
+            return None
+        m, sd = float(r["table_mean_us"]), float(r["table_sd_us"])
+        if which == "mean":
+            return m if sd == 0 else None
+        return sd if abs(m - at_mean) <= 0.01 * at_mean else None
+
+    on = [(r, x_of(r)) for r in counted if x_of(r) is not None]
+    reference = [float(r["metric"]) for r, x in on if x == 0]
+    by_round = {}
+    for r, x in on:
+        if x == 0 and r["round"] != "":
+            by_round.setdefault(int(r["round"]), []).append(float(r["metric"]))
+    points, left_out = {}, 0
+    for r, x in on:
+        if x == 0:
+            continue
+        refs = by_round.get(int(r["round"])) if r["round"] != "" else None
+        if not refs:
+            left_out += 1
+            continue
+        points.setdefault(x, []).append(float(r["metric"]) / (sum(refs) / len(refs)) - 1)
+    return sorted(points.items()), reference, left_out
+
+
+def line_fit(points):
+    """slowdown = b x through the origin, fitted to the points' means by least squares; the
+    slope's t interval with points - 1 df; the lack-of-fit F against the runs' own scatter."""
+    means = [(x, statistics.fmean(v), len(v)) for x, v in points]
+    k = len(means)
+    sxx = sum(x * x for x, _, _ in means)
+    b = sum(x * q for x, q, _ in means) / sxx
+    ssr = sum((q - b * x) ** 2 for x, q, _ in means)
+    f = {"b": b, "k": k, "sxx": sxx, "xmax": max(x for x, _, _ in means), "lof": None,
+         "runs": sum(n for _, _, n in means), "s": None, "lo": None, "hi": None}
+    if k >= 2:
+        f["s"] = math.sqrt(ssr / (k - 1))
+        f["t"] = t975_real(k - 1)
+        half = f["t"] * f["s"] / math.sqrt(sxx)
+        f["lo"], f["hi"] = b - half, b + half
+    ss_pe = sum(sum((v - statistics.fmean(vs)) ** 2 for v in vs) for _, vs in points)
+    df_pe = sum(len(vs) - 1 for _, vs in points)
+    if k >= 2 and df_pe >= 1 and ss_pe > 0:
+        expected = ss_pe / df_pe * sum((1 - x * x / sxx) / n for x, _, n in means)
+        F = ssr / expected
+        f["lof"] = (F, k - 1, df_pe, f_survival(F, k - 1, df_pe))
+    return f
+
+
+def crossing(f, p):
+    """Fieller's set for x = p / b, solved as the quadratic it is: (b^2 - g) x^2 - 2 p b x + p^2
+    <= 0 with g = t^2 Var(b), for x >= 0."""
+    b = f["b"]
+    at = p / b if b > 0 else None
+    if f["lo"] is None:
+        return at, "unknown", (None, None)
+    g = (f["t"] * f["s"]) ** 2 / f["sxx"]
+    qa, qb, qc = b * b - g, -2 * p * b, p * p
+    r = math.sqrt(qb * qb - 4 * qa * qc)
+    roots = sorted([(-qb - r) / (2 * qa), (-qb + r) / (2 * qa)]) if qa != 0 else [p / (2 * b)] * 2
+    if qa > 0:  # between the roots: both positive, or both negative (no x >= 0)
+        return (at, "between", tuple(roots)) if roots[0] > 0 else (at, "nowhere", (None, None))
+    # outside the roots, one of them below 0: x at least the other
+    return at, "at_least", (roots[1], None)
+
+
+def sentence(which, at_mean, f, crossings, finished):
+    """The line's sentence, in the forms docs/study.md lists."""
+    x = (lambda v: f"+{figure(v, 3)} µs") if which == "mean" else (lambda v: f"{figure(v, 3)} µs")
+    m = f"+{figure(at_mean, 3)} µs"
+    if f is None:
+        return ("Mean: too few runs under constant delays to fit a line." if which == "mean"
+                else f"Sd: too few runs at {m} mean to fit a line.")
+    if f["hi"] is not None and f["hi"] <= 0:
+        slope = (f"slowdown {figure(100 * f['b'], 3)} % per µs [{figure(100 * f['lo'], 3)}, "
+                 f"{figure(100 * f['hi'], 3)}]")
+        return (f"Mean: the runtime does not rise with the added delay ({slope}): no tolerance can be stated."
+                if which == "mean" else
+                f"Sd: at {m} mean the runtime does not rise with the sd ({slope}): no tolerance can be stated.")
+
+    def bracket(kind, ci):
+        return {"between": lambda: f"[{figure(ci[0], 3)}, {figure(ci[1], 3)}]",
+                "at_least": lambda: f"[≥ {figure(ci[0], 3)}]"}.get(kind, lambda: "[no interval]")()
+
+    clauses, parts = [], []
+    for p, at, kind, ci, reached in crossings:
+        if reached:
+            if which == "mean":
+                parts.append(f"{x(at)} {bracket(kind, ci)}{' per message' if not parts else ''} "
+                             f"before slowing {percent(p)} %")
+            else:
+                parts.append(f"beyond {x(at)} {bracket(kind, ci)} costs {percent(p)} %")
+            continue
+        low = ci[0] if kind in ("between", "at_least") else None
+        at_least = f" [≥ {figure(low, 3)}]" if low is not None else ""
+        if finished and low is not None and low > f["xmax"]:
+            clauses.append(f"{percent(p)} %: beyond {x(f['xmax'])}{at_least}")
+        elif finished:
+            clauses.append(f"{percent(p)} %: not reached within {x(f['xmax'])}{at_least}")
+        else:
+            clauses.append(f"{percent(p)} %: not reached so far, within {x(f['xmax'])}{at_least}")
+    so_far = "" if finished else " so far"
+    if not parts:
+        if which == "mean":
+            return (f"Within {x(f['xmax'])} per message{so_far}, the fitted line reaches no target: "
+                    + ", ".join(clauses) + ".")
+        return (f"At {m} mean, within an sd of {x(f['xmax'])}{so_far}, the fitted line reaches no "
+                "target: " + ", ".join(clauses) + ".")
+    rest = "; " + ", ".join(clauses) if clauses else ""
+    if which == "mean":
+        return "Tolerates " + ", ".join(parts) + rest + "."
+    return f"At {m} mean, an sd " + ", ".join(parts) + " over the constant delay" + rest + "."
 
 
 def check_tolerance(d, counted, s):
@@ -121,58 +245,85 @@ def check_tolerance(d, counted, s):
     t = s.get("tolerance")
     if t is None:
         sys.exit("study_check: a tolerance sweep's summary has no tolerance figures")
+    # A sweep's delays are its design: no correlation with them, no verdict.
+    for k in ("verdict", "r_mean", "r_sd", "fisher_z", "p_value", "correlation_runs"):
+        if k in s:
+            sys.exit(f"study_check: a tolerance sweep's summary has {k}")
+    finished = s["ending"] != "interrupted"
     unit = tol.get("metric_unit_us")
-    m_us = tol["sd_mean_ns"] / 1e3
-    lines = {
-        # The mean line: constant delays (sd 0, the zero delay included) at their mean.
-        "mean": [(float(r["table_mean_us"]), float(r["metric"])) for r in counted
-                 if r["kind"] == "table" and float(r["table_sd_us"]) == 0],
-        # The sd line: tables whose mean is within 1 % of the sd sweep's.
-        "sd": [(float(r["table_sd_us"]), float(r["metric"])) for r in counted
-               if r["kind"] == "table" and abs(float(r["table_mean_us"]) - m_us) <= 0.01 * m_us],
-    }
+    at_mean = tol["sd_mean_ns"] / 1e3
     swept = {"mean": tol["sweep"] in ("mean", "both"), "sd": tol["sweep"] in ("sd", "both")}
-    for name, pairs in lines.items():
+    for name in ("mean", "sd"):
         a = t[name]
         if not swept[name]:
             if a is not None:
                 sys.exit(f"study_check: a {name} line in the summary, but the sweep had none")
             continue
-        if a["runs"] != len(pairs):
-            sys.exit(f"study_check: {name} line: {a['runs']} runs in the summary, {len(pairs)} in the CSV")
-        if a["points"] != len({x for x, _ in pairs}):
-            sys.exit(f"study_check: {name} line: {a['points']} points, {len({x for x, _ in pairs})} in the CSV")
-        if len(pairs) < 3 or len({x for x, _ in pairs}) < 2:
-            if a["slope"] is not None:
-                sys.exit(f"study_check: {name} line: a slope from too few runs")
-            continue
-        f = line_fit([x for x, _ in pairs], [y for _, y in pairs])
-        close(a["slope"], f["b"], 1e-9, f"{name} slope")
-        close(a["intercept"], f["a"], 1e-9, f"{name} intercept")
-        close(a["residual_sd"], math.sqrt(f["s2"]), 1e-6, f"{name} residual sd")
-        close(a["slope_ci95"][0], f["lo"], 1e-6, f"{name} slope interval low")
-        close(a["slope_ci95"][1], f["hi"], 1e-6, f"{name} slope interval high")
-        close(a["swept_to_us"], f["xmax"], 1e-12, f"{name} swept to")
-        if unit is not None:
-            close(a["slope_us_per_us"], f["b"] * unit, 1e-9, f"{name} slope in us per us")
-            close(a["slope_us_per_us_ci95"][0], f["lo"] * unit, 1e-6, f"{name} us per us low")
-        if [c["target"] for c in a["crossings"]] != tol["targets"]:
-            sys.exit(f"study_check: {name} line: crossings for {a['crossings']}, targets {tol['targets']}")
+        points, reference, left_out = line_data(counted, name, at_mean)
+        what = f"study_check: {name} line"
+        for key, want in (("reference_runs", len(reference)), ("left_out_runs", left_out)):
+            if a[key] != want:
+                sys.exit(f"{what}: {key} {a[key]} in the summary, {want} recomputed")
+        base = statistics.fmean(reference) if reference else None
+        close(a["base"], base, 1e-9, f"{name} base")
+        if len(reference) >= 2:
+            half = t975_real(len(reference) - 1) * statistics.stdev(reference) / math.sqrt(len(reference))
+            close(a["base_ci95"][0], base - half, 1e-6, f"{name} base interval low")
+        left = f"{name} line: {left_out} runs left out of the fit: no "
+        if (left_out > 0) != any(w.startswith(left) for w in s["warnings"]):
+            sys.exit(f"{what}: {left_out} runs left out, the warnings say {s['warnings']}")
+        usable = all(m > 0 for m in reference)
+        f = line_fit(points) if points and usable else None
+        if f is None:
+            if a["slope"] is not None or a["crossings"]:
+                sys.exit(f"{what}: a slope or crossings without a point to fit")
+        else:
+            for key, want in (("runs", f["runs"]), ("points", f["k"]), ("df", f["k"] - 1)):
+                if a[key] != want:
+                    sys.exit(f"{what}: {key} {a[key]} in the summary, {want} recomputed")
+            close(a["slope"], f["b"], 1e-9, f"{name} slope")
+            close(a["residual_sd"], f["s"], 1e-6, f"{name} residual sd")
+            close(a["slope_ci95"][0], f["lo"], 1e-6, f"{name} slope interval low")
+            close(a["slope_ci95"][1], f["hi"], 1e-6, f"{name} slope interval high")
+            close(a["swept_to_us"], f["xmax"], 1e-12, f"{name} swept to")
+            if unit is not None:
+                close(a["slope_us_per_us"], f["b"] * base * unit, 1e-9, f"{name} slope in us per us")
+                if f["lo"] is not None and len(reference) >= 2:
+                    ends = [u * v for u in (f["lo"], f["hi"]) for v in (base - half, base + half)]
+                    close(a["slope_us_per_us_ci95"][0], min(ends) * unit, 1e-6, f"{name} us per us low")
+                    close(a["slope_us_per_us_ci95"][1], max(ends) * unit, 1e-6, f"{name} us per us high")
+            lof = a["lack_of_fit"]
+            if (lof is None) != (f["lof"] is None):
+                sys.exit(f"{what}: lack of fit {lof}, recomputed {f['lof']}")
+            off = f"{name} line: the points are off a straight line"
+            if f["lof"] is not None:
+                F, d1, d2, p = f["lof"]
+                close(lof["f"], F, 1e-9, f"{name} lack-of-fit F")
+                if lof["df"] != [d1, d2] or abs(lof["p"] - p) > 1e-6 + 1e-4 * p:
+                    sys.exit(f"{what}: lack of fit {lof}, recomputed F={F} df=({d1}, {d2}) p={p}")
+                if lof["off_line"] != (p < 0.05) or (p < 0.05) != any(w.startswith(off) for w in s["warnings"]):
+                    sys.exit(f"{what}: p = {p}, off_line {lof['off_line']}, warnings {s['warnings']}")
+            one = f"{name} line: it rests on its reference and one point"
+            if (f["k"] == 1) != any(w.startswith(one) for w in s["warnings"]):
+                sys.exit(f"{what}: {f['k']} points, the warnings say {s['warnings']}")
+        if [c["target"] for c in a["crossings"]] != (tol["targets"] if f else []):
+            sys.exit(f"{what}: crossings for {a['crossings']}, targets {tol['targets']}")
+        found = []
         for c in a["crossings"]:
-            at, ci, reached = fieller(f, c["target"])
-            what = f"{name} crossing of {c['target']:.3g}"
-            close(c["at_us"], at, 1e-9, what)
-            close(c["ci95"][0], ci[0], 1e-5, f"{what} interval low")
-            close(c["ci95"][1], ci[1], 1e-5, f"{what} interval high")
-            if c["reached"] != reached:
-                sys.exit(f"study_check: {what}: reached {c['reached']}, recomputed {reached}")
-            # The sentence states each crossing reached, and that the others are not.
-            said = f"{num(at)} µs" if reached else "not reached"
-            if said not in a["sentence"]:
-                sys.exit(f"study_check: {what}: the sentence does not say {said!r}: {a['sentence']}")
-        print(f"study_check: {name} line: slope={f['b']:.6g} [{f['lo']:.6g}, {f['hi']:.6g}] "
-              f"over {len(pairs)} runs; crossings "
-              + ", ".join(f"{c['target']:.3g}@{c['at_us']}" for c in a["crossings"]) + ": agrees")
+            at, kind, ci = crossing(f, c["target"])
+            reached = at is not None and at <= f["xmax"]
+            label = f"{name} crossing of {c['target']:.3g}"
+            close(c["at_us"], at, 1e-9, label)
+            if c["interval"] != kind or c["reached"] != reached:
+                sys.exit(f"{what}: {c}, recomputed {kind} {ci}, reached {reached}")
+            close(c["ci95"][0], ci[0], 1e-6, f"{label} interval low")
+            close(c["ci95"][1], ci[1], 1e-6, f"{label} interval high")
+            found.append((c["target"], at, kind, ci, reached))
+        want = sentence(name, at_mean, f, found, finished) if usable else None
+        if want is not None and a["sentence"] != want:
+            sys.exit(f"{what}: the sentence is\n  {a['sentence']}\nrecomputed\n  {want}")
+        print(f"study_check: {name} line: {a['sentence']} ({len(points)} points over "
+              f"{len(reference)} reference runs): agrees")
 
 
 def main():
@@ -186,6 +337,10 @@ def main():
         xs = [float(r["metric"]) for r in counted if r["config"] == c["name"]]
         if len(xs) != c["runs"]:
             sys.exit(f"study_check: {c['name']}: {c['runs']} runs in the summary, {len(xs)} in the CSV")
+        if not xs:  # a configuration that had not run yet when the study was interrupted
+            if c["mean"] is not None or c["slowdown"] is not None:
+                sys.exit(f"study_check: {c['name']}: figures from no run: {c}")
+            continue
         m = statistics.mean(xs)
         close(c["mean"], m, 1e-9, f"{c['name']} mean")
         close(c["median"], statistics.median(xs), 1e-9, f"{c['name']} median")
@@ -206,7 +361,13 @@ def main():
             t = statistics.mean(clean_tail) / statistics.mean(tail) if hib else statistics.mean(tail) / statistics.mean(clean_tail)
             close(c["tail_slowdown"], t, 1e-9, f"{c['name']} tail slowdown")
         print(f"study_check: {c['name']}: n={len(xs)} mean={m:.6g} slowdown={slow:.4f}")
+    if s["complete"] != (s["ending"] == "complete"):
+        sys.exit(f"study_check: complete {s['complete']} but the study ended {s['ending']}")
+    if s["capped"] and s["ending"] == "complete":
+        sys.exit(f"study_check: {s['capped']} left wide at the cap, yet complete")
     check_tolerance(d, counted, s)
+    if "tolerance" in s:
+        return
     pairs = [r for r in counted if r["kind"] in ("clean", "table")]
     y = [(-1 if hib else 1) * float(r["metric"]) for r in pairs]
     xm = [float(r["table_mean_us"]) for r in pairs]

@@ -11,11 +11,14 @@
  *       as the host is). The median stands for a send the host's other work did not preempt
  *       (on a loaded host a few are, for milliseconds: a sum would follow the load, not the
  *       delays). The compute phase BASE_US is added, not spent, for the same reason.
- *   tolerance_probe model B K J N SLEEP_MS
+ *   tolerance_probe model B K J N SLEEP_MS [seed=S] [jump=RUN:F] [knee=US]
  *       N sends (so the injector has delayed something), SLEEP_MS of sleep (so a test can
  *       kill a study between runs), then "runtime_us X" with X = B + K x mean + J x sd of
  *       the table in $IBJITTER_TABLE (in us; 0 and 0 without one) + up to +-0.2 % of B
- *       drawn from $IBJITTER_SEED: the same number in every execution of a run.
+ *       drawn from $IBJITTER_SEED: the same number in every execution of a run. Options:
+ *       knee=US: K x (mean - US), 0 below US (a piecewise-linear runtime); jump=RUN:F with
+ *       seed=S (the study's --seed): X times F from the study's run RUN on (a machine whose
+ *       speed changed), the run's index read from its injector seed (S x 1000003 + index).
  */
 #include <math.h>
 #include <stdint.h>
@@ -96,8 +99,25 @@ int main(int argc, char **argv) {
         free(t);
         return 0;
     }
-    if (argc == 7 && strcmp(argv[1], "model") == 0) {
+    if (argc >= 7 && strcmp(argv[1], "model") == 0) {
         double b = atof(argv[2]), k = atof(argv[3]), j = atof(argv[4]);
+        double knee = 0, factor = 1;
+        unsigned long long study_seed = 0, jump_run = ~0ull;
+        for (int i = 7; i < argc; i++) {
+            if (strncmp(argv[i], "knee=", 5) == 0) {
+                knee = atof(argv[i] + 5);
+            } else if (strncmp(argv[i], "seed=", 5) == 0) {
+                study_seed = strtoull(argv[i] + 5, NULL, 10);
+            } else if (strncmp(argv[i], "jump=", 5) == 0) {
+                char *colon;
+                jump_run = strtoull(argv[i] + 5, &colon, 10);
+                if (*colon != ':') return 2;
+                factor = atof(colon + 1);
+            } else {
+                fprintf(stderr, "tolerance_probe: unknown option %s\n", argv[i]);
+                return 2;
+            }
+        }
         sends(atol(argv[5]));
         struct timespec pause = {0, atol(argv[6]) * 1000000L};
         nanosleep(&pause, NULL);
@@ -107,10 +127,16 @@ int main(int argc, char **argv) {
             fprintf(stderr, "tolerance_probe: cannot read the table %s\n", table);
             return 1;
         }
-        if (seed) noise = 0.002 * b * unit_noise(strtoull(seed, NULL, 10));
-        printf("runtime_us %.6f\n", b + k * mean + j * sd + noise);
+        double x = b + k * fmax(mean - knee, 0) + j * sd;
+        if (seed) {
+            uint64_t s = strtoull(seed, NULL, 10);
+            noise = 0.002 * b * unit_noise(s);
+            if (s - study_seed * 1000003ull >= jump_run) x *= factor;
+        }
+        printf("runtime_us %.6f\n", x + noise);
         return 0;
     }
-    fprintf(stderr, "usage: tolerance_probe timed BASE_US N | model B K J N SLEEP_MS\n");
+    fprintf(stderr, "usage: tolerance_probe timed BASE_US N | model B K J N SLEEP_MS "
+                    "[seed=S] [jump=RUN:F] [knee=US]\n");
     return 2;
 }

@@ -2,8 +2,11 @@
  * verbs by libibjitter.so shows up the way it does for a real application.
  *
  *   pingpong [ITERS] [SIZE]     ranks 0 and 1 bounce SIZE bytes; rank 0 prints
- *                               "pingpong bytes=SIZE iters=N half_rtt_us=X mean_rtt_us=Y"
- *                               and "rtt_us K V" lines for every round trip when PINGPONG_RAW=1
+ *                               "pingpong bytes=SIZE iters=N half_rtt_us=X mean_rtt_us=Y
+ *                               median_rtt_us=Z" and "rtt_us K V" lines for every round trip
+ *                               when PINGPONG_RAW=1 (the median: a round trip the host's other
+ *                               work did not preempt, which a few stalls of milliseconds move
+ *                               the mean by)
  *   pingpong -b [ITERS]         every rank runs MPI_Barrier ITERS times; rank 0 prints
  *                               "barrier ranks=P iters=N mean_us=X median_us=Y"
  *   pingpong -w [ITERS] [SIZE]  a fixed workload in the manner of an iterative solver: each
@@ -91,8 +94,10 @@ static int pingpong(int rank, int iters, long size) {
             sum += rtt[i];
             if (raw) printf("rtt_us %d %.3f\n", i, rtt[i]);
         }
-        printf("pingpong bytes=%ld iters=%d half_rtt_us=%.2f mean_rtt_us=%.2f\n", size, iters,
-               sum / iters / 2, sum / iters);
+        qsort(rtt, (size_t)iters, sizeof(double), cmp_double);
+        double median = iters % 2 ? rtt[iters / 2] : (rtt[iters / 2 - 1] + rtt[iters / 2]) / 2;
+        printf("pingpong bytes=%ld iters=%d half_rtt_us=%.2f mean_rtt_us=%.2f median_rtt_us=%.2f\n",
+               size, iters, sum / iters / 2, sum / iters, median);
     }
     free(buf);
     free(rtt);

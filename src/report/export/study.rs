@@ -1,12 +1,15 @@
-//! `ibjitter study` output: `summary.json` (the figures), `summary.md` (the same for people,
-//! with the verdict first) and three SVG plots: the metric against the injected sd at each
+//! `ibjitter study` output: `summary.json` (the figures), `summary.md` (the same for people:
+//! first why it is incomplete, if it is, then the verdict) and three SVG plots: the metric against the injected sd at each
 //! fixed mean (`sd.svg`), against the injected mean (`mean.svg`), and every configuration's
 //! runs (`runs.svg`); a tolerance study's part is `export::tolerance`.
 use super::tolerance;
+use crate::report::figures::{self, figure};
 use crate::report::plot::{scatter_chart, strip_chart, Series};
 use crate::study::plan::Plan;
-use crate::study::record::Row;
-use crate::study::summary::{ConfigSummary, Summary, ALPHA};
+use crate::study::record::{counted, counted_metrics, Row};
+use crate::study::stats::ALPHA;
+use crate::study::stopping::Ending;
+use crate::study::summary::{ConfigSummary, Correlation, Summary};
 use std::path::Path;
 
 /// Writes summary.json, summary.md, sd.svg, mean.svg and runs.svg into `dir`.
@@ -20,19 +23,41 @@ pub fn write_all(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(
     plots(s, plan, rows, dir)
 }
 
-fn f(v: f64, digits: usize) -> String {
-    if v.is_finite() {
-        format!("{v:.digits$}")
+/// ` [lo, hi]` after a figure, or nothing when there is no interval.
+fn interval(ci: [f64; 2], significant: usize) -> String {
+    if ci[0].is_finite() && ci[1].is_finite() {
+        format!(" {}", figures::interval(ci, significant))
     } else {
-        "–".into()
+        String::new()
     }
 }
 
-fn interval(ci: [f64; 2]) -> String {
-    if ci[0].is_finite() && ci[1].is_finite() {
-        format!(" [{:.2}, {:.2}]", ci[0], ci[1])
-    } else {
-        String::new()
+/// Why a study is not complete, first thing in its summary: what its figures are of.
+fn incomplete(s: &Summary) -> Option<String> {
+    let sweep = s.tolerance.is_some();
+    match s.ending {
+        Ending::Complete => None,
+        Ending::Interrupted => Some(format!(
+            "**Incomplete:** the study was interrupted: these figures are of the runs so far{}. \
+             Re-run the same command to continue it.",
+            if sweep {
+                " (a target not reached is not reached so far)"
+            } else {
+                ""
+            }
+        )),
+        Ending::CapReached => Some(format!(
+            "**Incomplete:** `--until-ci` reached its cap before these intervals were within \
+             the target: {}. {}",
+            s.capped.join(", "),
+            if sweep {
+                "The sweep went on from them; a sweep's stopping rule cannot change (its \
+                 choices rest on it): a new study (another `--out`) with a larger `--max-reps` \
+                 narrows them."
+            } else {
+                "Re-run with a larger `--max-reps` to continue the study."
+            }
+        )),
     }
 }
 
@@ -52,22 +77,20 @@ pub fn markdown(s: &Summary) -> String {
             }
         ),
         String::new(),
-        format!("**Verdict:** {}.", s.verdict),
-        String::new(),
     ];
+    if let Some(text) = incomplete(s) {
+        md.push(text);
+        md.push(String::new());
+    }
+    if let Some(c) = &s.correlation {
+        md.push(format!("**Verdict:** {}.", c.verdict));
+        md.push(String::new());
+    }
     if let Some(t) = &s.tolerance {
         for line in tolerance::sentences(t) {
             md.push(line);
             md.push(String::new());
         }
-    }
-    if !s.complete {
-        md.push(
-            "**Incomplete:** the study was interrupted, or `--until-ci` reached its cap before \
-             every interval was narrow enough; re-run the same command to continue it."
-                .to_string(),
-        );
-        md.push(String::new());
     }
     md.extend([
         "| configuration | kind | injected mean µs | injected sd µs | runs | mean | sd | median | 95 % CI ± | slowdown [95 % CI] | tail slowdown | drawn mean µs |".to_string(),
@@ -77,8 +100,12 @@ pub fn markdown(s: &Summary) -> String {
         md.push(row(c));
     }
     md.push(String::new());
-    if s.r_mean.is_finite() || s.r_sd.is_finite() {
-        md.push(correlations(s));
+    if let Some(c) = s
+        .correlation
+        .as_ref()
+        .filter(|c| c.r_mean.is_finite() || c.r_sd.is_finite())
+    {
+        md.push(correlations(c));
         md.push(String::new());
     }
     if let Some(t) = &s.tolerance {
@@ -104,7 +131,7 @@ pub fn markdown(s: &Summary) -> String {
         }
     }
     md.push(String::new());
-    if has_tables(s) {
+    if has_tables(s) && s.correlation.is_some() {
         md.push("![metric vs injected sd](sd.svg)".to_string());
         md.push("![metric vs injected mean](mean.svg)".to_string());
     }
@@ -114,18 +141,18 @@ pub fn markdown(s: &Summary) -> String {
 }
 
 /// The correlation paragraph (only when the injected delays varied).
-fn correlations(s: &Summary) -> String {
+fn correlations(c: &Correlation) -> String {
     format!(
         "Over the {} clean and table runs: Pearson r of the metric vs the injected mean \
          **r_mean = {}** (p = {}), vs the injected sd **r_sd = {}** (p = {}); Fisher's z of r_sd \
          vs r_mean **z = {}**, two-sided p = {} (α = {ALPHA}).",
-        s.correlation_runs,
-        f(s.r_mean, 3),
-        f(s.p_r_mean, 3),
-        f(s.r_sd, 3),
-        f(s.p_r_sd, 3),
-        f(s.fisher_z, 2),
-        f(s.p_value, 4),
+        c.correlation_runs,
+        figure(c.r_mean, 3),
+        figure(c.p_r_mean, 3),
+        figure(c.r_sd, 3),
+        figure(c.p_r_sd, 3),
+        figure(c.fisher_z, 3),
+        figure(c.p_value, 3),
     )
 }
 
@@ -134,18 +161,18 @@ fn row(c: &ConfigSummary) -> String {
         "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} | {}{} | {} |",
         c.name,
         c.kind,
-        f(c.table_mean_us, 1),
-        f(c.table_sd_us, 1),
+        figure(c.table_mean_us, 3),
+        figure(c.table_sd_us, 3),
         c.runs,
-        f(c.mean, 4),
-        f(c.sd, 4),
-        f(c.median, 4),
-        f(c.ci95, 4),
-        f(c.slowdown, 3),
-        interval(c.slowdown_ci95),
-        f(c.tail_slowdown, 3),
-        interval(c.tail_slowdown_ci95),
-        f(c.injected_mean_us, 1),
+        figure(c.mean, 5),
+        figure(c.sd, 3),
+        figure(c.median, 5),
+        figure(c.ci95, 3),
+        figure(c.slowdown, 4),
+        interval(c.slowdown_ci95, 4),
+        figure(c.tail_slowdown, 4),
+        interval(c.tail_slowdown_ci95, 4),
+        figure(c.injected_mean_us, 3),
     )
 }
 
@@ -171,20 +198,14 @@ fn has_tables(s: &Summary) -> bool {
 
 fn plots(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), String> {
     runs_plot(s, plan, rows, dir)?;
-    if has_tables(s) {
-        delay_plots(s, rows, dir)?;
+    // A tolerance sweep's delays are its design: its own plots show them against its lines.
+    if let Some(c) = s.correlation.as_ref().filter(|_| has_tables(s)) {
+        delay_plots(s, c, rows, dir)?;
     }
     if let Some(t) = &s.tolerance {
         tolerance::plots(t, rows, dir)?;
     }
     Ok(())
-}
-
-/// Rows of a configuration that count.
-fn counted<'a>(rows: &'a [Row], name: &str) -> Vec<&'a Row> {
-    rows.iter()
-        .filter(|r| r.ok && !r.warmup && r.config == name)
-        .collect()
 }
 
 /// Every configuration's runs with the mean and its CI.
@@ -194,7 +215,7 @@ fn runs_plot(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), S
         .iter()
         .zip(&s.configurations)
         .map(|(c, cs)| {
-            let v: Vec<f64> = counted(rows, &c.name).iter().map(|r| r.metric).collect();
+            let v = counted_metrics(rows, &c.name);
             (c.name.clone(), v, (cs.mean - cs.ci95, cs.mean + cs.ci95))
         })
         .collect();
@@ -207,8 +228,8 @@ fn runs_plot(s: &Summary, plan: &Plan, rows: &[Row], dir: &Path) -> Result<(), S
 }
 
 /// The metric against the injected sd (one line per mean) and against the injected mean.
-fn delay_plots(s: &Summary, rows: &[Row], dir: &Path) -> Result<(), String> {
-    let counted = |name: &str| counted(rows, name);
+fn delay_plots(s: &Summary, corr: &Correlation, rows: &[Row], dir: &Path) -> Result<(), String> {
+    let counted = |name: &str| counted(rows, name).collect::<Vec<_>>();
     let clean = s.configurations.iter().find(|c| c.kind == "clean");
     let y_label = s.metric.clone();
 
@@ -248,7 +269,7 @@ fn delay_plots(s: &Summary, rows: &[Row], dir: &Path) -> Result<(), String> {
         &dir.join("sd.svg"),
         &format!(
             "metric vs injected sd at fixed mean (r_sd = {})",
-            f(s.r_sd, 2)
+            figure(corr.r_sd, 2)
         ),
         ("injected delay sd (µs)", &y_label),
         &lines,
@@ -274,7 +295,10 @@ fn delay_plots(s: &Summary, rows: &[Row], dir: &Path) -> Result<(), String> {
         .collect();
     scatter_chart(
         &dir.join("mean.svg"),
-        &format!("metric vs injected mean (r_mean = {})", f(s.r_mean, 2)),
+        &format!(
+            "metric vs injected mean (r_mean = {})",
+            figure(corr.r_mean, 2)
+        ),
         ("injected delay mean (µs)", &y_label),
         &[Series {
             name: "configuration means".into(),

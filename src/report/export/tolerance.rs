@@ -1,10 +1,11 @@
 //! A tolerance study's part of the study's output: its sentences and fitted lines in
-//! `summary.md`, and the plots of slowdown against the added mean (`tolerance.svg`) and
-//! against the sd at the sd sweep's mean (`tolerance-sd.svg`), each with its runs, the
-//! fitted line and the targets.
+//! `summary.md`, and the plots of the slowdown against the added mean (`tolerance.svg`) and
+//! against the sd at the sd sweep's mean (`tolerance-sd.svg`), each with its runs, its points,
+//! the fitted line and the targets.
+use crate::report::figures::{figure, interval};
 use crate::report::plot::{scatter_chart_with, Extras, Series};
 use crate::study::record::Row;
-use crate::study::tolerance::{mean_pairs, num, sd_pairs, AxisSummary, ToleranceSummary};
+use crate::study::tolerance::{line_data, AxisSummary, CrossingSummary, ToleranceSummary};
 use crate::table::family::percent;
 use std::path::Path;
 
@@ -12,11 +13,12 @@ use std::path::Path;
 pub fn sentences(t: &ToleranceSummary) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(m) = &t.mean {
-        out.push(format!(
-            "**Tolerance (mean):** {} Runtime grows by {} added.",
-            m.sentence,
-            slope_words(m)
-        ));
+        let slope = if m.slope.is_finite() {
+            format!(" Runtime per µs added: {}.", slope_words(m))
+        } else {
+            String::new()
+        };
+        out.push(format!("**Tolerance (mean):** {}{slope}", m.sentence));
     }
     if let Some(s) = &t.sd {
         out.push(format!("**Tolerance (sd):** {}", s.sentence));
@@ -24,35 +26,30 @@ pub fn sentences(t: &ToleranceSummary) -> Vec<String> {
     out
 }
 
-fn ci(c: [f64; 2]) -> String {
-    format!("[{}, {}]", num(c[0]), num(c[1]))
-}
-
-/// A figure of any size: three significant digits, in scientific notation when very small
-/// or large (a runtime in seconds grows by 1e-5 per µs).
-fn fig(v: f64) -> String {
-    if v == 0.0 || !v.is_finite() || (0.01..1e6).contains(&v.abs()) {
-        num(v)
-    } else {
-        format!("{v:.2e}")
-    }
-}
-
-/// The slope in words: µs of runtime per µs when the metric's unit is known.
+/// The slope in words: µs of runtime per µs when the metric's unit is known, else the
+/// slowdown in % per µs.
 fn slope_words(a: &AxisSummary) -> String {
-    if a.slope_us_per_us.is_finite() {
-        format!(
-            "{} µs per µs {}",
-            num(a.slope_us_per_us),
-            ci(a.slope_us_per_us_ci95)
-        )
+    let (v, ci, unit) = if a.slope_us_per_us.is_finite() {
+        (a.slope_us_per_us, a.slope_us_per_us_ci95, "µs")
     } else {
-        format!(
-            "{} per µs [{}, {}]",
-            fig(a.slope),
-            fig(a.slope_ci95[0]),
-            fig(a.slope_ci95[1])
-        )
+        let ci = [100.0 * a.slope_ci95[0], 100.0 * a.slope_ci95[1]];
+        (100.0 * a.slope, ci, "% slower")
+    };
+    let ci = if ci.iter().all(|c| c.is_finite()) {
+        format!(" {}", interval(ci, 3))
+    } else {
+        " (no interval)".to_string()
+    };
+    format!("{} {unit}{ci}", figure(v, 3))
+}
+
+/// A crossing's interval in the table.
+fn crossing_interval(c: &CrossingSummary) -> String {
+    match c.interval {
+        "between" => interval(c.ci95, 3),
+        "at_least" => format!("[≥ {}]", figure(c.ci95[0], 3)),
+        "nowhere" => "none: the slowdown does not rise".into(),
+        _ => "none: one point".into(),
     }
 }
 
@@ -65,23 +62,34 @@ pub fn markdown(t: &ToleranceSummary) -> Vec<String> {
     let mut md = vec![
         "## Tolerance".to_string(),
         String::new(),
-        "| line | x | runs | points | swept to µs | intercept | slope per µs [95 % CI] | µs of runtime per µs [95 % CI] | residual sd |".to_string(),
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |".to_string(),
+        "| line | x | runs | points | swept to µs | base [95 % CI] | slowdown % per µs [95 % CI] | df | µs of runtime per µs [95 % CI] | lack of fit |".to_string(),
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |".to_string(),
     ];
     for (name, a) in &axes {
+        let lack = match &a.lack_of_fit {
+            None => "not tested".to_string(),
+            Some(l) => format!(
+                "F = {} ({}, {} df), p = {}{}",
+                figure(l.f, 3),
+                l.df[0],
+                l.df[1],
+                figure(l.p, 2),
+                if l.off_line { ": off a line" } else { "" }
+            ),
+        };
         md.push(format!(
-            "| {name} | {} | {} | {} | {} | {} | {} [{}, {}] | {} {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} {} | {} {} | {} | {} {} | {lack} |",
             a.x,
             a.runs,
             a.points,
-            num(a.swept_to_us),
-            fig(a.intercept),
-            fig(a.slope),
-            fig(a.slope_ci95[0]),
-            fig(a.slope_ci95[1]),
-            num(a.slope_us_per_us),
-            ci(a.slope_us_per_us_ci95),
-            fig(a.residual_sd),
+            figure(a.swept_to_us, 3),
+            figure(a.base, 4),
+            interval(a.base_ci95, 4),
+            figure(100.0 * a.slope, 3),
+            interval([100.0 * a.slope_ci95[0], 100.0 * a.slope_ci95[1]], 3),
+            a.df,
+            figure(a.slope_us_per_us, 3),
+            interval(a.slope_us_per_us_ci95, 3),
         ));
     }
     md.push(String::new());
@@ -92,23 +100,29 @@ pub fn markdown(t: &ToleranceSummary) -> Vec<String> {
             md.push(format!(
                 "| {name} | {} % | {} | {} | {} |",
                 percent(c.target),
-                num(c.at_us),
-                ci(c.ci95),
+                figure(c.at_us, 3),
+                crossing_interval(c),
                 if c.reached { "yes" } else { "no: not reached" }
             ));
         }
     }
     md.push(String::new());
     md.push(
-        "Fitted: runtime as a straight line in the added latency, by ordinary least squares \
-         over the runs (the mean line: runs under constant delays, the zero delay at 0, so the \
-         injector's own cost is not taken for latency; the sd line: runs under tables at the \
-         sd sweep's mean, its constant delay at 0). The slope's \
-         interval is Student's t with n − 2 degrees of freedom; in µs of runtime per µs added \
-         it is the number of latency-bound messages on the critical path (LLAMP's model: \
-         runtime piecewise linear in latency). A target p is crossed where the line reaches \
-         (1 + p) × its intercept (for the sd: over the constant delay at that mean); its \
-         interval is Fieller's. Beyond the largest point swept a target is not reached."
+        "Fitted: each run's slowdown over the reference runs of its own round (the mean line: \
+         runs under constant delays over the zero delay's, the injector loaded and nothing \
+         added; the sd line: runs under tables at the sd sweep's mean over the constant delay \
+         there), so a machine's drift between steps is not read as latency; then a line \
+         through the origin, slowdown = slope × x, fitted to each point's mean slowdown. The \
+         points are the independent observations: the slope's interval is Student's t with \
+         points − 1 degrees of freedom, and the lack-of-fit test compares the points' scatter \
+         about the line with what their runs' scatter predicts (off a line: the runtime is \
+         piecewise linear in latency within the sweep). The base is the reference runs' mean \
+         metric; µs of runtime per µs is the slope times the base (the interval: both \
+         intervals' product), for the mean line the number of latency-bound messages on the \
+         critical path (LLAMP's model). A target p is crossed at x = p / slope; its interval \
+         is the slope's inverted (Fieller's for a known numerator): bounded below only when \
+         the slope's interval reaches 0. Beyond the largest point swept a target is not \
+         reached."
             .to_string(),
     );
     md.push(String::new());
@@ -125,62 +139,55 @@ pub fn markdown(t: &ToleranceSummary) -> Vec<String> {
 /// tolerance.svg and tolerance-sd.svg, for the lines swept.
 pub fn plots(t: &ToleranceSummary, rows: &[Row], dir: &Path) -> Result<(), String> {
     if let Some(a) = &t.mean {
-        let (xs, ys) = mean_pairs(rows);
         plot(
             &dir.join("tolerance.svg"),
             "slowdown vs added constant delay per message",
             (
                 "added delay (µs)",
-                "runtime / fitted runtime at +0 µs (the zero delay)",
+                "runtime / its round's zero-delay runtime",
             ),
             a,
-            &xs,
-            &ys,
+            rows,
         )?;
     }
     if let Some(a) = &t.sd {
-        let (xs, ys) = sd_pairs(rows, a.at_mean_us);
         plot(
             &dir.join("tolerance-sd.svg"),
-            &format!("slowdown vs delay sd at +{} µs mean", num(a.at_mean_us)),
+            &format!(
+                "slowdown vs delay sd at +{} µs mean",
+                figure(a.at_mean_us.unwrap_or(f64::NAN), 3)
+            ),
             (
                 "delay sd (µs)",
-                "runtime / fitted runtime at sd 0 (the constant delay)",
+                "runtime / its round's constant-delay runtime",
             ),
             a,
-            &xs,
-            &ys,
+            rows,
         )?;
     }
     Ok(())
 }
 
-/// Every run and each point's mean over the line's intercept, the fitted line, each target
-/// and where the line crosses it.
+/// Every run's runtime over its reference and each point's mean, the fitted line, each
+/// target and where the line crosses it.
 fn plot(
     path: &Path,
     title: &str,
     labels: (&str, &str),
     a: &AxisSummary,
-    xs: &[f64],
-    ys: &[f64],
+    rows: &[Row],
 ) -> Result<(), String> {
-    let base = a.intercept;
-    let mut points: Vec<(f64, Vec<f64>)> = Vec::new();
-    for (&x, &y) in xs.iter().zip(ys) {
-        match points.iter_mut().find(|p| p.0 == x) {
-            Some(p) => p.1.push(y),
-            None => points.push((x, vec![y])),
-        }
-    }
-    points.sort_by(|p, q| p.0.total_cmp(&q.0));
-    let means: Vec<(f64, f64)> = points
-        .iter()
-        .map(|(x, v)| (*x, v.iter().sum::<f64>() / v.len() as f64 / base))
-        .collect();
+    let data = line_data(a.kind, rows);
+    let mut means = vec![(0.0, 1.0)];
+    means.extend(data.points.iter().map(|p| {
+        (
+            p.x,
+            1.0 + p.values.iter().sum::<f64>() / p.values.len() as f64,
+        )
+    }));
     let x_end = a.swept_to_us;
-    let fitted = if base.is_finite() && a.slope.is_finite() {
-        vec![(0.0, 1.0), (x_end, (base + a.slope * x_end) / base)]
+    let fitted = if a.slope.is_finite() && x_end.is_finite() {
+        vec![(0.0, 1.0), (x_end, 1.0 + a.slope * x_end)]
     } else {
         Vec::new()
     };
@@ -194,7 +201,11 @@ fn plot(
     }];
     let dots = [Series {
         name: String::new(),
-        points: xs.iter().zip(ys).map(|(&x, &y)| (x, y / base)).collect(),
+        points: data
+            .points
+            .iter()
+            .flat_map(|p| p.values.iter().map(|v| (p.x, 1.0 + v)))
+            .collect(),
     }];
     let mut guides = Vec::new();
     for c in &a.crossings {
@@ -210,7 +221,11 @@ fn plot(
             });
         }
     }
-    let title = format!("{title}: slope {}", slope_words(a));
+    let title = if a.slope.is_finite() {
+        format!("{title}: {} per µs", slope_words(a))
+    } else {
+        title.to_string()
+    };
     let extras = Extras {
         fits: &fits,
         guides: &guides,
