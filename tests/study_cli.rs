@@ -319,7 +319,9 @@ fn runs_that_do_not_count_say_why_and_bad_arguments_are_refused() {
         "--congestor",
         "--version",
     ])
-    .args(["--congestor-settle", "10ms", "--out"])
+    // Settled long enough for `ibjitter --version` to have ended even on a loaded host (at
+    // 10 ms it was sometimes still running: "ended during the run").
+    .args(["--congestor-settle", "1s", "--out"])
     .arg(dir.join("fails"))
     .args(["--", "sh", "-c", "exit 3"]);
     let out = run(&mut cmd);
