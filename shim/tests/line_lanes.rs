@@ -326,11 +326,22 @@ fn more_requests_than_slots_wait_for_a_slot_and_leave_in_order() {
     for (k, &(_, id, byte, t)) in seen.iter().enumerate() {
         assert_eq!(id, k as u64, "order");
         assert_eq!(byte, k as u8);
-        assert!(t >= posted[k].0 + 20_000_000, "request {k} left early");
+        // 0.1 %: the shim keeps due times on the TSC, calibrated against CLOCK_MONOTONIC
+        // over 250 us at load (good to ~100 ppm); this clock is CLOCK_MONOTONIC.
+        assert!(t >= posted[k].0 + 19_980_000, "request {k} left early");
     }
-    // Some post beyond the pool waited for a slot: for the line's first requests' delay.
+    // The first post beyond the pool waited for a slot: it returned no sooner than the
+    // first request reached the provider (on a loaded machine the 4,096 posts before it may
+    // take longer than the delay, and then it did not have to wait at all: the assertion
+    // holds either way, a wall-clock bound on the wait would not).
+    let (t, took) = posted[4096];
+    assert!(
+        t + took >= seen[0].3,
+        "post 4096 returned {} ns before the first request left the line",
+        seen[0].3 - (t + took)
+    );
     let longest = posted.iter().map(|p| p.1).max().unwrap();
-    assert!(longest >= 5_000_000, "no post waited: longest {longest} ns");
+    eprintln!("longest post: {longest} ns");
     assert_eq!(s["line"]["deferred"], 6000, "{s}");
     assert_eq!(s["line"]["not_delivered"], 0, "{s}");
 }
