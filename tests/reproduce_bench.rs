@@ -12,9 +12,10 @@
 //!   0.69-0.83 x in one where all four clean ib_write_lat runs sat in the slow speed: so
 //!   the lower bound is the delay itself, not the clean runs plus it;
 //! - a lognormal table and the uniform table of the same mean give the same mean latency
-//!   (within 20 % or 0.75 x the injected delay, the quick run's resolution), and the mean round trip grows by the delay injected (0.75..1.75 times;
-//!   for ib_write_lat only: in the MPI ping-pong both ranks spin on the VM's two vCPUs and
-//!   starve rxe, so its growth is printed); asserted when the host gave the VM its cores (see
+//!   (within 20 % or 0.75 x the injected delay, the quick run's resolution), and the mean
+//!   round trip grows by no more than 1.75 times the delay injected (ib_write_lat only: in
+//!   the MPI ping-pong both ranks spin on the VM's two vCPUs and starve rxe, so its growth is
+//!   printed; a growth under 0.75 x is printed too, it measures the clean runs' speed); asserted when the host gave the VM its cores (see
 //!   [`OVERSUBSCRIBED`]), printed otherwise.
 //!
 //! Both mean checks split each run's mean round trip into the delays the shim says it drew
@@ -26,7 +27,7 @@
 //! least-disturbed repetition (the smallest excess) is the statistic: it moved by a few µs
 //! between runs where the median of the means moved by tens. The claim then reads: a table's
 //! mean round trip is its mean delay plus the same excess whatever the table's shape, and
-//! that excess is the clean round trip's (no more than 0.75 x the delay above it). Ping-pong
+//! that excess is no more than the clean round trip's plus 0.75 x the delay. Ping-pong
 //! round trips no injected delay can explain (bench stalls) are left out and counted.
 //!
 //! The shapes that need more runs (medians, barrier divergence, variation vs mean) are
@@ -191,14 +192,23 @@ fn check(
                 "{csv} {level} {table}: mean round trip {mean:.1} µs = {want:.1} injected + excess {:.1} (per repetition {excesses:.1?}); clean {clean:.1}, added {added:.1}",
                 mean - want
             );
-            if !(0.75 * want..=1.75 * want).contains(&added) {
+            // Held from above only: a delay applied twice reads 2 x. From below the clean
+            // runs decide, and all four sat in the bench's slow speed in a CI run (least
+            // clean excess 201.6 us, injected 104.7: growth 0.43 x at the heavy level); a
+            // missing or scaled delay is caught by the floor (uniform) and the lognormal vs
+            // uniform equality below, which do not lean on the clean runs.
+            if added > 1.75 * want {
                 let complaints = if growth_asserted {
                     &mut mean_bad
                 } else {
                     &mut printed
                 };
                 complaints.push(format!(
-                    "{csv} {level} {table}: mean round trip grew by {added:.1} µs, outside [0.75, 1.75] x {want:.1}"
+                    "{csv} {level} {table}: mean round trip grew by {added:.1} µs, over 1.75 x {want:.1}"
+                ));
+            } else if added < 0.75 * want {
+                printed.push(format!(
+                    "{csv} {level} {table}: mean round trip grew by {added:.1} µs, under 0.75 x {want:.1} (the clean runs' speed)"
                 ));
             }
             means.push(mean);
@@ -227,7 +237,7 @@ fn check(
         ));
     }
     for m in printed {
-        eprintln!("NOT ASSERTED (both ranks spin on the VM's two vCPUs): {m}");
+        eprintln!("NOT ASSERTED (the VM's speed, not the shim): {m}");
     }
     if means_asserted {
         bad.extend(mean_bad);
