@@ -15,8 +15,8 @@
 //!   (within 20 % or 0.75 x the injected delay, the quick run's resolution), and the mean
 //!   round trip grows by no more than 1.75 times the delay injected (ib_write_lat only: in
 //!   the MPI ping-pong both ranks spin on the VM's two vCPUs and starve rxe, so its growth is
-//!   printed; a growth under 0.75 x is printed too, it measures the clean runs' speed); asserted when the host gave the VM its cores (see
-//!   [`OVERSUBSCRIBED`]), printed otherwise.
+//!   printed; a growth under 0.75 x is printed too, it measures the clean runs' speed);
+//!   asserted when the host gave the VM its cores (see [`OVERSUBSCRIBED`]), printed otherwise.
 //!
 //! Both mean checks split each run's mean round trip into the delays the shim says it drew
 //! (`drawn_mean_us`, exact) and the rest, the *excess*: what the network and the bench add.

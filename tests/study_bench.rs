@@ -7,6 +7,7 @@ use common::bench::{mpi_pingpong, release_artifact, scratch_dir, Vm};
 use common::perftest::field;
 use common::read_json;
 use common::study::{check, median, metrics, schedule};
+use std::collections::BTreeMap;
 use std::process::Command;
 
 /// Open MPI over UCX rc_verbs between rxe0 and rxe1, 2 ranks (as tools/reproduce runs it).
@@ -68,7 +69,6 @@ fn a_family_study_of_an_mpi_ring_agrees_with_its_recomputation_and_resumes() {
     assert_eq!(cfgs.len(), 7, "{s}");
     assert_eq!(s["runs_failed"], 0, "{s}");
     let runs = metrics(&dir.join("whole"));
-    let fastest = |name: &str| runs[name].iter().copied().fold(f64::INFINITY, f64::min);
     for c in cfgs {
         assert_eq!(c["runs"], 3, "{c}");
         if c["kind"] == "table" {
@@ -84,10 +84,10 @@ fn a_family_study_of_an_mpi_ring_agrees_with_its_recomputation_and_resumes() {
             // the fastest run under the table against the fastest clean one.
             let name = c["name"].as_str().unwrap();
             assert!(
-                fastest(name) > fastest("clean"),
+                fastest(&runs, name) > fastest(&runs, "clean"),
                 "{name}: fastest run {} s, clean {} s ({runs:?})",
-                fastest(name),
-                fastest("clean")
+                fastest(&runs, name),
+                fastest(&runs, "clean")
             );
         }
     }
@@ -258,14 +258,24 @@ fn lammps_under_a_heavy_table_is_slower_with_its_interval() {
     }
 }
 
-/// The delay of a constant-delay configuration of a tolerance sweep (`const-200us`,
-/// `const-50.0us`) in µs; None for others (and the zero delay, `const-0.00ns`).
-fn const_delay_us(config: &str) -> Option<f64> {
-    config
-        .strip_prefix("const-")?
-        .strip_suffix("us")?
-        .parse()
-        .ok()
+/// The fastest counted run of configuration `name` (noise only lengthens runs).
+fn fastest(runs: &BTreeMap<String, Vec<f64>>, name: &str) -> f64 {
+    runs.get(name)
+        .unwrap_or_else(|| panic!("no runs of {name}: {runs:?}"))
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// A tolerance sweep's largest constant delay (`const-200us`, `const-50.0us`; the zero
+/// delay `const-0.00ns` is not one): its configuration's name and the delay in µs.
+fn largest_constant_delay(runs: &BTreeMap<String, Vec<f64>>) -> (String, f64) {
+    let delay_us =
+        |c: &str| -> Option<f64> { c.strip_prefix("const-")?.strip_suffix("us")?.parse().ok() };
+    runs.keys()
+        .filter_map(|c| Some((c.clone(), delay_us(c)?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("no constant delay swept")
 }
 
 /// A tolerance line of a summary: its slope in µs per µs with its interval, and its sentence.
@@ -339,7 +349,7 @@ fn assert_line_is_coherent(s: &serde_json::Value, which: &str) {
 /// bench leaves steadier.
 fn rtt_spread(dir: &std::path::Path) -> (f64, f64) {
     let csv = std::fs::read_to_string(dir.join("study.csv")).unwrap();
-    let mut by = std::collections::BTreeMap::<String, Vec<(f64, f64)>>::new();
+    let mut by = BTreeMap::<String, Vec<(f64, f64)>>::new();
     for line in csv.lines().skip(1) {
         let c: Vec<&str> = line.split(',').collect();
         if c[4] != "0" || c[6] != "1" {
@@ -422,11 +432,7 @@ fn a_tolerance_sweep_bounds_a_pingpongs_slope() {
         "ping-pong slope {k} [{lo}, {hi}]: below its two delays"
     );
     let by = metrics(&dir.join("pingpong"));
-    let (top, top_us) = by
-        .keys()
-        .filter_map(|c| Some((c.clone(), const_delay_us(c)?)))
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .expect("no constant delay swept");
+    let (top, top_us) = largest_constant_delay(&by);
     for m in &by[&top] {
         assert!(
             *m >= 0.97 * 2.0 * top_us,
@@ -443,9 +449,9 @@ fn a_tolerance_sweep_bounds_a_pingpongs_slope() {
 /// LAMMPS (`lmp`, tools/mpi/lj.in, 2 ranks over UCX rc_verbs, its "Loop time" as the metric)
 /// under `--tolerance`, both sweeps, one target (10 %), from 50 µs, 2 rounds a step: ~13 s a
 /// run on this bench, mostly mpirun's start, and 3 rounds a step took 951-963 s. What each
-/// line says holds together (a
-/// sentence of a defined form, rebuilt word for word by study_check.py; crossings ordered,
-/// their intervals above 0 and holding them), every figure agrees with study_check.py's, and
+/// line says holds together (a sentence of a defined form, rebuilt word for word by
+/// study_check.py; crossings ordered, their intervals above 0 and holding them), every
+/// figure agrees with study_check.py's, and
 /// the loop time rises with the added mean: the fastest run at the largest constant delay is
 /// slower than the fastest at the zero delay. That comparison, not the slope's interval, is
 /// asserted: the bench flips between two speeds from run to run (one run: zero-delay loop
@@ -482,19 +488,8 @@ fn lammps_tolerances_are_reported_with_their_intervals() {
     assert_line_is_coherent(&s, "sd");
 
     let by = metrics(&dir.join("lmp"));
-    let fastest = |c: &str| {
-        by.get(c)
-            .unwrap_or_else(|| panic!("no runs of {c}: {by:?}"))
-            .iter()
-            .copied()
-            .fold(f64::INFINITY, f64::min)
-    };
-    let (top, top_us) = by
-        .keys()
-        .filter_map(|c| Some((c.clone(), const_delay_us(c)?)))
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .expect("no constant delay swept");
-    let (zero, at_top) = (fastest("const-0.00ns"), fastest(&top));
+    let (top, top_us) = largest_constant_delay(&by);
+    let (zero, at_top) = (fastest(&by, "const-0.00ns"), fastest(&by, &top));
     eprintln!("LAMMPS fastest loop: {zero:.3} s at the zero delay, {at_top:.3} s at {top_us} µs");
     assert!(
         at_top > zero,
