@@ -77,6 +77,9 @@ pub struct Settings {
     pub layer: Layer,
     pub spin: Spin,
     pub seed: u64,
+    /// The seed before `IBJITTER_SEED_PER_RANK` adds the rank: what every rank of a job
+    /// shares (the wall-clock schedule of `IBJITTER_EPISODES_SYNC` is drawn from it).
+    pub job_seed: u64,
     /// Where the seed came from ("default", "IBJITTER_SEED", a file).
     pub seed_source: String,
     /// Stats file pattern (`%p` is replaced by the pid at exit).
@@ -182,6 +185,7 @@ impl Settings {
             layer: Layer::Auto,
             spin: Spin::Auto,
             seed: DEFAULT_SEED,
+            job_seed: DEFAULT_SEED,
             seed_source: "default".into(),
             stats: None,
             quiet: false,
@@ -320,6 +324,7 @@ impl Settings {
                 Err(e) => r.problem(e),
             }
         }
+        self.job_seed = self.seed;
         // A launcher gives every rank the same environment, so the same seed: with
         // IBJITTER_SEED_PER_RANK=1 each rank draws its own sequence (seed + rank), repeatably.
         if !Self::read_bool(r, "IBJITTER_SEED_PER_RANK", false, false) {
@@ -800,6 +805,7 @@ mod tests {
         assert_eq!(with(&[("PMI_RANK", "3")]).seed, 100, "off by default");
         let s = with(&[("IBJITTER_SEED_PER_RANK", "1"), ("PMI_RANK", "3")]);
         assert_eq!((s.seed, s.warning), (103, None));
+        assert_eq!(s.job_seed, 100, "the rank's seed; the job's stays shared");
         assert_eq!(s.seed_source, "IBJITTER_SEED + rank 3 (PMI_RANK)");
         // One process, no launcher: the seed as given.
         assert_eq!(with(&[("IBJITTER_SEED_PER_RANK", "1")]).seed, 100);

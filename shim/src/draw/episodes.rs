@@ -2,7 +2,8 @@
 //! draw adds [`offset`] to its index (the congested table is the second half of the table).
 //! A thread of the shim switches the state ([`start`]): on a schedule of its own, drawn from
 //! its start, or (`IBJITTER_EPISODES_SYNC=1`) on the one wall-clock schedule every process
-//! with the same seed and means follows ([`shared_schedule`]).
+//! with the same seed and means follows ([`shared_schedule`]). Each state it sets is logged
+//! with the wall-clock time it was set ([`changes_at`]): the evidence that ranks agree.
 mod shared_schedule;
 
 use crate::sys::rng;
@@ -16,8 +17,16 @@ static OFFSET: AtomicUsize = AtomicUsize::new(0);
 static CHANGES: AtomicU64 = AtomicU64::new(0);
 static DWELL_CALM: AtomicU64 = AtomicU64::new(0);
 static DWELL_CONGESTED: AtomicU64 = AtomicU64::new(0);
-/// `IBJITTER_EPISODES_SYNC`: follow the shared wall-clock schedule.
+/// `IBJITTER_EPISODES_SYNC`: follow the shared wall-clock schedule of the job's seed.
 static SHARED: AtomicBool = AtomicBool::new(false);
+static SHARED_SEED: AtomicU64 = AtomicU64::new(0);
+
+/// The states set, in order: (CLOCK_REALTIME ns << 1) | congested, the start's first. The
+/// first [`LOG_CAP`] are kept (8 KiB, static: nothing allocated), written by the episodes
+/// thread alone (and the start, before it), read at exit.
+const LOG_CAP: usize = 1024;
+static LOG: [AtomicU64; LOG_CAP] = [const { AtomicU64::new(0) }; LOG_CAP];
+static LOGGED: AtomicUsize = AtomicUsize::new(0);
 
 /// The shared schedule's thread sleeps at most this long (ns): a wall clock stepped
 /// meanwhile (either way) is noticed within it. Its sleeps are relative (CLOCK_MONOTONIC):
@@ -30,12 +39,49 @@ const SHARED_MIN_SLEEP_NS: i128 = 10_000;
 /// The salt of the episodes' dwell-time stream ("epis").
 const EPISODES_SALT: u64 = 0x6570_6973;
 
-/// The mean dwells (ns), and whether to follow the shared schedule, at load.
-pub fn configure(calm: f64, congested: f64, shared: bool) {
+/// The mean dwells (ns), and the job's seed when following the shared schedule, at load.
+pub fn configure(calm: f64, congested: f64, shared: Option<u64>) {
     DWELL_CALM.store(calm.round().max(1.0) as u64, Release);
     DWELL_CONGESTED.store(congested.round().max(1.0) as u64, Release);
-    SHARED.store(shared, Release);
+    SHARED.store(shared.is_some(), Release);
+    SHARED_SEED.store(shared.unwrap_or(0), Release);
     OFFSET.store(0, Release);
+    LOGGED.store(0, Release);
+}
+
+/// Sets the state (and logs it with the wall-clock time, when it changed or is the first).
+fn set_state(congested: bool, first: bool) {
+    let offset = if congested { ENTRIES } else { 0 };
+    if OFFSET.swap(offset, Relaxed) == offset && !first {
+        return;
+    }
+    if !first {
+        CHANGES.fetch_add(1, Relaxed);
+    }
+    let k = LOGGED.load(Relaxed);
+    if k < LOG_CAP {
+        let t = realtime_ns().clamp(0, i128::from(u64::MAX >> 1)) as u64;
+        LOG[k].store(t << 1 | u64::from(congested), Relaxed);
+        LOGGED.store(k + 1, Release);
+    }
+}
+
+/// The states set so far with the wall-clock time (ns since the epoch) each was set, the
+/// first the state at start; and how many were set in all (the first [`LOG_CAP`] are kept).
+pub fn changes_at() -> (Vec<(u64, bool)>, usize) {
+    let n = LOGGED.load(Acquire);
+    let kept = (0..n.min(LOG_CAP))
+        .map(|k| {
+            let v = LOG[k].load(Relaxed);
+            (v >> 1, v & 1 == 1)
+        })
+        .collect();
+    let set = if n > 0 {
+        1 + CHANGES.load(Relaxed) as usize
+    } else {
+        0
+    };
+    (kept, set)
 }
 
 /// What the draw adds to its index now.
@@ -61,8 +107,10 @@ pub fn start() {
         return;
     }
     if SHARED.load(Acquire) {
-        return start_shared(Schedule::new(rng::seed(), calm, congested));
+        let seed = SHARED_SEED.load(Acquire);
+        return start_shared(Schedule::new(seed, calm, congested));
     }
+    set_state(false, true);
     let mut rng = rng::stream(rng::seed(), EPISODES_SALT, 0);
     let _ = std::thread::Builder::new()
         .name("ibjitter-episodes".into())
@@ -73,8 +121,7 @@ pub fn start() {
             let u = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
             let dwell = -(mean as f64) * (1.0 - u).ln();
             std::thread::sleep(std::time::Duration::from_nanos(dwell as u64));
-            OFFSET.store(if congested_now { 0 } else { ENTRIES }, Relaxed);
-            CHANGES.fetch_add(1, Relaxed);
+            set_state(!congested_now, false);
         });
 }
 
@@ -84,16 +131,12 @@ pub fn start() {
 /// wake-up derives the state afresh from the clock: a stepped clock is followed, never
 /// replayed.
 fn start_shared(schedule: Schedule) {
-    let first = schedule.at(realtime_ns()).congested;
-    OFFSET.store(if first { ENTRIES } else { 0 }, Relaxed);
+    set_state(schedule.at(realtime_ns()).congested, true);
     let _ = std::thread::Builder::new()
         .name("ibjitter-episodes".into())
         .spawn(move || loop {
             let (congested, sleep_ns) = shared_step(&schedule, realtime_ns());
-            let offset = if congested { ENTRIES } else { 0 };
-            if OFFSET.swap(offset, Relaxed) != offset {
-                CHANGES.fetch_add(1, Relaxed);
-            }
+            set_state(congested, false);
             std::thread::sleep(std::time::Duration::from_nanos(sleep_ns));
         });
 }

@@ -165,7 +165,8 @@ pub fn prepare(s: &Settings, selective: bool) -> u8 {
     }
     if mode & INJECT != 0 {
         if let Some((calm, congested)) = shape.episodes {
-            episodes::configure(calm, congested, shape.episodes_sync);
+            // The shared schedule is the job's: every rank's, whatever IBJITTER_SEED_PER_RANK.
+            episodes::configure(calm, congested, shape.episodes_sync.then_some(s.job_seed));
             mode |= EPISODES;
         }
         if let Some(rho) = shape.correlation {

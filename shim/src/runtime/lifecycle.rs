@@ -328,6 +328,14 @@ fn write_stats(nothing_delayed: Option<String>) {
             // index_hits from 4096 on are the congested table's.
             "congested_indices_from": ibjitter_table::ENTRIES,
         });
+        // When this process set each state (CLOCK_REALTIME ns, congested): how ranks agree.
+        let (log, set) = episodes::changes_at();
+        doc["episodes"]["states_set"] = set.into();
+        doc["episodes"]["states_set_at"] = log
+            .iter()
+            .map(|&(t, c)| serde_json::json!([t, u8::from(c)]))
+            .collect::<Vec<_>>()
+            .into();
     }
     // What the ports sent meanwhile (all processes' traffic on them), beside posts_total.
     doc["ports_sent"] = ports::sent_since_open();
