@@ -340,6 +340,140 @@ fn runs_that_do_not_count_say_why_and_bad_arguments_are_refused() {
     }
 }
 
+/// `--episodes`: a configuration for each sharing, each run's injector given the episodes
+/// (and the shared one IBJITTER_EPISODES_SYNC=1: its stats say so), its mean and sd those of
+/// the delay over time (calm 50 us and congested 450 us, 4 ms dwells each: 250 us and 200
+/// us), the drawn mean between the two tables'; the summary agrees with its recomputation.
+/// Bad specifications and a --shim-env that would override the sharing are refused.
+#[test]
+fn episodes_run_shared_and_independent_and_bad_ones_are_refused() {
+    let _serial = one_at_a_time();
+    let dir = scratch_dir("study-episodes");
+    let table = |name: &str, ns: u64| {
+        let p = dir.join(name);
+        std::fs::write(
+            &p,
+            format!("{}\n", vec![ns.to_string(); 8].join(" ")).repeat(512),
+        )
+        .unwrap();
+        p
+    };
+    let (calm, congested) = (table("calm.dist", 50_000), table("cong.dist", 450_000));
+    let spec = format!("{}:{}:4ms:4ms", calm.display(), congested.display());
+    let ibj = env!("CARGO_BIN_EXE_ibjitter");
+    let mut cmd = Command::new(ibj);
+    cmd.args(["study", "--no-progress", "--reps", "2", "--episodes", &spec])
+        .arg("--shim")
+        .arg(shim())
+        .arg("--out")
+        .arg(dir.join("st"))
+        .arg("--")
+        .arg(probe())
+        .arg("100");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") || k == "LD_PRELOAD" {
+            cmd.env_remove(k);
+        }
+    }
+    let out = run(&mut cmd);
+    assert_eq!(out.status.code(), Some(0));
+    let s = read_json(&dir.join("st/summary.json"));
+    let names: Vec<&str> = s["configurations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["clean", "episodes-shared", "episodes-independent"],
+        "{s}"
+    );
+    for c in &s["configurations"].as_array().unwrap()[1..] {
+        assert_eq!(c["kind"], "episodes", "{c}");
+        assert_eq!(c["runs"], 2, "{c}");
+        assert_eq!(c["table_mean_us"].as_f64(), Some(250.0), "{c}");
+        assert_eq!(c["table_sd_us"].as_f64(), Some(200.0), "{c}");
+        let drawn = c["injected_mean_us"].as_f64().unwrap();
+        assert!((50.0..=450.0).contains(&drawn), "{c}");
+        assert!(c["slowdown"].as_f64().unwrap() > 1.0, "{c}");
+    }
+    // Each episodes run's stats: the sharing asked, and when each state was set.
+    let csv = std::fs::read_to_string(dir.join("st/study.csv")).unwrap();
+    let mut seen = 0;
+    for e in std::fs::read_dir(dir.join("st/runs")).unwrap() {
+        let path = e.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let Some((run, _)) = name.split_once(".stats.") else {
+            continue;
+        };
+        let run: usize = run.parse().unwrap();
+        let row = csv
+            .lines()
+            .find(|l| l.split(',').next() == Some(&run.to_string()))
+            .unwrap();
+        let st = read_json(&path);
+        let e = &st["episodes"];
+        assert_eq!(e["shared"], row.contains("episodes-shared"), "{row}: {e}");
+        assert!(e["states_set"].as_u64().unwrap() >= 1, "{e}");
+        assert_eq!(e["states_set_at"][0].as_array().unwrap().len(), 2, "{e}");
+        seen += 1;
+    }
+    assert_eq!(seen, 4);
+    println!("{}", check(&dir.join("st")));
+
+    let refuse = |args: &[&str], want: &str| {
+        let out = Command::new(ibj).arg("study").args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    };
+    let o = dir.join("x").display().to_string();
+    let calm_only = format!("{}:4ms", calm.display());
+    refuse(
+        &["--out", &o, "--episodes", &calm_only, "--", "true"],
+        "expected CALM.dist",
+    );
+    let no_table = format!("{}:/no/such.dist:4ms:4ms", calm.display());
+    refuse(
+        &["--out", &o, "--episodes", &no_table, "--", "true"],
+        "congested table",
+    );
+    for dwell in ["0ms", "-4ms", "1e30s", "4"] {
+        let bad = format!("{}:{}:{dwell}:4ms", calm.display(), congested.display());
+        refuse(
+            &["--out", &o, "--episodes", &bad, "--", "true"],
+            "calm dwell",
+        );
+    }
+    refuse(
+        &[
+            "--out",
+            &o,
+            "--episodes",
+            &spec,
+            "--shim-env",
+            "IBJITTER_EPISODES_SYNC=0",
+            "--",
+            "true",
+        ],
+        "--episodes-sharing",
+    );
+    refuse(
+        &[
+            "--out",
+            &o,
+            "--tables",
+            &calm.display().to_string(),
+            "--episodes-sharing",
+            "shared",
+            "--",
+            "true",
+        ],
+        "--episodes",
+    );
+}
+
 /// `--until-ci`: a 30 % target is met within the cap, every interval then within it (the
 /// program's time is the sum of 300 draws); an impossible 0.001 % target runs to the cap,
 /// says so, and exits 1.

@@ -6,10 +6,10 @@ use clap::{ArgMatches, Args};
 use ibjitter::gen::stop::{self, StopToken};
 use ibjitter::study::plan::{Configuration, Perturbation, Plan, Stopping, Swept, Tolerance};
 use ibjitter::study::runner::Runner;
-use ibjitter::study::tables::{family_at_means, from_files, FamilyBase};
+use ibjitter::study::tables::{episodes, family_at_means, from_files, FamilyBase};
 use ibjitter::study::{self, Ending};
 use regex::Regex;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Args)]
@@ -22,6 +22,8 @@ use std::time::Duration;
       --reps 10 --out st3 -- srun -N2 ./canary
   ibjitter study --tolerance --target 1%,5%,10% --kind both --until-ci 0.5% --out tol -- \\
       mpirun -np 2 ./solver
+  ibjitter study --episodes calm.dist:cong.dist:20ms:20ms --reps 5 --out ep -- \\
+      mpirun -np 4 ./solver
 
 --tolerance sweeps added constant delays (and, at --tolerance-mean, the sd of the
 mean-preserving lognormal family) in steps of rounds with clean runs and two references (a zero
@@ -34,8 +36,8 @@ intervals, and the runtime per us added (the number of latency-bound messages on
 path). No verdict or correlations: the sweep's delays are its design. See summary.md,
 tolerance.svg and docs/study.md.
 
-Every run's environment loads libibjitter.so (LD_PRELOAD, IBJITTER_TABLE, IBJITTER_SEED,
-IBJITTER_STATS) for table configurations; launchers that start ranks on other hosts must pass
+Every run's environment loads libibjitter.so (LD_PRELOAD, IBJITTER_TABLE or _EPISODES,
+IBJITTER_SEED, IBJITTER_STATS) for table and episodes configurations; launchers that start ranks on other hosts must pass
 it on (Open MPI: -x LD_PRELOAD -x IBJITTER_TABLE -x IBJITTER_SEED -x IBJITTER_STATS; srun
 passes the environment by default). Re-running with the same --out continues the study.
 Exit status: 0 done; 1 some runs did not count (failed, metric missing, nothing injected) or
@@ -69,6 +71,20 @@ pub struct StudyArgs {
     /// 3600s'), started before it and stopped with SIGINT after it: a configuration of its own
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     congestor: Option<String>,
+    /// Congestion episodes (the injector's IBJITTER_EPISODES): calm and congested tables and
+    /// the mean dwell of each state; a configuration for each of --episodes-sharing
+    #[arg(long, value_name = "CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED")]
+    episodes: Option<String>,
+    /// With --episodes: every rank congested at the same moments on the job's one wall-clock
+    /// schedule (shared, IBJITTER_EPISODES_SYNC=1), each rank on its own (independent), or both
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "shared,independent",
+        requires = "episodes"
+    )]
+    episodes_sharing: Vec<Sharing>,
     /// How long the congestor runs before the program starts
     #[arg(long, default_value = "2s", value_parser = duration)]
     congestor_settle: Duration,
@@ -168,6 +184,12 @@ enum SweepKind {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Sharing {
+    Shared,
+    Independent,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum MetricUnit {
     S,
     Ms,
@@ -191,7 +213,10 @@ impl MetricUnit {
 fn owned_by_study(name: &str) -> Option<&'static str> {
     match name {
         "IBJITTER_TABLE" | "IBJITTER_DIST" | "IBJITTER_DELAY" | "IBJITTER_EPISODES" => {
-            Some("each run's table is the one its configuration names: give tables with --tables or --family")
+            Some("each run's table is the one its configuration names: give tables with --tables, --family or --episodes")
+        }
+        "IBJITTER_EPISODES_SYNC" => {
+            Some("each --episodes configuration says whether its ranks share episodes: --episodes-sharing")
         }
         "IBJITTER_SEED" => Some("a seed per run, from --seed, so that the study repeats"),
         "IBJITTER_STATS" => Some(
@@ -199,6 +224,42 @@ fn owned_by_study(name: &str) -> Option<&'static str> {
         ),
         _ => None,
     }
+}
+
+/// `--episodes CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED` (the injector's grammar;
+/// relative paths allowed: study passes them on absolute) as its configurations.
+fn episodes_configurations(spec: &str, sharing: &[Sharing]) -> Result<Vec<Configuration>, String> {
+    let form = || {
+        format!(
+            "--episodes {spec:?}: expected CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED \
+             (two tables and the mean dwell of each state, e.g. calm.dist:cong.dist:50ms:10ms)"
+        )
+    };
+    let mut parts = spec.rsplitn(3, ':');
+    let (Some(congested_mean), Some(calm_mean), Some(paths)) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(form());
+    };
+    let (calm, congested) = paths.split_once(':').ok_or_else(form)?;
+    let dwell = |t: &str, which: &str| match ibjitter::table::duration::parse_duration(t) {
+        Ok(ns) if ns >= 1.0 && ns.is_finite() && ns <= 3.6e15 => Ok(ns),
+        Ok(_) => Err(format!(
+            "--episodes: mean {which} dwell {t:?}: expected a duration from 1ns to 1000h"
+        )),
+        Err(e) => Err(format!("--episodes: mean {which} dwell: {e}")),
+    };
+    let dwell_ns = (
+        dwell(calm_mean, "calm")?,
+        dwell(congested_mean, "congested")?,
+    );
+    // Shared first, each once, however often named.
+    let shared: Vec<bool> = [Sharing::Shared, Sharing::Independent]
+        .into_iter()
+        .filter(|s| sharing.contains(s))
+        .map(|s| s == Sharing::Shared)
+        .collect();
+    episodes(Path::new(calm), Path::new(congested), dwell_ns, &shared)
 }
 
 /// `5%` (or `0.05`) as 0.05, for `flag`; strictly between 0 and 100 %.
@@ -319,10 +380,15 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
         None => Stopping::Reps(a.reps),
     };
     let tolerance = tolerance(a, stopping)?;
-    if a.tables.is_empty() && a.family.is_none() && a.congestor.is_none() && tolerance.is_none() {
+    if a.tables.is_empty()
+        && a.family.is_none()
+        && a.congestor.is_none()
+        && a.episodes.is_none()
+        && tolerance.is_none()
+    {
         return Err(
-            "nothing to compare with the clean runs: give --tables, --family, --congestor or \
-             --tolerance"
+            "nothing to compare with the clean runs: give --tables, --family, --congestor, \
+             --episodes or --tolerance"
                 .into(),
         );
     }
@@ -352,6 +418,9 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
         }
         configurations.extend(fam);
     }
+    if let Some(spec) = &a.episodes {
+        configurations.extend(episodes_configurations(spec, &a.episodes_sharing)?);
+    }
     if let Some(args) = &a.congestor {
         configurations.push(Configuration {
             name: "congested".into(),
@@ -365,10 +434,7 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
     };
     let self_exe =
         std::env::current_exe().map_err(|e| format!("cannot find this program's path: {e}"))?;
-    let needs_shim = tolerance.is_some()
-        || configurations
-            .iter()
-            .any(|c| matches!(c.perturbation, Perturbation::Table { .. }));
+    let needs_shim = tolerance.is_some() || configurations.iter().any(|c| c.perturbation.injects());
     let shim = match &a.shim {
         Some(p) => p.clone(),
         // Installed (PREFIX/lib/ibjitter/) or built (beside this binary).

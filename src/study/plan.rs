@@ -21,6 +21,19 @@ pub enum Perturbation {
     },
     /// `ibjitter ARGS` traffic running alongside the program (GPCNeT's congestor).
     Congestor { args: String },
+    /// libibjitter.so with `IBJITTER_EPISODES` (calm and congested tables, exponential dwells
+    /// of these means, ns), every rank on the job's one wall-clock schedule (`shared`,
+    /// `IBJITTER_EPISODES_SYNC=1`) or each on its own. `mean_ns` and `sd_ns` are the delay's
+    /// over time: the two tables mixed in the shares of time each state lasts.
+    Episodes {
+        calm: PathBuf,
+        congested: PathBuf,
+        mean_calm_ns: f64,
+        mean_congested_ns: f64,
+        shared: bool,
+        mean_ns: f64,
+        sd_ns: f64,
+    },
 }
 
 impl Perturbation {
@@ -29,14 +42,24 @@ impl Perturbation {
             Perturbation::Clean => "clean",
             Perturbation::Table { .. } => "table",
             Perturbation::Congestor { .. } => "congestor",
+            Perturbation::Episodes { .. } => "episodes",
         }
+    }
+
+    /// Whether its runs load the injector (and so must show it drew delays to count).
+    pub fn injects(&self) -> bool {
+        matches!(
+            self,
+            Perturbation::Table { .. } | Perturbation::Episodes { .. }
+        )
     }
 
     /// The injected delay's mean and sd in µs (0 for the clean and congested runs: they
     /// inject nothing; the correlations use only clean and table runs).
     pub fn injected_us(&self) -> (f64, f64) {
         match self {
-            Perturbation::Table { mean_ns, sd_ns, .. } => (mean_ns / 1e3, sd_ns / 1e3),
+            Perturbation::Table { mean_ns, sd_ns, .. }
+            | Perturbation::Episodes { mean_ns, sd_ns, .. } => (mean_ns / 1e3, sd_ns / 1e3),
             _ => (0.0, 0.0),
         }
     }

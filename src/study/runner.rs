@@ -149,10 +149,35 @@ impl Runner {
                 Ok(())
             });
         }
-        if let Perturbation::Table { path, .. } = &config.perturbation {
+        if config.perturbation.injects() {
             let mut env = InjectorEnv::new(self.shim.clone());
-            env.set("IBJITTER_TABLE", path)
-                .set("IBJITTER_SEED", seed.to_string())
+            match &config.perturbation {
+                Perturbation::Episodes {
+                    calm,
+                    congested,
+                    mean_calm_ns,
+                    mean_congested_ns,
+                    shared,
+                    ..
+                } => {
+                    env.set(
+                        "IBJITTER_EPISODES",
+                        format!(
+                            "{}:{}:{mean_calm_ns:.0}ns:{mean_congested_ns:.0}ns",
+                            calm.display(),
+                            congested.display()
+                        ),
+                    );
+                    if *shared {
+                        env.set("IBJITTER_EPISODES_SYNC", "1");
+                    }
+                }
+                Perturbation::Table { path, .. } => {
+                    env.set("IBJITTER_TABLE", path);
+                }
+                _ => {}
+            }
+            env.set("IBJITTER_SEED", seed.to_string())
                 // Every rank of an MPI job its own sequence (--shim-env may turn it off).
                 .set("IBJITTER_SEED_PER_RANK", "1")
                 .set("IBJITTER_STATS", self.stats_pattern(slot.index));
@@ -212,7 +237,7 @@ impl Runner {
         // Draws show the injector in place where no delay came out non-zero: under a
         // zero-delay table, or a few sends under a table whose smallest entries are 0.
         let mut draws = 0;
-        if matches!(config.perturbation, Perturbation::Table { .. }) {
+        if config.perturbation.injects() {
             let got = injected(&self.runs_dir, slot.index);
             row.delayed = got.delayed;
             row.injected_mean_us = got.mean_us;
@@ -228,7 +253,7 @@ impl Runner {
                 log.display()
             ));
         }
-        if row.kind == "table" && row.delayed == 0 && draws == 0 {
+        if config.perturbation.injects() && row.delayed == 0 && draws == 0 {
             notes.push(
                 "the injector drew no delay (does the program send over RDMA, and does its \
                  launcher pass LD_PRELOAD on?)"

@@ -1,7 +1,8 @@
 //! The delay tables a study injects, as configurations: tables given by file, the
 //! mean-preserving lognormal family (plus its uniform table) generated at one or more means
-//! from a fit to measured latencies or a lognormal given by its parameters, and the constant
-//! delays a tolerance sweep adds.
+//! from a fit to measured latencies or a lognormal given by its parameters, the constant
+//! delays a tolerance sweep adds, and congestion episodes (shared by the ranks or each
+//! rank's own).
 use super::plan::{Configuration, Perturbation};
 use crate::table::dist::{Dist, LogNormal};
 use crate::table::family::{family, percent, table_mean, Family};
@@ -157,6 +158,50 @@ pub fn from_files(
     Ok(out)
 }
 
+/// `--episodes CALM.dist:CONGESTED.dist:MEAN_CALM:MEAN_CONGESTED` (means in ns already
+/// parsed), as one configuration for each sharing asked: `episodes-shared` (every rank on
+/// the job's one schedule) and `episodes-independent` (each rank its own). Their mean and sd
+/// are the delay's over time: each table weighted by the share of time its state lasts.
+pub fn episodes(
+    calm: &Path,
+    congested: &Path,
+    dwell_ns: (f64, f64),
+    sharing: &[bool],
+) -> Result<Vec<Configuration>, String> {
+    let load = |p: &Path, which: &str| -> Result<(PathBuf, Stats), String> {
+        let t = read(p, Kind::Absolute).map_err(|e| format!("--episodes ({which} table): {e}"))?;
+        let abs = std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        Ok((abs, Stats::of_i64(&t.entries)))
+    };
+    let (calm, c) = load(calm, "calm")?;
+    let (congested, g) = load(congested, "congested")?;
+    let share = dwell_ns.1 / (dwell_ns.0 + dwell_ns.1);
+    let mean = (1.0 - share) * c.mean + share * g.mean;
+    let second =
+        (1.0 - share) * (c.sd * c.sd + c.mean * c.mean) + share * (g.sd * g.sd + g.mean * g.mean);
+    let sd = (second - mean * mean).max(0.0).sqrt();
+    Ok(sharing
+        .iter()
+        .map(|&shared| Configuration {
+            name: if shared {
+                "episodes-shared"
+            } else {
+                "episodes-independent"
+            }
+            .into(),
+            perturbation: Perturbation::Episodes {
+                calm: calm.clone(),
+                congested: congested.clone(),
+                mean_calm_ns: dwell_ns.0,
+                mean_congested_ns: dwell_ns.1,
+                shared,
+                mean_ns: mean,
+                sd_ns: sd,
+            },
+        })
+        .collect())
+}
+
 /// The family of `base` at each mean (`None`: the base's own), written to `dir` as
 /// `<mean>-lognormal.dist`, `<mean>-scale75.dist`, …, `<mean>-uniform.dist`.
 pub fn family_at_means(
@@ -285,6 +330,34 @@ mod tests {
         assert!(FamilyBase::parse("size=1,scale=1us")
             .unwrap_err()
             .contains("unknown key"));
+    }
+
+    /// Episodes' delay over time: calm 10 us three quarters of the time, congested 110 us
+    /// one quarter: mean 35 us, sd sqrt(0.75 * 10^2 + 0.25 * 110^2 - 35^2) = 43.30 us.
+    #[test]
+    fn episodes_are_one_configuration_per_sharing_with_the_mixtures_mean_and_sd() {
+        let dir = std::env::temp_dir().join(format!("ibjitter-study-ep-{}", std::process::id()));
+        let calm = constant_at(10e3, &dir).unwrap();
+        let cong = constant_at(110e3, &dir).unwrap();
+        let path = |c: &Configuration| match &c.perturbation {
+            Perturbation::Table { path, .. } => path.clone(),
+            other => panic!("{other:?}"),
+        };
+        let got = episodes(&path(&calm), &path(&cong), (30e6, 10e6), &[true, false]).unwrap();
+        let names: Vec<&str> = got.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["episodes-shared", "episodes-independent"]);
+        for c in &got {
+            let (m, sd) = c.perturbation.injected_us();
+            assert!(
+                (m - 35.0).abs() < 1e-9 && (sd - 43.30127).abs() < 1e-4,
+                "{m} {sd}"
+            );
+            assert_eq!(c.perturbation.kind(), "episodes");
+            assert!(c.perturbation.injects());
+        }
+        let missing = episodes(&dir.join("none.dist"), &path(&cong), (1.0, 1.0), &[true]);
+        assert!(missing.unwrap_err().contains("calm table"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
