@@ -66,6 +66,11 @@ fn set_state(congested: bool, first: bool) {
     }
 }
 
+/// Whether the episodes follow the job's shared wall-clock schedule.
+pub fn shared() -> bool {
+    SHARED.load(Acquire)
+}
+
 /// The states set so far with the wall-clock time (ns since the epoch) each was set, the
 /// first the state at start; and how many were set in all (the first [`LOG_CAP`] are kept).
 pub fn changes_at() -> (Vec<(u64, bool)>, usize) {

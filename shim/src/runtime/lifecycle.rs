@@ -330,6 +330,7 @@ fn write_stats(nothing_delayed: Option<String>) {
         });
         // When this process set each state (CLOCK_REALTIME ns, congested): how ranks agree.
         let (log, set) = episodes::changes_at();
+        doc["episodes"]["shared"] = episodes::shared().into();
         doc["episodes"]["states_set"] = set.into();
         doc["episodes"]["states_set_at"] = log
             .iter()
