@@ -6,7 +6,7 @@ mod common;
 use common::bench::{mpi_pingpong, release_artifact, scratch_dir, Vm};
 use common::perftest::field;
 use common::read_json;
-use common::study::{check, median, metrics, schedule};
+use common::study::{check, configuration_names, median, metrics, schedule};
 use std::collections::BTreeMap;
 use std::process::Command;
 
@@ -148,14 +148,8 @@ fn shared_and_independent_episodes_of_an_mpi_allreduce_are_both_reported() {
     assert_eq!(field(o, "episodes_rc"), Some(0.0), "{o}");
     println!("{}", check(&dir.join("ep")));
     let s = read_json(&dir.join("ep/summary.json"));
-    let names: Vec<&str> = s["configurations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        names,
+        configuration_names(&s),
         ["clean", "episodes-shared", "episodes-independent"],
         "{s}"
     );

@@ -6,7 +6,7 @@
 mod common;
 use common::bench::{release_artifact, repo_root, scratch_dir, target_dir};
 use common::read_json;
-use common::study::{check, schedule};
+use common::study::{check, configuration_names, schedule};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -241,12 +241,6 @@ fn runs_that_do_not_count_say_why_and_bad_arguments_are_refused() {
     let _serial = one_at_a_time();
     let ibj = env!("CARGO_BIN_EXE_ibjitter");
     let dir = scratch_dir("study-args");
-    let refuse = |args: &[&str], want: &str| {
-        let out = Command::new(ibj).arg("study").args(args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: {err}");
-    };
     let o = dir.join("x").display().to_string();
     refuse(&["--out", &o, "--", "true"], "nothing to compare");
     refuse(
@@ -378,14 +372,8 @@ fn episodes_run_shared_and_independent_and_bad_ones_are_refused() {
     let out = run(&mut cmd);
     assert_eq!(out.status.code(), Some(0));
     let s = read_json(&dir.join("st/summary.json"));
-    let names: Vec<&str> = s["configurations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        names,
+        configuration_names(&s),
         ["clean", "episodes-shared", "episodes-independent"],
         "{s}"
     );
@@ -422,12 +410,6 @@ fn episodes_run_shared_and_independent_and_bad_ones_are_refused() {
     assert_eq!(seen, 4);
     println!("{}", check(&dir.join("st")));
 
-    let refuse = |args: &[&str], want: &str| {
-        let out = Command::new(ibj).arg("study").args(args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: {err}");
-    };
     let o = dir.join("x").display().to_string();
     let calm_only = format!("{}:4ms", calm.display());
     refuse(
@@ -472,6 +454,18 @@ fn episodes_run_shared_and_independent_and_bad_ones_are_refused() {
         ],
         "--episodes",
     );
+}
+
+/// `ibjitter study ARGS` exits 2 saying `want`.
+fn refuse(args: &[&str], want: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ibjitter"))
+        .arg("study")
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
 }
 
 /// `--until-ci`: a 30 % target is met within the cap, every interval then within it (the

@@ -2227,6 +2227,25 @@ fn child_wall_clock_posts() {
     emit(serde_json::json!({ "times": times }));
 }
 
+/// Writes a calm table of 1 us and a congested one of 2 us to `dir`: their IBJITTER_EPISODES
+/// with 20 ms dwells each.
+fn episodes_of_1us_and_2us(dir: &Path) -> String {
+    let (calm, congested) = (dir.join("calm.dist"), dir.join("congested.dist"));
+    write_table(&calm, &[1_000; 4096]);
+    write_table(&congested, &[2_000; 4096]);
+    format!("{}:{}:20ms:20ms", calm.display(), congested.display())
+}
+
+/// `run(a)` and, 70 ms later, `run(b)`, side by side: what each returned.
+fn seventy_ms_apart<T: Send>(run: impl Fn(&str) -> T + Sync, a: &str, b: &str) -> (T, T) {
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| run(a));
+        std::thread::sleep(std::time::Duration::from_millis(70));
+        let second = scope.spawn(|| run(b));
+        (first.join().unwrap(), second.join().unwrap())
+    })
+}
+
 /// IBJITTER_EPISODES_SYNC=1: two processes with the same seed, started 70 ms apart, are
 /// congested at the same wall-clock moments: each state change one shows (the first post
 /// in the new state, from its trace and post times) has one in the other within 1 ms
@@ -2238,10 +2257,7 @@ fn synced_episodes_change_at_the_same_wall_clock_moments_in_every_process() {
         return child_wall_clock_posts();
     }
     let dir = scratch("episodes-sync");
-    let (calm, congested) = (dir.join("calm.dist"), dir.join("congested.dist"));
-    write_table(&calm, &[1_000; 4096]);
-    write_table(&congested, &[2_000; 4096]);
-    let episodes = format!("{}:{}:20ms:20ms", calm.display(), congested.display());
+    let episodes = episodes_of_1us_and_2us(&dir);
     let mut shares = Vec::new();
     for sync in [true, false] {
         let run = |name: &str| {
@@ -2280,12 +2296,7 @@ fn synced_episodes_change_at_the_same_wall_clock_moments_in_every_process() {
                 .collect();
             (times[0], times[times.len() - 1], changes)
         };
-        let (a, b) = std::thread::scope(|scope| {
-            let a = scope.spawn(|| run("a"));
-            std::thread::sleep(std::time::Duration::from_millis(70));
-            let b = scope.spawn(|| run("b"));
-            (a.join().unwrap(), b.join().unwrap())
-        });
+        let (a, b) = seventy_ms_apart(run, "a", "b");
         // The changes of a while both ran (5 ms inside), each matched to b's nearest one.
         let (from, to) = (a.0.max(b.0) + 5_000_000, a.1.min(b.1) - 5_000_000);
         let gaps: Vec<i128> =
@@ -2332,10 +2343,7 @@ fn synced_episodes_are_the_jobs_whatever_each_ranks_seed() {
         return child_wall_clock_posts();
     }
     let dir = scratch("episodes-sync-ranks");
-    let (calm, congested) = (dir.join("calm.dist"), dir.join("congested.dist"));
-    write_table(&calm, &[1_000; 4096]);
-    write_table(&congested, &[2_000; 4096]);
-    let episodes = format!("{}:{}:20ms:20ms", calm.display(), congested.display());
+    let episodes = episodes_of_1us_and_2us(&dir);
     let mut shares = Vec::new();
     for sync in [true, false] {
         let run = |rank: &str| {
@@ -2376,12 +2384,7 @@ fn synced_episodes_are_the_jobs_whatever_each_ranks_seed() {
             );
             log
         };
-        let (a, b) = std::thread::scope(|scope| {
-            let a = scope.spawn(|| run("0"));
-            std::thread::sleep(std::time::Duration::from_millis(70));
-            let b = scope.spawn(|| run("1"));
-            (a.join().unwrap(), b.join().unwrap())
-        });
+        let (a, b) = seventy_ms_apart(run, "0", "1");
         // Rank 0's changes while both ran (b's first entry is its start, a's last change
         // comes before its exit), each matched to rank 1's nearest change to the same state.
         let (from, to) = (

@@ -57,3 +57,15 @@ pub fn median(xs: &[f64]) -> f64 {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
+
+/// The configurations' names in a summary.json, in its order.
+pub fn configuration_names(summary: &serde_json::Value) -> Vec<String> {
+    summary["configurations"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| c["name"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
