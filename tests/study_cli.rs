@@ -416,6 +416,17 @@ fn episodes_run_shared_and_independent_and_bad_ones_are_refused() {
         &["--out", &o, "--episodes", &calm_only, "--", "true"],
         "expected CALM.dist",
     );
+    let fifo = dir.join("fifo.dist");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let fifo_spec = format!("{}:{}:4ms:4ms", fifo.display(), congested.display());
+    refuse(
+        &["--out", &o, "--episodes", &fifo_spec, "--", "true"],
+        "found a FIFO",
+    );
     let no_table = format!("{}:/no/such.dist:4ms:4ms", calm.display());
     refuse(
         &["--out", &o, "--episodes", &no_table, "--", "true"],
@@ -999,6 +1010,10 @@ fn tolerance_arguments_are_checked() {
     refuse(
         &["--tolerance", "--congestor", "run"],
         "cannot be used with --congestor",
+    );
+    refuse(
+        &["--tolerance", "--episodes", "a.dist:b.dist:1ms:1ms"],
+        "cannot be used with --episodes",
     );
     refuse(
         &["--tolerance", "--higher-is-better"],

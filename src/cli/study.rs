@@ -293,6 +293,7 @@ fn tolerance(a: &StudyArgs, stopping: Stopping) -> Result<Option<Tolerance>, Str
         (!a.family_means.is_empty(), "--family-means", "the sd is swept at --tolerance-mean"),
         (a.family_fractions_given, "--family-fractions", "the sweep chooses the family's members"),
         (a.congestor.is_some(), "--congestor", "it sweeps delays only; to study a congestor, leave out --tolerance"),
+        (a.episodes.is_some(), "--episodes", "it sweeps constant delays and spread only; to study episodes, leave out --tolerance"),
         (a.higher_is_better, "--higher-is-better", "runtime is fitted as a line in latency: give a time as the metric"),
         (a.family.is_some() && a.kind == SweepKind::Mean, "--family", "it is the base of the sd sweep, and --kind mean has none"),
     ];
