@@ -439,10 +439,15 @@ fn episodes_run_shared_and_independent_and_bad_ones_are_refused() {
             "calm dwell",
         );
     }
+    let so = shim().display().to_string();
+    // With the injector at hand (a debug build's own directory has none): the refusal is
+    // the variable's, not the missing injector's.
     refuse(
         &[
             "--out",
             &o,
+            "--shim",
+            &so,
             "--episodes",
             &spec,
             "--shim-env",
