@@ -291,6 +291,18 @@ fn requests_still_in_the_line_at_exit_are_said_not_delivered() {
     );
     assert_eq!(s["line"]["not_delivered"], 10, "{s}");
     assert_eq!(s["delays_injected"], 0, "{s}");
+    warnings_read_as_sentences(&stderr);
+}
+
+/// The shim's warnings are prose wrapped in the source: no run of the source's indentation
+/// may reach the user's terminal.
+fn warnings_read_as_sentences(stderr: &str) {
+    for w in stderr.lines().filter(|l| l.contains("warning:")) {
+        assert!(
+            !w.contains("  "),
+            "a warning carries the source's indentation: {w:?}"
+        );
+    }
 }
 
 /// A line that hands requests over later than the table can account for (here a provider
@@ -313,6 +325,7 @@ fn a_late_line_is_said_at_exit() {
         "{stderr}"
     );
     assert!(stderr.contains("line: handed over late by"), "{stderr}");
+    warnings_read_as_sentences(&stderr);
     // Requests fell due while the provider was busy with an earlier one for 5 ms.
     assert!(
         s["line"]["late_ns"]["max"].as_u64().unwrap() >= 2_000_000,

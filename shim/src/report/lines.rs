@@ -192,7 +192,11 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
         let (mean, table_max) = (d.mean(), d.max() as f64);
         if p50 as f64 > 0.1 * mean || p99 as f64 > table_max {
             said.push(format!(
-                "the delay line handed {n} requests to the provider late: {} at the median,                  {} at the p99, {} at most after their due time, for a table of mean {} and                  largest {}: the delays injected were longer than the table's. The node's                  cores were busy (the program's own calls and the shim's timer thread could                  not hand them over on time); see line.late_ns in the stats",
+                "the delay line handed {n} requests to the provider late: {} at the median, \
+                 {} at the p99, {} at most after their due time, for a table of mean {} and \
+                 largest {}: the delays injected were longer than the table's. The node's \
+                 cores were busy (the program's own calls and the shim's timer thread could \
+                 not hand them over on time); see line.late_ns in the stats",
                 micros(p50),
                 micros(p99),
                 micros(max),
@@ -204,7 +208,9 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
     let (lost, _) = line::not_delivered();
     if lost > 0 {
         said.push(format!(
-            "{lost} requests were still in the delay line when the process ended and never              reached the provider (their delays ran past the exit; the stats count them as              line.not_delivered, not as delayed)"
+            "{lost} requests were still in the delay line when the process ended and never \
+             reached the provider (their delays ran past the exit; the stats count them as \
+             line.not_delivered, not as delayed)"
         ));
     }
     (!said.is_empty()).then(|| said.join("; "))
