@@ -148,7 +148,25 @@ fn child(how: &str, n: u64, gap: Duration) {
             f(qp, &mut wr, &mut bad)
         };
         assert_eq!(rc, 0);
-        std::thread::sleep(gap);
+        if how == "bursts" {
+            // Busy between posts (no call into the shim), asleep between bursts.
+            let t = now_ns();
+            while now_ns() - t < gap.as_nanos() as u64 {
+                std::hint::spin_loop();
+            }
+            if (k + 1) % BURST == 0 {
+                std::thread::sleep(BURST_PAUSE);
+            }
+        } else {
+            std::thread::sleep(gap);
+        }
+    }
+    if how == "bursts" {
+        // Asleep (a completion channel's wait): only the timer thread hands over.
+        let t0 = now_ns();
+        while (SEEN.lock().unwrap().len() as u64) < n && now_ns() - t0 < 10_000_000_000 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
     if how.starts_with("poll") {
         let t0 = now_ns();
@@ -174,6 +192,10 @@ fn child(how: &str, n: u64, gap: Duration) {
                             "start_polls": START_POLLS.load(Relaxed) })
     );
 }
+
+/// The "bursts" child's requests per burst, and its sleep after each.
+const BURST: u64 = 50;
+const BURST_PAUSE: Duration = Duration::from_millis(3);
 
 /// Runs the child for `test` and returns its result, its stderr and its stats document.
 fn run(test: &str, how: &str, env: &[(&str, &str)]) -> (Value, String, Value) {
@@ -331,4 +353,25 @@ fn a_late_line_is_said_at_exit() {
         s["line"]["late_ns"]["max"].as_u64().unwrap() >= 2_000_000,
         "{s}"
     );
+}
+
+/// A program that posts in bursts (busy between its posts for 1 ms), then sleeps without a
+/// call into the shim (a completion channel's wait) while its requests fall due: the timer
+/// thread hands them over on time. Its wake-ups while the program was posting (and handing
+/// nothing over: nothing was due yet) must not leave it asleep past the due times once the
+/// program is quiet.
+#[test]
+fn requests_of_a_program_gone_quiet_leave_on_time() {
+    if scenario().is_some() {
+        return child("bursts", 20 * BURST, Duration::from_micros(20));
+    }
+    let (r, stderr, s) = run(
+        "requests_of_a_program_gone_quiet_leave_on_time",
+        "bursts",
+        &[("IBJITTER_DELAY", "1200us")],
+    );
+    assert_eq!(r["seen"].as_array().unwrap().len(), 1000, "{stderr}");
+    let late = &s["line"]["late_ns"];
+    eprintln!("lateness {late}; {}", s["line"]);
+    assert!(late["p50"].as_u64().unwrap() < 100_000, "{late}");
 }

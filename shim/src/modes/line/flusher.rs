@@ -26,9 +26,10 @@ pub const EARLY_NS: u64 = 150_000;
 pub const ACTIVE_NS: u64 = 100_000;
 /// While the program is calling, how long after its due time a request waits for the
 /// program's calls before the timer thread hands it over: from [`BACKSTOP_NS`], doubled at
-/// each wake-up that found the program's calls had kept up (on a full node each wake-up
-/// takes a core from a rank), up to [`BACKSTOP_MAX_NS`]; back to the least as soon as the
-/// timer thread had to hand a request over.
+/// each wake-up that found the program's calls handing requests over (on a full node each
+/// wake-up takes a core from a rank), up to [`BACKSTOP_MAX_NS`]; back to the least at a
+/// wake-up that found them handing none over, or once the program is quiet, or as soon as
+/// the timer thread had to hand a request over.
 pub const BACKSTOP_NS: u64 = 50_000;
 pub const BACKSTOP_MAX_NS: u64 = 1_000_000;
 
@@ -175,9 +176,12 @@ pub fn timer_thread() {
     let (early, active) = (units(EARLY_NS), units(ACTIVE_NS));
     let (least, most) = (units(BACKSTOP_NS), units(BACKSTOP_MAX_NS));
     let mut backstop = least;
+    // The program's hand-overs when this thread last looked.
+    let mut by_program = BY_PROGRAM.load(Relaxed);
     loop {
         let next = NEXT_DUE.load(Acquire);
         let nap = if next == u64::MAX {
+            backstop = least;
             IDLE_NS
         } else {
             let now = now_units();
@@ -189,9 +193,18 @@ pub fn timer_thread() {
                     backstop = least;
                     continue;
                 }
-                // Woken with nothing to hand over: the program keeps up, wake less often.
                 let nap = units_to_ns(wake - now).min(units_to_ns(backstop).max(ACTIVE_NS));
-                backstop = (backstop * 2).min(most);
+                // Woken with nothing to hand over. Wake less often only if the program's
+                // calls did hand requests over since: calls that merely saw requests in the
+                // line (none due yet) say nothing of who will hand them over once the
+                // program sleeps, and a long nap then made them late by up to the longest.
+                let handed = BY_PROGRAM.load(Relaxed);
+                backstop = if handed != by_program {
+                    (backstop * 2).min(most)
+                } else {
+                    least
+                };
+                by_program = handed;
                 nap
             } else if next <= now.saturating_add(early) {
                 // Due within EARLY_NS: spin to it, unless someone hands it over first.
@@ -199,8 +212,10 @@ pub fn timer_thread() {
                     std::hint::spin_loop();
                 }
                 flush(&BY_TIMER);
+                backstop = least;
                 continue;
             } else {
+                backstop = least;
                 (units_to_ns(next - now) - EARLY_NS).min(IDLE_NS)
             }
         };
