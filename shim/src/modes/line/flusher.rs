@@ -165,10 +165,11 @@ pub fn flush(by: &AtomicU64) -> bool {
 
 /// Hands requests over for programs that sleep (completion channels, idle phases), and as a
 /// backstop for those that call. While the program's calls are flushing the line (one saw
-/// requests in it within [`ACTIVE_NS`]) it only sleeps, to the backstop past the earliest
-/// due time ([`BACKSTOP_NS`] .. [`BACKSTOP_MAX_NS`]), and leaves the core to the program. Otherwise it sleeps until [`EARLY_NS`]
-/// before the earliest due time (at most [`IDLE_NS`], so it sees new requests) and spins the
-/// rest, unless a program call hands the request over first.
+/// requests in it within [`ACTIVE_NS`]) it only sleeps, and leaves the core to the program:
+/// until [`EARLY_NS`] before the earliest due time (at most [`BACKSTOP_MAX_NS`]), then to the
+/// backstop past it ([`BACKSTOP_NS`] .. [`BACKSTOP_MAX_NS`]). Otherwise it sleeps until
+/// [`EARLY_NS`] before the earliest due time (at most [`IDLE_NS`], so it sees new requests)
+/// and spins the rest, unless a program call hands the request over first.
 pub fn timer_thread() {
     // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
@@ -193,16 +194,24 @@ pub fn timer_thread() {
                     backstop = least;
                     continue;
                 }
-                let nap = units_to_ns(wake - now).min(units_to_ns(backstop).max(ACTIVE_NS));
-                // Woken with nothing to hand over. Wake less often only if the program's
-                // calls did hand requests over since: calls that merely saw requests in the
-                // line (none due yet) say nothing of who will hand them over once the
-                // program sleeps, and a long nap then made them late by up to the longest.
                 let handed = BY_PROGRAM.load(Relaxed);
-                backstop = if handed != by_program {
-                    (backstop * 2).min(most)
+                let nap = if next > now.saturating_add(early) {
+                    // Nothing due within EARLY_NS: no need to look before then (the
+                    // program's calls hand over what they post meanwhile), and then the
+                    // program may be quiet: it spins to the due time as for a sleeping one.
+                    (units_to_ns(next - now) - EARLY_NS).min(BACKSTOP_MAX_NS)
                 } else {
-                    least
+                    // Woken with nothing to hand over. Wake less often only if the
+                    // program's calls did hand requests over since: calls that merely saw
+                    // requests in the line (none due yet) say nothing of who will hand them
+                    // over once the program sleeps, and a long nap then made them late by up
+                    // to the longest.
+                    backstop = if handed != by_program {
+                        (backstop * 2).min(most)
+                    } else {
+                        least
+                    };
+                    units_to_ns(wake - now).min(units_to_ns(backstop).max(ACTIVE_NS))
                 };
                 by_program = handed;
                 nap
