@@ -199,7 +199,9 @@ pub fn timer_thread() {
                     // Nothing due within EARLY_NS: no need to look before then (the
                     // program's calls hand over what they post meanwhile), and then the
                     // program may be quiet: it spins to the due time as for a sleeping one.
-                    (units_to_ns(next - now) - EARLY_NS).min(BACKSTOP_MAX_NS)
+                    units_to_ns(next - now)
+                        .saturating_sub(EARLY_NS)
+                        .min(BACKSTOP_MAX_NS)
                 } else {
                     // Woken with nothing to hand over. Wake less often only if the
                     // program's calls did hand requests over since: calls that merely saw
@@ -225,7 +227,9 @@ pub fn timer_thread() {
                 continue;
             } else {
                 backstop = least;
-                (units_to_ns(next - now) - EARLY_NS).min(IDLE_NS)
+                units_to_ns(next - now)
+                    .saturating_sub(EARLY_NS)
+                    .min(IDLE_NS)
             }
         };
         std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
