@@ -31,11 +31,20 @@ unsafe extern "C" fn provider_post_send(
         SEEN.lock().unwrap().push(((*cur).wr_id, t));
         cur = (*cur).next;
     }
-    let busy = PROVIDER_NS.load(Relaxed);
-    while now_ns() - t < busy {
+    busy_until(t + PROVIDER_NS.load(Relaxed));
+    0
+}
+
+/// Spins (no call into the shim, no sleep) until `now_ns()` reaches `t`.
+fn busy_until(t: u64) {
+    while now_ns() < t {
         std::hint::spin_loop();
     }
-    0
+}
+
+/// Whether the provider saw `n` requests, or 10 s passed since `t0`.
+fn all_seen_or_timed_out(n: u64, t0: u64) -> bool {
+    SEEN.lock().unwrap().len() as u64 >= n || now_ns() - t0 >= 10_000_000_000
 }
 
 unsafe extern "C" fn empty_poll_cq(_cq: *mut ibv_cq, _n: c_int, _wc: *mut ibv_wc) -> c_int {
@@ -150,10 +159,7 @@ fn child(how: &str, n: u64, gap: Duration) {
         assert_eq!(rc, 0);
         if how == "bursts" {
             // Busy between posts (no call into the shim), asleep between bursts.
-            let t = now_ns();
-            while now_ns() - t < gap.as_nanos() as u64 {
-                std::hint::spin_loop();
-            }
+            busy_until(now_ns() + gap.as_nanos() as u64);
             if (k + 1) % BURST == 0 {
                 std::thread::sleep(BURST_PAUSE);
             }
@@ -164,14 +170,14 @@ fn child(how: &str, n: u64, gap: Duration) {
     if how == "bursts" {
         // Asleep (a completion channel's wait): only the timer thread hands over.
         let t0 = now_ns();
-        while (SEEN.lock().unwrap().len() as u64) < n && now_ns() - t0 < 10_000_000_000 {
+        while !all_seen_or_timed_out(n, t0) {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
     if how.starts_with("poll") {
         let t0 = now_ns();
         let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
-        while (SEEN.lock().unwrap().len() as u64) < n && now_ns() - t0 < 10_000_000_000 {
+        while !all_seen_or_timed_out(n, t0) {
             // SAFETY: as verbs.h's inline ibv_poll_cq and ibv_start_poll, on the patched
             // fake context and extended CQ.
             unsafe {

@@ -39,7 +39,8 @@ tolerance.svg and docs/study.md.
 Every run's environment loads libibjitter.so (LD_PRELOAD, IBJITTER_TABLE or _EPISODES and
 _EPISODES_SYNC, IBJITTER_SEED, IBJITTER_SEED_PER_RANK, IBJITTER_STATS) for table and episodes
 configurations; launchers that start ranks on other hosts must pass it on (Open MPI: -x
-LD_PRELOAD -x IBJITTER_TABLE -x IBJITTER_SEED ...; srun passes the environment by default). Re-running with the same --out continues the study.
+LD_PRELOAD -x IBJITTER_TABLE -x IBJITTER_SEED ...; srun passes the environment by default).
+Re-running with the same --out continues the study.
 Exit status: 0 done; 1 some runs did not count (failed, metric missing, nothing injected) or
 --until-ci hit its cap; 2 bad arguments; 130 Ctrl-C (the rows so far are kept and
 summarized).")]
