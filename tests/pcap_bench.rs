@@ -212,9 +212,10 @@ fn injected_constant_delay_shows_in_the_request_to_request_gap() {
     ));
     out.assert_success();
     let text = &out.output;
-    let mut p10 = Vec::new();
+    // Each run's 10th percentile, by mode, in run order (base.i and inject.i ran side by side).
+    let mut p10: Vec<Vec<f64>> = Vec::new();
     for mode in ["base", "inject"] {
-        let mut best = f64::INFINITY;
+        let mut lows = Vec::new();
         for i in 1..=3 {
             let run = format!("{mode}.{i}");
             assert_eq!(field(text, &format!("{run}_pcap_rc")), Some(0.0), "{text}");
@@ -241,19 +242,27 @@ fn injected_constant_delay_shows_in_the_request_to_request_gap() {
             assert!(gaps["gaps"].as_u64().unwrap() >= 999, "{run}: {gaps}");
             let low = tenth_percentile_us(gaps);
             println!("{run}: 10th percentile of the request gap {low:.1} us");
-            best = best.min(low);
+            lows.push(low);
         }
-        p10.push(best);
+        p10.push(lows);
     }
-    let grew = p10[1] - p10[0];
-    // The gap's median grew by D + 20 % of D in one run (the bench's two speeds, and what a
-    // busy-waiting vCPU costs the rest of the VM); its fast end moves by D, plus what noise
-    // adds (it only adds: up to +16 % of D for a floor in a slow run elsewhere). A shim that
-    // did nothing (grew ≈ 0) or waited twice (≈ 2D) fails: at least 0.9 D, under 1.5 D.
+    // Growth per interleaved pair, and the middle of the three. The gap's median grew by D +
+    // 20 % of D in one run (the bench's two speeds, and what a busy-waiting vCPU costs the
+    // rest of the VM). Its fast end moves by D less what the busy-waiting vCPU saves: a
+    // vCPU that spins is not woken: the injected runs' floor beyond D (94-120 us) stayed
+    // there while base runs in the bench's slow speed read 145-210 us. Five bench runs, D =
+    // 500 us, pairs grew 448/503/520, 434/443/571, 528/522/514, 432/505/473, 506/473/570 us.
+    // So not the best run of each mode against the other (448 and 434 in the first two),
+    // and at least 0.8 D, not 0.9 D. A shim that did nothing
+    // (grew ≈ 0), half of D, or waited twice (≈ 2D) fails: at least 0.8 D, under 1.5 D.
+    let mut grew: Vec<f64> = p10[1].iter().zip(&p10[0]).map(|(i, b)| i - b).collect();
+    grew.sort_by(f64::total_cmp);
+    let middle = grew[1];
     let d = D_US as f64;
     assert!(
-        (0.9 * d..1.5 * d).contains(&grew),
-        "10th percentile of the request gap {:.1} us -> {:.1} us: grew {grew:.1} us, injected {D_US} us\n{text}",
+        (0.8 * d..1.5 * d).contains(&middle),
+        "10th percentile of the request gap {:?} us -> {:?} us: pairs grew {grew:?} us \
+         (middle {middle:.1}), injected {D_US} us\n{text}",
         p10[0],
         p10[1]
     );
