@@ -380,4 +380,14 @@ fn requests_of_a_program_gone_quiet_leave_on_time() {
     let late = &s["line"]["late_ns"];
     eprintln!("lateness {late}; {}", s["line"]);
     assert!(late["p50"].as_u64().unwrap() < 100_000, "{late}");
+    // The timer thread did the hand-overs: the stats say what it cost.
+    let t = &s["line"]["timer_thread"];
+    let (wakeups, cpu, alive) = (
+        t["wakeups"].as_u64().unwrap(),
+        t["cpu_ns"].as_u64().unwrap(),
+        t["alive_ns"].as_u64().unwrap(),
+    );
+    // 20 bursts, each about 1 ms of posting and 3 ms asleep, then the last 1.2 ms delay.
+    assert!(alive >= 80_000_000, "{t}");
+    assert!(wakeups >= 20 && cpu > 0 && cpu <= alive, "{t}");
 }

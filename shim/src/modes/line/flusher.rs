@@ -12,7 +12,7 @@ use crate::sys::say;
 use std::cell::UnsafeCell;
 use std::collections::BinaryHeap;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 
 /// Longest sleep of the timer thread (how late a new request may be seen when the program
 /// makes no call).
@@ -52,6 +52,13 @@ static POST_ERRORS: AtomicU64 = AtomicU64::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 pub static BY_PROGRAM: AtomicU64 = AtomicU64::new(0);
 pub static BY_TIMER: AtomicU64 = AtomicU64::new(0);
+
+/// What the timer thread costs its host: its wake-ups, when it started (ns, monotonic) and
+/// its CPU clock (`pthread_getcpuclockid`; -1 before it runs and in a fork child, which has
+/// no timer thread). Only the timer thread writes them.
+static TIMER_WAKEUPS: AtomicU64 = AtomicU64::new(0);
+static TIMER_STARTED_NS: AtomicU64 = AtomicU64::new(0);
+static TIMER_CPU_CLOCK: AtomicI32 = AtomicI32::new(-1);
 
 /// The flusher's state: the requests taken from the line, by due time, and how late they
 /// were handed over (ns after the due time).
@@ -173,6 +180,7 @@ pub fn flush(by: &AtomicU64) -> bool {
 pub fn timer_thread() {
     // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+    note_timer_start();
     let units = |ns| clock::ns_to_units(ns, clock::kind());
     let (early, active) = (units(EARLY_NS), units(ACTIVE_NS));
     let (least, most) = (units(BACKSTOP_NS), units(BACKSTOP_MAX_NS));
@@ -233,7 +241,38 @@ pub fn timer_thread() {
             }
         };
         std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
+        TIMER_WAKEUPS.store(TIMER_WAKEUPS.load(Relaxed) + 1, Relaxed);
     }
+}
+
+/// The timer thread's start and CPU clock, for [`timer_cost`].
+fn note_timer_start() {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: the calling thread's own id and a valid out-pointer.
+    if unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) } == 0 {
+        TIMER_CPU_CLOCK.store(clock, Relaxed);
+    }
+    TIMER_STARTED_NS.store(clock::monotonic_ns(), Relaxed);
+}
+
+/// What the timer thread has cost so far: (wake-ups, CPU ns, ns since it started); None if
+/// this process has no timer thread. Off the post path: the stats and status answers.
+pub fn timer_cost() -> Option<(u64, u64, u64)> {
+    let clock = TIMER_CPU_CLOCK.load(Relaxed);
+    if clock == -1 {
+        return None;
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; the thread lives as long as the process.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    let cpu = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    let alive = clock::monotonic_ns().saturating_sub(TIMER_STARTED_NS.load(Relaxed));
+    Some((TIMER_WAKEUPS.load(Relaxed), cpu, alive))
 }
 
 /// Most requests handed over as one list, and most bytes in it (large READs posted as one
@@ -368,6 +407,7 @@ pub fn in_line() -> u64 {
 /// A fork child: the parent's requests in the line are not the child's (it has no timer
 /// thread, and its posts wait in place).
 pub fn forget_after_fork() {
+    TIMER_CPU_CLOCK.store(-1, Relaxed);
     LEFT.store(lanes::entered(), Release);
     NEXT_DUE.store(u64::MAX, Release);
     FLUSHING.store(false, Release);

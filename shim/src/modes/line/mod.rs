@@ -250,6 +250,7 @@ pub fn stats_json() -> serde_json::Value {
     let late = lateness();
     let q = |k: usize| late.map(|l| [l.0, l.1, l.2, l.3][k]);
     let (post_errors, dropped) = flusher::errors();
+    let timer = flusher::timer_cost();
     serde_json::json!({
         "deferred": lanes::entered(),
         "posted_directly": DIRECT.load(Relaxed),
@@ -262,6 +263,11 @@ pub fn stats_json() -> serde_json::Value {
         // timer thread (a program that sleeps).
         "handed_over_by_program_calls": flusher::BY_PROGRAM.load(Relaxed),
         "handed_over_by_timer_thread": flusher::BY_TIMER.load(Relaxed),
+        // What the timer thread cost the host (on a full node it takes cores from the
+        // program): its wake-ups and CPU time over its life (null: no timer thread).
+        "timer_thread": timer.map(|(wakeups, cpu_ns, alive_ns)| {
+            serde_json::json!({ "wakeups": wakeups, "cpu_ns": cpu_ns, "alive_ns": alive_ns })
+        }),
         // How late requests reached the provider, ns after their due time.
         "late_ns": { "count": q(0), "p50": q(1), "p99": q(2), "max": q(3) },
     })
