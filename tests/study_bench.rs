@@ -463,31 +463,19 @@ fn tolerance_line(s: &serde_json::Value, which: &str) -> ((f64, f64, f64), Strin
     )
 }
 
-/// What a line says holds together: its sentence is one of the forms docs/study.md lists
-/// (study_check.py rebuilds it word for word from the CSV), and its crossings are ordered as
-/// their targets are, each interval above 0 and holding its crossing.
-fn assert_line_is_coherent(s: &serde_json::Value, which: &str) {
-    let a = &s["tolerance"][which];
+/// What the mean line says holds together: its sentence is one of the forms docs/study.md
+/// lists (study_check.py rebuilds it word for word from the CSV), and its crossings are
+/// ordered as their targets are, each interval above 0 and holding its crossing.
+fn assert_mean_line_is_coherent(s: &serde_json::Value) {
+    let a = &s["tolerance"]["mean"];
     let sentence = a["sentence"].as_str().unwrap();
-    let forms: &[&str] = if which == "mean" {
-        &[
-            "Tolerates +",
-            "Within +",
-            "Mean: too few runs",
-            "Mean: the runtime does not rise",
-        ]
-    } else {
-        &[
-            "At +20.0 µs mean, an sd beyond ",
-            "At +20.0 µs mean, within an sd of ",
-            "Sd: too few runs",
-            "Sd: at +20.0 µs mean the runtime does not rise",
-        ]
-    };
-    assert!(
-        forms.iter().any(|f| sentence.starts_with(f)),
-        "{which}: {sentence}"
-    );
+    let forms = [
+        "Tolerates +",
+        "Within +",
+        "Mean: too few runs",
+        "Mean: the runtime does not rise",
+    ];
+    assert!(forms.iter().any(|f| sentence.starts_with(f)), "{sentence}");
     let mut last = (0.0, 0.0);
     for c in a["crossings"].as_array().unwrap() {
         let at = c["at_us"].as_f64();
@@ -496,22 +484,19 @@ fn assert_line_is_coherent(s: &serde_json::Value, which: &str) {
             "between" => {
                 let (lo, hi) = (lo.unwrap(), hi.unwrap());
                 let at = at.unwrap();
-                assert!(0.0 < lo && lo <= at && at <= hi, "{which}: {c}");
+                assert!(0.0 < lo && lo <= at && at <= hi, "{c}");
             }
-            "at_least" => assert!(lo.unwrap() > 0.0 && hi.is_none(), "{which}: {c}"),
-            _ => assert!(lo.is_none() && hi.is_none(), "{which}: {c}"),
+            "at_least" => assert!(lo.unwrap() > 0.0 && hi.is_none(), "{c}"),
+            _ => assert!(lo.is_none() && hi.is_none(), "{c}"),
         }
         // A larger slowdown is crossed further out, and its interval starts further out.
         let now = (at.unwrap_or(f64::INFINITY), lo.unwrap_or(f64::INFINITY));
-        assert!(
-            now.0 >= last.0 && now.1 >= last.1,
-            "{which}: {c} after {last:?}"
-        );
+        assert!(now.0 >= last.0 && now.1 >= last.1, "{c} after {last:?}");
         last = now;
         // Reached means within the sweep.
         let reached = c["reached"] == true;
         let swept = a["swept_to_us"].as_f64().unwrap();
-        assert_eq!(reached, at.is_some_and(|x| x <= swept), "{which}: {c}");
+        assert_eq!(reached, at.is_some_and(|x| x <= swept), "{c}");
     }
 }
 
@@ -614,13 +599,17 @@ fn a_tolerance_sweep_bounds_a_pingpongs_slope() {
         k <= 2.5 * 2.0,
         "ping-pong slope {k} [{lo}, {hi}]: over 2.5 x its two delays"
     );
-    assert_line_is_coherent(&s, "mean");
+    assert_mean_line_is_coherent(&s);
 }
 
 /// LAMMPS (`lmp`, tools/mpi/lj.in, 2 ranks over UCX rc_verbs, its "Loop time" as the metric)
-/// under `--tolerance`, both sweeps, one target (10 %), from 50 µs, 2 rounds a step: ~13 s a
-/// run on this bench, mostly mpirun's start, and 3 rounds a step took 951-963 s. What each
-/// line says holds together (a sentence of a defined form, rebuilt word for word by
+/// under `--tolerance`, the mean sweep, one target (10 %), from 50 µs, 2 rounds a step: ~13 s
+/// a run on this bench, mostly mpirun's start. Both sweeps took 55 runs and 713-752 s (3
+/// rounds a step 951-963 s), and the suite came within a minute of CI's 90: the sd sweep's
+/// six steps, each with its references, were two thirds of the runs, and neither its slope
+/// nor its crossing was ever resolved on LAMMPS here. The sd sweep's logic is tested on the
+/// host (study_cli), the shim's mean-preserving family tables on the bench by the family
+/// study above. What the line says holds together (a sentence of a defined form, rebuilt word for word by
 /// study_check.py; crossings ordered, their intervals above 0 and holding them), every
 /// figure agrees with study_check.py's, and
 /// the loop time rises with the added mean: the fastest run at the largest constant delay is
@@ -636,7 +625,7 @@ fn lammps_tolerances_are_reported_with_their_intervals() {
     let dir = scratch_dir("study-tolerance-lammps");
     let d = dir.display();
     let out = Vm::new().timeout(1800).writable(&dir).run(&format!(
-        r#"{bin} study --no-progress --tolerance --kind both --target 10% --reps 2 --seed 11 \
+        r#"{bin} study --no-progress --tolerance --kind mean --target 10% --reps 2 --seed 11 \
             --timeout 300s --tolerance-start 50us --tolerance-max 500us \
             --metric 'Loop time of ([0-9.]+)' --metric-unit s \
             --out {d}/lmp -- {MPIRUN} lmp -in tools/mpi/lj.in -log none
@@ -653,10 +642,8 @@ fn lammps_tolerances_are_reported_with_their_intervals() {
     println!("{}", check(&dir.join("lmp")));
     let s = read_json(&dir.join("lmp/summary.json"));
     let ((k, lo, hi), mean) = tolerance_line(&s, "mean");
-    let (_, sd) = tolerance_line(&s, "sd");
-    eprintln!("LAMMPS: {k:.0} µs per µs [{lo:.0}, {hi:.0}]; {mean} {sd}");
-    assert_line_is_coherent(&s, "mean");
-    assert_line_is_coherent(&s, "sd");
+    eprintln!("LAMMPS: {k:.0} µs per µs [{lo:.0}, {hi:.0}]; {mean}");
+    assert_mean_line_is_coherent(&s);
 
     let by = metrics(&dir.join("lmp"));
     let (top, top_us) = largest_constant_delay(&by);
