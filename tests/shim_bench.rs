@@ -1375,10 +1375,11 @@ fn median(x: &[f64]) -> f64 {
 /// Live control on the bench: `ibjitter inject set --delay 200us` switches a running,
 /// unmodified ib_write_lat (started under the shim without a table) to +200 us per post
 /// mid-run, `pause` restores it, `status` reports the counts. The switches apply promptly
-/// (the faster within 100 ms of its request, both within a second); ib_write_lat's own per-iteration latencies (`-U`, half a round
-/// trip) show three phases: clean, +100 us (+25..+150 over the slower side: the bench's
-/// speed step and noise; never under 90 us while delayed), back without the delay; the shim's counts at the set and the pause say which iterations were
-/// delayed, and every one of them was.
+/// (the faster within 100 ms of its request, both within a second); ib_write_lat's own
+/// per-iteration latencies (`-U`, half a round trip) show three phases: clean, +100 us
+/// (+25..+150 over the slower side: the bench's speed step and noise; never under 90 us
+/// while delayed), back without the delay; the shim's counts at the set and the pause say
+/// which iterations were delayed, and every one of them was.
 #[test]
 fn inject_set_and_pause_switch_a_running_ib_write_lat() {
     let so = shim_so();

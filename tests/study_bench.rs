@@ -609,10 +609,10 @@ fn a_tolerance_sweep_bounds_a_pingpongs_slope() {
 /// six steps, each with its references, were two thirds of the runs, and neither its slope
 /// nor its crossing was ever resolved on LAMMPS here. The sd sweep's logic is tested on the
 /// host (study_cli), the shim's mean-preserving family tables on the bench by the family
-/// study above. What the line says holds together (a sentence of a defined form, rebuilt word for word by
-/// study_check.py; crossings ordered, their intervals above 0 and holding them), every
-/// figure agrees with study_check.py's, and
-/// the loop time rises with the added mean: the fastest run at the largest constant delay is
+/// study above. What the line says holds together (a sentence of a defined form, rebuilt
+/// word for word by study_check.py; crossings ordered, their intervals above 0 and holding
+/// them), every figure agrees with study_check.py's, and the loop time rises with the added
+/// mean: the fastest run at the largest constant delay is
 /// slower than the fastest at the zero delay. That comparison, not the slope's interval, is
 /// asserted: the bench flips between two speeds from run to run (one run: zero-delay loop
 /// times 2.2..5.0 s, 500 µs 4.7..5.4 s, slope 3,981 µs per µs [672, 8,114]; another, with one
