@@ -162,6 +162,21 @@ fn child_ucp_cost() {
     alternate(|| time(direct), || time(wrapped));
 }
 
+/// The delay line's timer thread with the line empty: one WRITE (1 us, which starts the line
+/// and leaves it at once), then 1 s asleep. The stats (`IBJITTER_STATS`, written at exit) say
+/// what the timer thread cost meanwhile: the idle cost of line mode on this host.
+fn child_line_idle() {
+    let shim = load();
+    let mut patched = FakeContext::new(bare_post_send);
+    // SAFETY: the stub returns the fake context passed as the device.
+    let pctx = unsafe { (shim.open_device)(patched.ctx() as *mut _) };
+    let mut qp = fake_qp(pctx);
+    // SAFETY: fake QP of a live fake context.
+    unsafe { ibv_post_send(&mut qp.qp_base) };
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    println!("RESULT 0");
+}
+
 /// Runs `direct` and `shim` (each returning ns per call) once to warm up, then alternately
 /// for ROUNDS rounds; prints "RESULT direct shim added min_added" (medians but the last).
 fn alternate(mut direct: impl FnMut() -> f64, mut shim: impl FnMut() -> f64) {
@@ -293,6 +308,7 @@ fn main() {
             "trampoline" => child_cost(true),
             "cost-wr" => child_cost_wr(),
             "ucp" => child_ucp_cost(),
+            "line-idle" => child_line_idle(),
             role => {
                 let (d, n) = role.split_once(':').unwrap();
                 child_accuracy(d.parse().unwrap(), n.parse().unwrap());
@@ -432,6 +448,41 @@ fn main() {
             );
         }
     }
+    println!();
+    line_idle_cost(&so, &stub);
     println!("one pause instruction here: {:.1} ns", pause_ns());
     println!("one clock read (rdtsc) here: {:.1} ns", clock_read_ns());
+}
+
+/// Prints what the delay line's timer thread costs while the line is empty (its wake-ups and
+/// its share of a core, from the stats' `line.timer_thread`): on a full node that core is a
+/// rank's.
+fn line_idle_cost(so: &Path, stub: &Path) {
+    let stats = std::env::temp_dir().join(format!("ibjitter-idle-{}.json", std::process::id()));
+    run_child(
+        so,
+        stub,
+        "line-idle",
+        &[
+            ("IBJITTER_DELAY", "1us"),
+            ("IBJITTER_MODE", "line"),
+            ("IBJITTER_STATS", stats.to_str().unwrap()),
+        ],
+    );
+    let text = std::fs::read_to_string(&stats).expect("the line-idle child wrote no stats");
+    let _ = std::fs::remove_file(&stats);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("stats are JSON");
+    let t = &v["line"]["timer_thread"];
+    let (wakeups, cpu, alive) = (
+        t["wakeups"].as_f64().unwrap_or(0.0),
+        t["cpu_ns"].as_f64().unwrap_or(0.0),
+        t["alive_ns"].as_f64().unwrap_or(0.0),
+    );
+    println!(
+        "line mode, empty line for 1 s: timer thread {:.0} wake-ups/s, {:.1} % of a core \
+         ({:.1} us of CPU a wake-up)",
+        wakeups / (alive / 1e9),
+        100.0 * cpu / alive,
+        cpu / wakeups.max(1.0) / 1e3
+    );
 }
