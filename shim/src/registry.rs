@@ -62,6 +62,7 @@ pub struct CtxEntry {
     pub post_send: FnSlot<PostSendFn>,
     pub create_qp_ex: FnSlot<CreateQpExFn>,
     pub poll_cq: FnSlot<PollCqFn>,
+    pub req_notify_cq: FnSlot<ReqNotifyCqFn>,
     pub create_cq_ex: FnSlot<CreateCqExFn>,
 }
 
@@ -78,6 +79,7 @@ const CTX_EMPTY: CtxEntry = CtxEntry {
     post_send: FnSlot::empty(),
     create_qp_ex: FnSlot::empty(),
     poll_cq: FnSlot::empty(),
+    req_notify_cq: FnSlot::empty(),
     create_cq_ex: FnSlot::empty(),
 };
 #[allow(clippy::declare_interior_mutable_const)]

@@ -222,6 +222,7 @@ fn exports_only_hooks_and_does_not_need_libibverbs() {
             "ibv_create_qp",
             "ibv_destroy_cq",
             "ibv_destroy_qp",
+            "ibv_get_cq_event",
             "ibv_import_device",
             "ibv_modify_qp",
             "ibv_open_device"
@@ -1620,6 +1621,7 @@ fn lookups_through_a_libibverbs_handle_get_the_hooks_and_nothing_else_changes() 
             | "handle ibv_modify_qp"
             | "handle ibv_create_cq"
             | "handle ibv_destroy_cq"
+            | "handle ibv_get_cq_event"
             | "handle ibv_import_device"
             | "handle ibv_open_device@IBVERBS_1.1" => "libibjitter.so",
             // The preloaded shim is the first definer in the global scope, and after the program.

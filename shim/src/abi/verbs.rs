@@ -24,6 +24,8 @@ pub type CreateQpExFn =
 pub type WrStartFn = unsafe extern "C" fn(*mut ibv_qp_ex);
 /// `ctx->ops.poll_cq`, which the inline `ibv_poll_cq` calls.
 pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+/// `ctx->ops.req_notify_cq`, which the inline `ibv_req_notify_cq` calls.
+pub type ReqNotifyCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
 /// `verbs_context.create_cq_ex`, which the inline `ibv_create_cq_ex` calls.
 pub type CreateCqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;

@@ -12,7 +12,7 @@ use crate::state;
 use crate::sys::symbols::{address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP};
 use crate::sys::symbols::{CloseDeviceFn, CreateQpFn, DestroyQpFn, ImportDeviceFn, OpenDeviceFn};
 use crate::sys::symbols::{CreateCqFn, DestroyCqFn, CREATE_CQ, DESTROY_CQ, IMPORT_DEVICE};
-use crate::sys::symbols::{ModifyQpFn, MODIFY_QP, OPEN_DEVICE};
+use crate::sys::symbols::{GetCqEventFn, ModifyQpFn, GET_CQ_EVENT, MODIFY_QP, OPEN_DEVICE};
 use crate::wrappers::patch;
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr::null_mut;
@@ -33,6 +33,7 @@ pub fn hook_for(name: &CStr, found: *mut c_void) -> Option<*mut c_void> {
         b"ibv_modify_qp" => same(&MODIFY_QP, found, ibv_modify_qp as ModifyQpFn),
         b"ibv_create_cq" => same(&CREATE_CQ, found, ibv_create_cq as CreateCqFn),
         b"ibv_destroy_cq" => same(&DESTROY_CQ, found, ibv_destroy_cq as DestroyCqFn),
+        b"ibv_get_cq_event" => same(&GET_CQ_EVENT, found, ibv_get_cq_event as GetCqEventFn),
         _ => None,
     }
 }
@@ -183,4 +184,24 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     cq::cq_destroyed(cq);
     cq_ex::destroyed(cq);
     real(cq)
+}
+
+/// Interposed `ibv_get_cq_event@IBVERBS_1.1`: the program blocks for a completion event next.
+/// The delay line hands over what is due and wakes its timer thread for the requests still in
+/// it ([`line::program_may_sleep`]), then the real one reads the channel.
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_get_cq_event`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    let Some(real) = GET_CQ_EVENT.get() else {
+        *libc::__errno_location() = libc::ENOSYS;
+        return -1;
+    };
+    line::program_may_sleep();
+    real(channel, cq, cq_context)
 }

@@ -160,6 +160,8 @@ pub type CreateCqFn = unsafe extern "C" fn(
     c_int,
 ) -> *mut ibv_cq;
 pub type DestroyCqFn = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
+pub type GetCqEventFn =
+    unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
 
 pub static OPEN_DEVICE: Real<OpenDeviceFn> = Real::new(c"ibv_open_device", c"IBVERBS_1.1");
 pub static IMPORT_DEVICE: Real<ImportDeviceFn> = Real::new(c"ibv_import_device", c"IBVERBS_1.10");
@@ -170,6 +172,7 @@ pub static DESTROY_QP: Real<DestroyQpFn> = Real::new(c"ibv_destroy_qp", c"IBVERB
 pub static MODIFY_QP: Real<ModifyQpFn> = Real::new(c"ibv_modify_qp", c"IBVERBS_1.1");
 pub static CREATE_CQ: Real<CreateCqFn> = Real::new(c"ibv_create_cq", c"IBVERBS_1.1");
 pub static DESTROY_CQ: Real<DestroyCqFn> = Real::new(c"ibv_destroy_cq", c"IBVERBS_1.1");
+pub static GET_CQ_EVENT: Real<GetCqEventFn> = Real::new(c"ibv_get_cq_event", c"IBVERBS_1.1");
 
 /// How many lookups through a library handle (`dlsym`/`dlvsym`, as NCCL does) were answered
 /// with a hook ([`crate::exports::dl`]), for the stats.

@@ -66,6 +66,15 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     } else {
         None
     };
+    // The delay line wakes its timer thread when the program arms a CQ to sleep on.
+    let ours_notify: ReqNotifyCqFn = req_notify_cq_hook;
+    let orig_notify = if state::line_mode() {
+        (*ops)
+            .req_notify_cq
+            .filter(|&f| address(f) != address(ours_notify))
+    } else {
+        None
+    };
     let ours_ccqe: CreateCqExFn = create_cq_ex_hook;
     let cq_vctx = verbs_ctx_for_create_cq_ex(ctx);
     // Extended CQs: completion-side delay swaps their poll calls; the delay line has their
@@ -84,6 +93,7 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     // Originals first, then the pointer swap: a wrapper can always find them.
     slot.create_cq_ex.set(orig_ccqe, Release);
     slot.poll_cq.set(orig_poll, Release);
+    slot.req_notify_cq.set(orig_notify, Release);
     slot.post_send.set(orig_ps, Release);
     slot.create_qp_ex.set(orig_cqe, Release);
     if let Some(orig) = orig_ps {
@@ -97,6 +107,9 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     if let Some(orig) = orig_poll {
         SINGLE_POLL_CQ.note(address(orig));
         std::ptr::write_volatile(addr_of_mut!((*ops).poll_cq), Some(ours_poll));
+    }
+    if orig_notify.is_some() {
+        std::ptr::write_volatile(addr_of_mut!((*ops).req_notify_cq), Some(ours_notify));
     }
     if orig_ccqe.is_some() {
         std::ptr::write_volatile(addr_of_mut!((*cq_vctx).create_cq_ex), Some(ours_ccqe));
@@ -137,6 +150,21 @@ pub unsafe extern "C" fn poll_cq_hook(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc
     }
 }
 
+/// Our `ops.req_notify_cq` (`IBJITTER_MODE=line`): the program arms a CQ, most often to
+/// sleep on its completion channel next: the delay line hands over what is due and wakes its
+/// timer thread for the requests still in it ([`line::program_may_sleep`]), then the
+/// provider's.
+///
+/// # Safety
+/// Called by libibverbs' inline `ibv_req_notify_cq` with its arguments.
+pub unsafe extern "C" fn req_notify_cq_hook(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    line::program_may_sleep();
+    match registry::find_ctx((*cq).context).and_then(|e| e.req_notify_cq.get(Relaxed)) {
+        Some(orig) => orig(cq, solicited_only),
+        None => libc::EINVAL,
+    }
+}
+
 /// Restores a context's originals (before the real `ibv_close_device` frees it) and forgets
 /// its QPs.
 ///
@@ -155,6 +183,9 @@ pub unsafe fn unpatch_context(ctx: *mut ibv_context) {
     }
     if let Some(f) = e.poll_cq.get(Relaxed) {
         std::ptr::write_volatile(addr_of_mut!((*ctx).ops.poll_cq), Some(f));
+    }
+    if let Some(f) = e.req_notify_cq.get(Relaxed) {
+        std::ptr::write_volatile(addr_of_mut!((*ctx).ops.req_notify_cq), Some(f));
     }
     let cq_vctx = verbs_ctx_for_create_cq_ex(ctx);
     if let (Some(f), false) = (e.create_cq_ex.get(Relaxed), cq_vctx.is_null()) {

@@ -29,7 +29,7 @@ int main(void) {
     }
     const char *hooked[] = {"ibv_open_device", "ibv_close_device", "ibv_create_qp",
                             "ibv_destroy_qp", "ibv_import_device", "ibv_modify_qp",
-                            "ibv_create_cq", "ibv_destroy_cq"};
+                            "ibv_create_cq", "ibv_destroy_cq", "ibv_get_cq_event"};
     for (unsigned i = 0; i < sizeof hooked / sizeof *hooked; i++)
         show("handle", hooked[i], NULL, dlsym(h, hooked[i]));
     show("handle", "ibv_open_device", "IBVERBS_1.1", dlvsym(h, "ibv_open_device", "IBVERBS_1.1"));

@@ -157,6 +157,8 @@ pub struct Shim {
     pub create_cq:
         unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void, c_int) -> *mut ibv_cq,
     pub destroy_cq: unsafe extern "C" fn(*mut ibv_cq) -> c_int,
+    pub get_cq_event:
+        unsafe extern "C" fn(*mut c_void, *mut *mut ibv_cq, *mut *mut c_void) -> c_int,
 }
 
 impl Shim {
@@ -174,6 +176,7 @@ impl Shim {
             modify_qp: sym(h, "ibv_modify_qp"),
             create_cq: sym(h, "ibv_create_cq"),
             destroy_cq: sym(h, "ibv_destroy_cq"),
+            get_cq_event: sym(h, "ibv_get_cq_event"),
         }
     }
 }
@@ -278,6 +281,10 @@ impl FakeContext {
         f: unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int,
     ) {
         self.vctx.context.ops.poll_cq = Some(f);
+    }
+
+    pub fn set_req_notify_cq(&mut self, f: unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int) {
+        self.vctx.context.ops.req_notify_cq = Some(f);
     }
 
     pub fn post_send_ptr(&self) -> usize {

@@ -12,11 +12,24 @@ use crate::sys::say;
 use std::cell::UnsafeCell;
 use std::collections::BinaryHeap;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
-/// Longest sleep of the timer thread (how late a new request may be seen when the program
-/// makes no call).
+/// Longest sleep of the timer thread while the line holds requests (how late a new, earlier
+/// request may be seen when the program makes no call), and its first while the line is
+/// empty.
 pub const IDLE_NS: u64 = 50_000;
+/// Once the line has been empty for [`EMPTY_GRACE_NS`] the timer thread's sleep doubles at
+/// each wake-up, from [`IDLE_NS`] to [`IDLE_MAX_NS`]: each wake-up costs the host ~7-15 us of
+/// a core (on a full node, a rank's), ~15 % of a core at 50 us. A program that communicates
+/// more often than the grace keeps the quick look; in a longer idle spell a request posted
+/// into the empty line is seen within the sleep, or at once when the program goes to sleep
+/// for a completion (its `ibv_req_notify_cq` or `ibv_get_cq_event`: [`program_may_sleep`]
+/// rings the thread awake); a program that posts after an idle spell and then neither calls
+/// nor sleeps on a completion finds that request late by up to [`IDLE_MAX_NS`] (said at exit
+/// with the lateness). The ring's own wake-up is slow under the bench's emulated CPUs (~100-
+/// 200 us): the grace keeps such programs' steady exchanges on the quick look.
+pub const EMPTY_GRACE_NS: u64 = 5_000_000;
+pub const IDLE_MAX_NS: u64 = 1_000_000;
 /// The timer thread wakes this long before a due time and spins the rest, while the program
 /// makes no calls: a sleep's wake-up is late by up to about this much on the bench.
 pub const EARLY_NS: u64 = 150_000;
@@ -59,6 +72,12 @@ pub static BY_TIMER: AtomicU64 = AtomicU64::new(0);
 static TIMER_WAKEUPS: AtomicU64 = AtomicU64::new(0);
 static TIMER_STARTED_NS: AtomicU64 = AtomicU64::new(0);
 static TIMER_CPU_CLOCK: AtomicI32 = AtomicI32::new(-1);
+
+/// The timer thread sleeps on this word (a futex) while the line is empty; ringing it
+/// (a change, then a wake) ends the sleep. [`NAPPING`]: the thread sleeps a sleep longer than
+/// [`IDLE_NS`] now, so a request posted meanwhile would wait for its end.
+static BELL: AtomicU32 = AtomicU32::new(0);
+static NAPPING: AtomicBool = AtomicBool::new(false);
 
 /// The flusher's state: the requests taken from the line, by due time, and how late they
 /// were handed over (ns after the due time).
@@ -187,12 +206,25 @@ pub fn timer_thread() {
     let mut backstop = least;
     // The program's hand-overs when this thread last looked.
     let mut by_program = BY_PROGRAM.load(Relaxed);
+    // The next sleep while the line stays empty, and since when it is (ns; 0: it is not).
+    let (mut empty_nap, mut empty_since) = (IDLE_NS, 0);
     loop {
         let next = NEXT_DUE.load(Acquire);
-        let nap = if next == u64::MAX {
+        if next == u64::MAX {
             backstop = least;
-            IDLE_NS
-        } else {
+            let now = clock::monotonic_ns();
+            if empty_since == 0 {
+                empty_since = now;
+            }
+            sleep_while_empty(empty_nap);
+            if now - empty_since >= EMPTY_GRACE_NS {
+                empty_nap = (empty_nap * 2).min(IDLE_MAX_NS);
+            }
+            TIMER_WAKEUPS.store(TIMER_WAKEUPS.load(Relaxed) + 1, Relaxed);
+            continue;
+        }
+        (empty_nap, empty_since) = (IDLE_NS, 0);
+        let nap = {
             let now = now_units();
             if now.saturating_sub(PROGRAM_SEEN.load(Relaxed)) < active {
                 // The program's calls hand requests over: a backstop only.
@@ -242,6 +274,60 @@ pub fn timer_thread() {
         };
         std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
         TIMER_WAKEUPS.store(TIMER_WAKEUPS.load(Relaxed) + 1, Relaxed);
+    }
+}
+
+/// The timer thread's sleep while the line is empty: `ns`, or until [`program_may_sleep`]
+/// rings, or at once if a request entered since the thread looked.
+fn sleep_while_empty(ns: u64) {
+    let bell = BELL.load(SeqCst);
+    NAPPING.store(true, SeqCst);
+    // A poster lowered NEXT_DUE before its program's call looks at NAPPING: either that call
+    // sees NAPPING and rings (the bell then differs from `bell`, and the wait returns), or
+    // this load sees the request.
+    if NEXT_DUE.load(SeqCst) == u64::MAX {
+        let ts = libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        };
+        // SAFETY: a futex wait on a live word with a valid relative timeout; it returns at
+        // the timeout, on a wake, at once if the word is no longer `bell`, or on a signal.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                BELL.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                bell,
+                &ts as *const libc::timespec,
+            )
+        };
+    }
+    NAPPING.store(false, SeqCst);
+}
+
+/// The program is about to sleep for a completion (`ibv_req_notify_cq`, `ibv_get_cq_event`):
+/// hands over what is due, counts the program as quiet (its calls will not hand the rest
+/// over: the timer thread spins to their due times rather than leave them to a backstop),
+/// and wakes the timer thread if requests wait in the line while it sleeps a long sleep
+/// (otherwise they would wait for its end). A system call only then: not the post path, and
+/// a call that is about to sleep anyway.
+pub fn program_may_sleep() {
+    if NEXT_DUE.load(Acquire) == u64::MAX {
+        return;
+    }
+    flush(&BY_PROGRAM);
+    PROGRAM_SEEN.store(0, Relaxed);
+    if NEXT_DUE.load(SeqCst) != u64::MAX && NAPPING.load(SeqCst) {
+        BELL.fetch_add(1, SeqCst);
+        // SAFETY: a futex wake on a live word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                BELL.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            )
+        };
     }
 }
 
@@ -408,6 +494,7 @@ pub fn in_line() -> u64 {
 /// thread, and its posts wait in place).
 pub fn forget_after_fork() {
     TIMER_CPU_CLOCK.store(-1, Relaxed);
+    NAPPING.store(false, Relaxed);
     LEFT.store(lanes::entered(), Release);
     NEXT_DUE.store(u64::MAX, Release);
     FLUSHING.store(false, Release);

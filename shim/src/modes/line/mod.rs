@@ -25,7 +25,10 @@
 //!   into the provider all the time. The timer thread is for programs that sleep
 //!   (completion channels, idle phases): while the program's calls are flushing it only
 //!   sleeps, as a backstop, leaving the core to the program; otherwise it sleeps until just
-//!   before the earliest due time and spins the rest. One thread flushes at a time.
+//!   before the earliest due time and spins the rest. Once the line has been empty a while
+//!   its sleeps lengthen (to [`flusher::IDLE_MAX_NS`]); a program about to sleep on a completion
+//!   (`ibv_req_notify_cq`, `ibv_get_cq_event`) wakes it ([`program_may_sleep`]). One thread
+//!   flushes at a time.
 //! - **Posting from another thread** (the timer thread, or a thread polling a CQ) uses the
 //!   provider's `post_send`, which takes the QP's send-queue lock (rxe: `qp->sq.lock`; mlx5:
 //!   `qp->sq.lock`, unless `MLX5_SINGLE_THREADED` turns its locks off — do not combine that
@@ -205,6 +208,12 @@ unsafe fn direct(
 #[inline]
 pub fn flush_if_due() {
     flusher::flush_if_due(None);
+}
+
+/// The program is about to sleep for a completion: see [`flusher::program_may_sleep`].
+#[inline]
+pub fn program_may_sleep() {
+    flusher::program_may_sleep();
 }
 
 /// Before `ibv_destroy_qp`: the QP's requests still in the line are dropped, and a hand-over
