@@ -137,18 +137,8 @@ fn child(how: &str, n: u64, gap: Duration) {
     let mut posted = Vec::new();
     let byte = [7u8; 8];
     for k in 0..n {
-        let mut sge = ibv_sge {
-            addr: byte.as_ptr() as u64,
-            length: 8,
-            lkey: 0,
-        };
-        // SAFETY: all-zero is a valid ibv_send_wr.
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = k;
-        wr.opcode = ibv_wr_opcode_IBV_WR_SEND;
-        wr.send_flags = ibv_send_flags_IBV_SEND_INLINE;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
+        let mut sge = byte_sge(&byte);
+        let mut wr = inline_send(k, &mut sge);
         posted.push(now_ns());
         // SAFETY: as verbs.h's inline ibv_post_send, on a patched fake context.
         let rc = unsafe {
@@ -199,6 +189,27 @@ fn child(how: &str, n: u64, gap: Duration) {
     );
 }
 
+/// The scatter entry of `bytes`.
+fn byte_sge(bytes: &[u8]) -> ibv_sge {
+    ibv_sge {
+        addr: bytes.as_ptr() as u64,
+        length: bytes.len() as u32,
+        lkey: 0,
+    }
+}
+
+/// An inline SEND of `sge`, with `wr_id` `k` (the fake provider records it).
+fn inline_send(k: u64, sge: &mut ibv_sge) -> ibv_send_wr {
+    // SAFETY: all-zero is a valid ibv_send_wr.
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = k;
+    wr.opcode = ibv_wr_opcode_IBV_WR_SEND;
+    wr.send_flags = ibv_send_flags_IBV_SEND_INLINE;
+    wr.sg_list = sge;
+    wr.num_sge = 1;
+    wr
+}
+
 /// Calls of the fake provider's `req_notify_cq`.
 static NOTIFIES: AtomicU64 = AtomicU64::new(0);
 
@@ -233,18 +244,8 @@ fn sleeper_child(how: &str) {
     let byte = [7u8; 8];
     for k in 0..SLEEPER_ROUNDS {
         std::thread::sleep(SLEEPER_IDLE);
-        let mut sge = ibv_sge {
-            addr: byte.as_ptr() as u64,
-            length: 8,
-            lkey: 0,
-        };
-        // SAFETY: all-zero is a valid ibv_send_wr.
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = k;
-        wr.opcode = ibv_wr_opcode_IBV_WR_SEND;
-        wr.send_flags = ibv_send_flags_IBV_SEND_INLINE;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
+        let mut sge = byte_sge(&byte);
+        let mut wr = inline_send(k, &mut sge);
         posted.push(now_ns());
         // SAFETY: as verbs.h's inline ibv_post_send and ibv_req_notify_cq, on the patched
         // fake context; the stub's ibv_get_cq_event (behind the shim's) returns at once.
@@ -318,8 +319,14 @@ fn a_program_that_sleeps_on_a_completion_wakes_the_idle_line() {
         let late = lateness_of(&r, SLEEPER_ROUNDS as usize, 100_000);
         let t = &s["line"]["timer_thread"];
         eprintln!("{how}: lateness {late:?} ns; timer thread {t}");
-        // Asleep up to 1 ms when the request entered, the timer thread would see it ~400 us
-        // late at the median (the "quiet" test's child); rung awake it sees it at once.
+        // The timer thread slept a long sleep when each request entered (50 ms after the
+        // last): the program's call woke it (nearly always: not if it was just between two
+        // sleeps). Left asleep up to 1 ms, it would see the request ~500 us late at the
+        // median (the "quiet" test's child); woken, at once.
+        assert!(
+            t["woken_by_program"].as_u64().unwrap() >= SLEEPER_ROUNDS / 2,
+            "{how}: {t}"
+        );
         assert!(late[late.len() / 2] < 300_000, "{how}: {late:?}\n{stderr}");
         if how == "notify" {
             assert_eq!(
@@ -350,6 +357,7 @@ fn an_idle_line_is_seen_within_its_longest_nap() {
     // busy host: well under 5 ms.
     assert!(late[late.len() - 1] < 5_000_000, "{late:?}\n{stderr}");
     assert_idle_line_is_cheap(t);
+    assert_eq!(t["woken_by_program"], 0, "{t}");
     let line = &s["line"];
     assert_eq!(
         line["handed_over_by_timer_thread"], SLEEPER_ROUNDS,

@@ -78,6 +78,8 @@ static TIMER_CPU_CLOCK: AtomicI32 = AtomicI32::new(-1);
 /// [`IDLE_NS`] now, so a request posted meanwhile would wait for its end.
 static BELL: AtomicU32 = AtomicU32::new(0);
 static NAPPING: AtomicBool = AtomicBool::new(false);
+/// How often the program's sleep calls rang the timer thread awake.
+static RUNG: AtomicU64 = AtomicU64::new(0);
 
 /// The flusher's state: the requests taken from the line, by due time, and how late they
 /// were handed over (ns after the due time).
@@ -318,6 +320,7 @@ pub fn program_may_sleep() {
     flush(&BY_PROGRAM);
     PROGRAM_SEEN.store(0, Relaxed);
     if NEXT_DUE.load(SeqCst) != u64::MAX && NAPPING.load(SeqCst) {
+        RUNG.fetch_add(1, Relaxed);
         BELL.fetch_add(1, SeqCst);
         // SAFETY: a futex wake on a live word.
         unsafe {
@@ -339,6 +342,12 @@ fn note_timer_start() {
         TIMER_CPU_CLOCK.store(clock, Relaxed);
     }
     TIMER_STARTED_NS.store(clock::monotonic_ns(), Relaxed);
+}
+
+/// How often the program's calls before it sleeps (`ibv_req_notify_cq`, `ibv_get_cq_event`)
+/// woke the timer thread from a long sleep on an empty line.
+pub fn timer_rung() -> u64 {
+    RUNG.load(Relaxed)
 }
 
 /// What the timer thread has cost so far: (wake-ups, CPU ns, ns since it started); None if
