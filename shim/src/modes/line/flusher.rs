@@ -74,8 +74,8 @@ static TIMER_STARTED_NS: AtomicU64 = AtomicU64::new(0);
 static TIMER_CPU_CLOCK: AtomicI32 = AtomicI32::new(-1);
 
 /// The timer thread sleeps on this word (a futex) while the line is empty; ringing it
-/// (a change, then a wake) ends the sleep. [`NAPPING`]: the thread sleeps a sleep longer than
-/// [`IDLE_NS`] now, so a request posted meanwhile would wait for its end.
+/// (a change, then a wake) ends the sleep. [`NAPPING`]: the thread sleeps on the empty line
+/// now (up to [`IDLE_MAX_NS`]), so a request posted meanwhile would wait for the sleep's end.
 static BELL: AtomicU32 = AtomicU32::new(0);
 static NAPPING: AtomicBool = AtomicBool::new(false);
 /// How often the program's sleep calls rang the timer thread awake.
@@ -310,9 +310,10 @@ fn sleep_while_empty(ns: u64) {
 /// The program is about to sleep for a completion (`ibv_req_notify_cq`, `ibv_get_cq_event`):
 /// hands over what is due, counts the program as quiet (its calls will not hand the rest
 /// over: the timer thread spins to their due times rather than leave them to a backstop),
-/// and wakes the timer thread if requests wait in the line while it sleeps a long sleep
-/// (otherwise they would wait for its end). A system call only then: not the post path, and
-/// a call that is about to sleep anyway.
+/// and wakes the timer thread if requests wait in the line while it sleeps on an empty line
+/// (otherwise they would wait for its end; within the 5 ms grace that sleep is 50 us, and
+/// the ring only hastens it). A system call only then: not the post path, and a call that is
+/// about to sleep anyway.
 pub fn program_may_sleep() {
     if NEXT_DUE.load(Acquire) == u64::MAX {
         return;
@@ -345,7 +346,7 @@ fn note_timer_start() {
 }
 
 /// How often the program's calls before it sleeps (`ibv_req_notify_cq`, `ibv_get_cq_event`)
-/// woke the timer thread from a long sleep on an empty line.
+/// woke the timer thread from its sleep on an empty line.
 pub fn timer_rung() -> u64 {
     RUNG.load(Relaxed)
 }

@@ -274,7 +274,7 @@ pub fn stats_json() -> serde_json::Value {
         "handed_over_by_timer_thread": flusher::BY_TIMER.load(Relaxed),
         // What the timer thread cost the host (on a full node it takes cores from the
         // program): its wake-ups and CPU time over its life (null: no timer thread), and how
-        // often the program's calls before it slept woke it from a long sleep.
+        // often the program's calls before it slept woke it from its sleep on an empty line.
         "timer_thread": timer.map(|(wakeups, cpu_ns, alive_ns)| {
             serde_json::json!({ "wakeups": wakeups, "cpu_ns": cpu_ns, "alive_ns": alive_ns,
                                 "woken_by_program": flusher::timer_rung() })
