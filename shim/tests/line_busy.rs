@@ -153,6 +153,9 @@ fn child(how: &str, n: u64, gap: Duration) {
             if (k + 1) % BURST == 0 {
                 std::thread::sleep(BURST_PAUSE);
             }
+        } else if how.starts_with("poll-full-node") {
+            // Busy between posts, as a rank: the due times spread over n x gap.
+            busy_until(now_ns() + gap.as_nanos() as u64);
         } else {
             std::thread::sleep(gap);
         }
@@ -419,7 +422,7 @@ fn scenario() -> Option<String> {
 #[test]
 fn due_requests_leave_from_the_programs_own_polls() {
     if scenario().is_some() {
-        return child("poll-full-node", 100, Duration::ZERO);
+        return child("poll-full-node", 100, FULL_NODE_GAP);
     }
     programs_polls_hand_over(
         "due_requests_leave_from_the_programs_own_polls",
@@ -432,7 +435,7 @@ fn due_requests_leave_from_the_programs_own_polls() {
 #[test]
 fn due_requests_leave_from_the_programs_extended_polls() {
     if scenario().is_some() {
-        return child("poll-full-node-ex", 100, Duration::ZERO);
+        return child("poll-full-node-ex", 100, FULL_NODE_GAP);
     }
     let r = programs_polls_hand_over(
         "due_requests_leave_from_the_programs_extended_polls",
@@ -441,8 +444,20 @@ fn due_requests_leave_from_the_programs_extended_polls() {
     assert!(r["start_polls"].as_u64().unwrap() > 0, "{r}");
 }
 
+/// The full-node children's gap between posts. With none, all 100 requests fell due within
+/// microseconds and one flush took them all: a fresh-clone suite saw the timer thread hand all
+/// over once (at its 50 us backstop: the child's main thread, pinned to CPU 0, was off it at
+/// the due time, another full-node child pinned there too). Spread over 2 ms, the due times
+/// need the program's polls all along.
+const FULL_NODE_GAP: Duration = Duration::from_micros(20);
+/// The full-node children pin themselves to CPU 0: one at a time.
+static FULL_NODE: Mutex<()> = Mutex::new(());
+
 fn programs_polls_hand_over(test: &str, how: &str) -> Value {
-    let (r, stderr, s) = run(test, how, &[("IBJITTER_DELAY", "300us")]);
+    let (r, stderr, s) = {
+        let _one_at_a_time = FULL_NODE.lock().unwrap_or_else(|e| e.into_inner());
+        run(test, how, &[("IBJITTER_DELAY", "300us")])
+    };
     let posted: Vec<u64> = serde_json::from_value(r["posted"].clone()).unwrap();
     let seen: Vec<(u64, u64)> = serde_json::from_value(r["seen"].clone()).unwrap();
     assert_eq!(seen.len(), 100, "{stderr}");
