@@ -111,6 +111,21 @@ fn starve_the_timer_thread() {
     }
 }
 
+/// Opens the fake context through the shim (which patches it) and makes a QP on it through
+/// the shim's `ibv_create_qp`: the context, the fake QP (kept alive by the caller) and the QP.
+fn open_and_create_qp(
+    shim: &Shim,
+    fc: &mut FakeContext,
+) -> (*mut ibv_context, Box<ibv_qp_ex>, *mut ibv_qp) {
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    let qpx: *mut ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    (ctx, q, qp)
+}
+
 /// The child: posts `n` inline SENDs `gap` apart, then either busy-polls its CQ until the
 /// provider saw them all ("poll", "poll-full-node": the timer thread starved first; with
 /// "-ex", an extended CQ polled with `ibv_start_poll`) or returns at once ("exit"); emits
@@ -120,12 +135,7 @@ fn child(how: &str, n: u64, gap: Duration) {
     let mut fc = FakeContext::new(provider_post_send);
     fc.set_poll_cq(empty_poll_cq);
     fc.set_create_cq_ex(empty_create_cq_ex);
-    // SAFETY: the stub returns the fake context we pass as the device.
-    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
-    let mut q = fake_qp(ctx);
-    let qpx: *mut ibv_qp_ex = &mut *q;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    let (ctx, _q, qp) = open_and_create_qp(&shim, &mut fc);
     if how.starts_with("poll-full-node") {
         starve_the_timer_thread();
     }
@@ -234,12 +244,7 @@ fn sleeper_child(how: &str) {
     let mut fc = FakeContext::new(provider_post_send);
     fc.set_poll_cq(empty_poll_cq);
     fc.set_req_notify_cq(counting_req_notify_cq);
-    // SAFETY: the stub returns the fake context we pass as the device.
-    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
-    let mut q = fake_qp(ctx);
-    let qpx: *mut ibv_qp_ex = &mut *q;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    let (ctx, _q, qp) = open_and_create_qp(&shim, &mut fc);
     // SAFETY: all-zero is a valid ibv_cq.
     let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
     cq.context = ctx;
