@@ -195,10 +195,18 @@ fn child(how: &str, n: u64, gap: Duration) {
         }
     }
     let seen = SEEN.lock().unwrap().clone();
+    // What `ibjitter inject status` would be told now (this process asks its own shim).
+    let status = ibjitter_control::send(
+        std::process::id(),
+        ibjitter_control::Command::Status,
+        "",
+        Duration::from_secs(2),
+    )
+    .map_or_else(|e| format!("no answer: {e}"), |a| a.text);
     println!(
         "RESULT {}",
         serde_json::json!({ "posted": posted, "seen": seen,
-                            "start_polls": START_POLLS.load(Relaxed) })
+                            "start_polls": START_POLLS.load(Relaxed), "status": status })
     );
 }
 
@@ -347,7 +355,9 @@ fn a_program_that_sleeps_on_a_completion_wakes_the_idle_line() {
 }
 
 /// The same program without a call before it sleeps: the timer thread sees its request within
-/// its longest sleep (1 ms), and hands each over; the stats count each one's lateness.
+/// its longest sleep (1 ms), and hands each over; the stats count each one's lateness, and
+/// the exit's warning says why they were late: not the provider (fast here, busy a sliver of
+/// the time), but no call handed them over.
 #[test]
 fn an_idle_line_is_seen_within_its_longest_nap() {
     if let Some(how) = scenario() {
@@ -372,6 +382,17 @@ fn an_idle_line_is_seen_within_its_longest_nap() {
         "{line}"
     );
     assert_eq!(line["late_ns"]["count"], SLEEPER_ROUNDS, "{line}");
+    let p = &line["provider_post"];
+    eprintln!("provider_post {p}\n{stderr}");
+    assert!(p["busy_share"].as_f64().unwrap() < 0.5, "{p}");
+    // Late by the naps (~0.3-0.6 ms at the median) against a 100 us table: said, with why.
+    assert!(
+        stderr.contains(
+            "Why: the program's own calls and the shim's timer thread did not hand them over"
+        ),
+        "{stderr}"
+    );
+    warnings_read_as_sentences(&stderr);
 }
 
 /// The timer thread woke at most 6,000 times a second over its life (20 idle spells of
@@ -533,7 +554,9 @@ fn warnings_read_as_sentences(stderr: &str) {
 
 /// A line that hands requests over later than the table can account for (here a provider
 /// whose post takes 5 ms, and requests falling due 1 ms apart) is said at exit: lateness
-/// against the table's mean and largest.
+/// against the table's mean and largest, and why: the provider itself was the bottleneck
+/// (its post_send busy nearly all the line's life), which the stats' `provider_post` shows
+/// and `ibjitter inject status` says.
 #[test]
 fn a_late_line_is_said_at_exit() {
     if scenario().is_some() {
@@ -556,6 +579,24 @@ fn a_late_line_is_said_at_exit() {
     assert!(
         s["line"]["late_ns"]["max"].as_u64().unwrap() >= 2_000_000,
         "{s}"
+    );
+    let p = &s["line"]["provider_post"];
+    eprintln!("provider_post {p}\n{stderr}");
+    // 5 ms a call, in which ~5 more requests fall due: they go as one list the next call,
+    // so 10 requests take 2-3 calls, 10-15 ms of the line's ~15 ms life.
+    assert!(p["ns"].as_u64().unwrap() >= 10_000_000, "{p}");
+    assert!(p["per_request_ns"].as_u64().unwrap() >= 1_000_000, "{p}");
+    assert!(p["busy_share"].as_f64().unwrap() >= 0.8, "{p}");
+    assert!(
+        stderr.contains("Why: the provider's post_send was busy"),
+        "{stderr}"
+    );
+    // `ibjitter inject status` says the same while the process runs.
+    let status = r["status"].as_str().unwrap();
+    assert!(
+        status.contains("line handed 10 requests over late by")
+            && status.contains("later than the table accounts for: the provider's post_send"),
+        "{status}"
     );
 }
 

@@ -180,30 +180,27 @@ fn micros(ns: u64) -> String {
 }
 
 /// With `IBJITTER_MODE=line`: a warning when the line handed requests over later than the
-/// table can account for (median lateness over 10 % of the table's mean, or p99 over its
-/// largest delay), and when requests were never handed over. None when all went as asked.
+/// table can account for ([`line_late_beyond_table`]), and when requests were never handed
+/// over. None when all went as asked.
 pub fn line_lateness_warning(s: &Settings) -> Option<String> {
     if !s.line {
         return None;
     }
-    let d = s.delays.as_ref()?;
     let mut said = Vec::new();
-    if let Some((n, p50, p99, max)) = line::lateness() {
-        let (mean, table_max) = (d.mean(), d.max() as f64);
-        if p50 as f64 > 0.1 * mean || p99 as f64 > table_max {
-            said.push(format!(
-                "the delay line handed {n} requests to the provider late: {} at the median, \
-                 {} at the p99, {} at most after their due time, for a table of mean {} and \
-                 largest {}: the delays injected were longer than the table's. The node's \
-                 cores were busy (the program's own calls and the shim's timer thread could \
-                 not hand them over on time); see line.late_ns in the stats",
-                micros(p50),
-                micros(p99),
-                micros(max),
-                micros(mean as u64),
-                micros(table_max as u64),
-            ));
-        }
+    if let Some(late) = line_late_beyond_table(s) {
+        said.push(format!(
+            "the delay line handed {} requests to the provider late: {} at the median, {} at \
+             the p99, {} at most after their due time, for a table of mean {} and largest {}: \
+             the delays injected were longer than the table's. Why: {}; see line.late_ns and \
+             line.provider_post in the stats",
+            late.n,
+            micros(late.p50),
+            micros(late.p99),
+            micros(late.max),
+            micros(late.mean),
+            micros(late.largest),
+            line_lateness_cause(),
+        ));
     }
     let (lost, _) = line::not_delivered();
     if lost > 0 {
@@ -214,6 +211,60 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
         ));
     }
     (!said.is_empty()).then(|| said.join("; "))
+}
+
+/// The delay line's lateness so far (ns), with the table's mean and largest delay.
+pub struct LineLate {
+    pub n: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+    pub mean: u64,
+    pub largest: u64,
+}
+
+/// The line's lateness when the table cannot account for it: the median over 10 % of the
+/// table's mean, or the p99 over its largest delay. None otherwise (or without a line).
+pub fn line_late_beyond_table(s: &Settings) -> Option<LineLate> {
+    let d = s.delays.as_ref()?;
+    let (n, p50, p99, max) = line::lateness()?;
+    let (mean, largest) = (d.mean(), d.max());
+    (p50 as f64 > 0.1 * mean || p99 > largest).then_some(LineLate {
+        n,
+        p50,
+        p99,
+        max,
+        mean: mean as u64,
+        largest,
+    })
+}
+
+/// Why the line was late, from what the hand-overs measured: the provider itself, when its
+/// `post_send` was busy taking them for at least half the line's life (requests then queue
+/// behind each other: lateness any caller would see), else nobody handed them over on time.
+pub fn line_lateness_cause() -> String {
+    let busy = line::provider_busy();
+    match busy {
+        Some((_, share, per_request)) if share >= 0.5 => format!(
+            "the provider's post_send was busy {:.0} % of the time taking them ({} a \
+             request): the line offered requests about as fast as the provider takes them and \
+             they queued (a software provider such as rxe does a send's work in that call)",
+            100.0 * share,
+            micros(per_request)
+        ),
+        _ => format!(
+            "the program's own calls and the shim's timer thread did not hand them over on \
+             time{}: the node's cores were busy, or the program posted into a line idle for \
+             over {} ms and made no call into the provider before they fell due (the timer \
+             thread then looks every {} ms)",
+            busy.map_or(String::new(), |(_, share, _)| format!(
+                " (the provider's post_send was busy {:.0} % of the time)",
+                100.0 * share
+            )),
+            line::flusher::EMPTY_GRACE_NS / 1_000_000,
+            line::flusher::IDLE_MAX_NS / 1_000_000,
+        ),
+    }
 }
 
 /// The completion side's line at exit: "ibjitter: held 300 of 600 completions, 300.000 ms in

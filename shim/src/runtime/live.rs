@@ -3,8 +3,8 @@
 use crate::config::{Settings, Unit};
 use crate::draw::{counts, episodes, table};
 use crate::modes::line;
-use crate::report::sigstats;
 use crate::report::stats::path_for;
+use crate::report::{lines, sigstats};
 use crate::runtime::loaded;
 use crate::state;
 
@@ -56,12 +56,22 @@ pub fn table_now() -> String {
     };
     // The delay line: how late it handed requests over so far. The unit's mark ends the
     // answer (the CLI reads it there).
+    // Later than the table accounts for: why, as the exit's warning says it.
     match line::lateness().filter(|_| state::line_mode()) {
-        Some((n, p50, p99, _)) => format!(
-            "{now}; line handed {n} requests over late by {:.1} us (p50), {:.1} us (p99){mark}",
-            p50 as f64 / 1e3,
-            p99 as f64 / 1e3
-        ),
+        Some((n, p50, p99, _)) => {
+            let beyond = lines::line_late_beyond_table(&l.settings).map_or(String::new(), |_| {
+                format!(
+                    "; later than the table accounts for: {}",
+                    lines::line_lateness_cause()
+                )
+            });
+            format!(
+                "{now}; line handed {n} requests over late by {:.1} us (p50), {:.1} us (p99)\
+                 {beyond}{mark}",
+                p50 as f64 / 1e3,
+                p99 as f64 / 1e3
+            )
+        }
         None => format!("{now}{mark}"),
     }
 }

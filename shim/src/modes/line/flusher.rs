@@ -66,6 +66,16 @@ static DROPPED: AtomicU64 = AtomicU64::new(0);
 pub static BY_PROGRAM: AtomicU64 = AtomicU64::new(0);
 pub static BY_TIMER: AtomicU64 = AtomicU64::new(0);
 
+/// The provider's own time taking the line's requests (ns inside its `post_send`, summed),
+/// and the span it falls in: from the first request handed over's entry (its due time less
+/// its delay) to the end of the latest hand-over (clock units; 0: none yet). Their ratio
+/// says whether the provider itself was the bottleneck: a software provider (rxe) does a
+/// send's work in that call, tens of microseconds under the bench's emulated CPUs. Only the
+/// thread flushing the line writes them.
+static PROVIDER_NS: AtomicU64 = AtomicU64::new(0);
+static FIRST_IN: AtomicU64 = AtomicU64::new(0);
+static LAST_OUT: AtomicU64 = AtomicU64::new(0);
+
 /// What the timer thread costs its host: its wake-ups, when it started (ns, monotonic) and
 /// its CPU clock (`pthread_getcpuclockid`; -1 before it runs and in a fork child, which has
 /// no timer thread). Only the timer thread writes them.
@@ -451,8 +461,15 @@ unsafe fn post_list(
         let _ = late_hist.record(units_to_ns(now.saturating_sub(s.due)).max(1));
     }
     if live > 0 {
+        if FIRST_IN.load(Relaxed) == 0 {
+            let s = line.pool.slot(slots[0]);
+            FIRST_IN.store(s.due.saturating_sub(s.units).max(1), Relaxed);
+        }
         let mut bad = null_mut();
         let rc = crate::registry::post_send_orig(qp, first, &mut bad);
+        let out = now_units();
+        add(&PROVIDER_NS, units_to_ns(out.saturating_sub(now)));
+        LAST_OUT.store(out, Release);
         if rc != 0 {
             // Those before `bad` were posted (as a provider's own post_send leaves them).
             let mut refused = live as u64;
@@ -504,6 +521,9 @@ pub fn in_line() -> u64 {
 /// thread, and its posts wait in place).
 pub fn forget_after_fork() {
     TIMER_CPU_CLOCK.store(-1, Relaxed);
+    for parents in [&PROVIDER_NS, &FIRST_IN, &LAST_OUT] {
+        parents.store(0, Relaxed);
+    }
     NAPPING.store(false, Relaxed);
     LEFT.store(lanes::entered(), Release);
     NEXT_DUE.store(u64::MAX, Release);
@@ -558,6 +578,20 @@ pub fn lateness() -> Option<(u64, u64, u64, u64)> {
         })
     })
     .flatten()
+}
+
+/// How busy the line's hand-overs kept the provider: its time inside `post_send` for them
+/// (ns), that time's share of the span from the first request's entry to the latest
+/// hand-over (0..=1), and its time per request handed over (ns). None before a hand-over.
+pub fn provider_busy() -> Option<(u64, f64, u64)> {
+    let (first, last) = (FIRST_IN.load(Relaxed), LAST_OUT.load(Acquire));
+    let handed = BY_PROGRAM.load(Relaxed) + BY_TIMER.load(Relaxed);
+    if first == 0 || last <= first || handed == 0 {
+        return None;
+    }
+    let ns = PROVIDER_NS.load(Relaxed);
+    let share = (ns as f64 / units_to_ns(last - first).max(1) as f64).min(1.0);
+    Some((ns, share, ns / handed))
 }
 
 /// Provider refusals and dropped requests, for the stats.

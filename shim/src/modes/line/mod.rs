@@ -50,7 +50,7 @@ pub mod lanes;
 pub mod qps;
 pub mod slots;
 
-pub use flusher::{in_line, lateness};
+pub use flusher::{in_line, lateness, provider_busy};
 
 /// Requests posted directly (the slot cannot hold them, or the QP table is full).
 static DIRECT: AtomicU64 = AtomicU64::new(0);
@@ -281,5 +281,12 @@ pub fn stats_json() -> serde_json::Value {
         }),
         // How late requests reached the provider, ns after their due time.
         "late_ns": { "count": q(0), "p50": q(1), "p99": q(2), "max": q(3) },
+        // The provider's own time taking the hand-overs (inside its post_send), its share of
+        // the line's life (first entry to latest hand-over) and per request: near 1, the line
+        // offered requests as fast as the provider takes them (lateness is then queueing).
+        "provider_post": provider_busy().map(|(ns, share, per_request_ns)| {
+            serde_json::json!({ "ns": ns, "busy_share": (share * 1000.0).round() / 1000.0,
+                                "per_request_ns": per_request_ns })
+        }),
     })
 }
