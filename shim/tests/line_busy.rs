@@ -587,6 +587,10 @@ fn a_late_line_is_said_at_exit() {
     assert!(p["ns"].as_u64().unwrap() >= 10_000_000, "{p}");
     assert!(p["per_request_ns"].as_u64().unwrap() >= 1_000_000, "{p}");
     assert!(p["busy_share"].as_f64().unwrap() >= 0.8, "{p}");
+    // Each call's own time, as the provider took it (5 ms), for 2-10 lists.
+    let calls = &p["call_ns"];
+    assert!((2..=10).contains(&calls["count"].as_u64().unwrap()), "{p}");
+    assert!(calls["p50"].as_u64().unwrap() >= 4_900_000, "{p}");
     assert!(
         stderr.contains("Why: the provider's post_send was busy"),
         "{stderr}"

@@ -199,7 +199,7 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
             micros(late.max),
             micros(late.mean),
             micros(late.largest),
-            line_lateness_cause(),
+            line_lateness_cause(&late),
         ));
     }
     let (lost, _) = line::not_delivered();
@@ -241,10 +241,12 @@ pub fn line_late_beyond_table(s: &Settings) -> Option<LineLate> {
 
 /// Why the line was late, from what the hand-overs measured: the provider itself, when its
 /// `post_send` was busy taking them for at least half the line's life (requests then queue
-/// behind each other: lateness any caller would see), else nobody handed them over on time.
-pub fn line_lateness_cause() -> String {
+/// behind each other: lateness any caller would see), else nobody handed them over on time;
+/// and in either case, when the provider's slowest calls took as long as `late`'s p99, that
+/// requests falling due during such a call waited for its end.
+pub fn line_lateness_cause(late: &LineLate) -> String {
     let busy = line::provider_busy();
-    match busy {
+    let mut why = match busy {
         Some((_, share, per_request)) if share >= 0.5 => format!(
             "the provider's post_send was busy {:.0} % of the time taking them ({} a \
              request): the line offered requests about as fast as the provider takes them and \
@@ -264,7 +266,16 @@ pub fn line_lateness_cause() -> String {
             line::flusher::EMPTY_GRACE_NS / 1_000_000,
             line::flusher::IDLE_MAX_NS / 1_000_000,
         ),
+    };
+    if let Some((_, p50, p99, _)) = line::provider_call_times().filter(|c| c.2 >= late.p99) {
+        why += &format!(
+            "; the provider's post_send calls themselves took {} at the median and {} at the \
+             p99, and requests falling due during a slow call waited for its end",
+            micros(p50),
+            micros(p99)
+        );
     }
+    why
 }
 
 /// The completion side's line at exit: "ibjitter: held 300 of 600 completions, 300.000 ms in

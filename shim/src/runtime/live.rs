@@ -59,10 +59,10 @@ pub fn table_now() -> String {
     // Later than the table accounts for: why, as the exit's warning says it.
     match line::lateness().filter(|_| state::line_mode()) {
         Some((n, p50, p99, _)) => {
-            let beyond = lines::line_late_beyond_table(&l.settings).map_or(String::new(), |_| {
+            let beyond = lines::line_late_beyond_table(&l.settings).map_or(String::new(), |late| {
                 format!(
                     "; later than the table accounts for: {}",
-                    lines::line_lateness_cause()
+                    lines::line_lateness_cause(&late)
                 )
             });
             format!(

@@ -91,11 +91,18 @@ static NAPPING: AtomicBool = AtomicBool::new(false);
 /// How often the program's sleep calls rang the timer thread awake.
 static RUNG: AtomicU64 = AtomicU64::new(0);
 
-/// The flusher's state: the requests taken from the line, by due time, and how late they
-/// were handed over (ns after the due time).
+/// The flusher's state: the requests taken from the line, by due time, and what the
+/// hand-overs measured.
 pub struct Flusher {
     heap: BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
+    times: Times,
+}
+
+/// How late requests were handed over (ns after their due time), and how long each call of
+/// the provider's `post_send` took them (ns).
+struct Times {
     late: hdrhistogram::Histogram<u64>,
+    provider_call: hdrhistogram::Histogram<u64>,
 }
 
 struct FlusherCell(UnsafeCell<Option<Flusher>>);
@@ -106,7 +113,8 @@ static FLUSHER: FlusherCell = FlusherCell(UnsafeCell::new(None));
 /// Sets the flusher's state up (before the line takes its first request). False if its
 /// memory cannot be had.
 pub fn start() -> bool {
-    let Ok(late) = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 2) else {
+    let hist = || hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 2).ok();
+    let (Some(late), Some(provider_call)) = (hist(), hist()) else {
         return false;
     };
     let mut heap = BinaryHeap::new();
@@ -115,7 +123,15 @@ pub fn start() -> bool {
     }
     SEEN_STEP.store(clock::ns_to_units(ACTIVE_NS / 4, clock::kind()), Relaxed);
     // SAFETY: nothing flushes before the line is on.
-    unsafe { *FLUSHER.0.get() = Some(Flusher { heap, late }) };
+    unsafe {
+        *FLUSHER.0.get() = Some(Flusher {
+            heap,
+            times: Times {
+                late,
+                provider_call,
+            },
+        })
+    };
     true
 }
 
@@ -183,11 +199,11 @@ pub fn flush(by: &AtomicU64) -> bool {
             }
             f.heap.pop();
             // SAFETY: the flusher owns slot i until post_list gives it back.
-            unsafe { add_to_list(line, &mut list, i, &mut f.late, by) };
+            unsafe { add_to_list(line, &mut list, i, &mut f.times, by) };
         }
         if list.n > 0 {
             // SAFETY: as above.
-            unsafe { post_list(line, &mut list, &mut f.late, by) };
+            unsafe { post_list(line, &mut list, &mut f.times, by) };
         }
         let next = f.heap.peek().map_or(u64::MAX, |r| r.0 .0);
         NEXT_DUE.store(next, SeqCst);
@@ -406,20 +422,14 @@ impl List {
 
 /// Adds slot `i` to `list`, handing the list over first if `i` is another QP's or the list
 /// is full.
-unsafe fn add_to_list(
-    line: &Line,
-    list: &mut List,
-    i: u32,
-    late_hist: &mut hdrhistogram::Histogram<u64>,
-    by: &AtomicU64,
-) {
+unsafe fn add_to_list(line: &Line, list: &mut List, i: u32, times: &mut Times, by: &AtomicU64) {
     let s = line.pool.slot(i);
     let bytes = bytes_of(s);
     let qp = s.qp;
     if list.n > 0 {
         let first = line.pool.slot(list.slots[0]);
         if first.qp != qp || list.n == LIST_MAX || list.bytes + bytes > LIST_BYTES {
-            post_list(line, list, late_hist, by);
+            post_list(line, list, times, by);
         }
     }
     list.slots[list.n] = i;
@@ -428,12 +438,7 @@ unsafe fn add_to_list(
 }
 
 /// Hands `list` over (the requests of a destroyed QP are dropped) and gives its slots back.
-unsafe fn post_list(
-    line: &Line,
-    list: &mut List,
-    late_hist: &mut hdrhistogram::Histogram<u64>,
-    by: &AtomicU64,
-) {
+unsafe fn post_list(line: &Line, list: &mut List, times: &mut Times, by: &AtomicU64) {
     let slots = &list.slots[..list.n];
     let qp = line.pool.slot(slots[0]).qp;
     let (q, gen) = qps::posting(qp);
@@ -458,7 +463,9 @@ unsafe fn post_list(
         live += 1;
         last_due = s.due;
         // Handed over now: how late, before the provider's own time to post.
-        let _ = late_hist.record(units_to_ns(now.saturating_sub(s.due)).max(1));
+        let _ = times
+            .late
+            .record(units_to_ns(now.saturating_sub(s.due)).max(1));
     }
     if live > 0 {
         if FIRST_IN.load(Relaxed) == 0 {
@@ -468,7 +475,9 @@ unsafe fn post_list(
         let mut bad = null_mut();
         let rc = crate::registry::post_send_orig(qp, first, &mut bad);
         let out = now_units();
-        add(&PROVIDER_NS, units_to_ns(out.saturating_sub(now)));
+        let took = units_to_ns(out.saturating_sub(now));
+        add(&PROVIDER_NS, took);
+        let _ = times.provider_call.record(took.max(1));
         LAST_OUT.store(out, Release);
         if rc != 0 {
             // Those before `bad` were posted (as a provider's own post_send leaves them).
@@ -566,18 +575,19 @@ pub fn undelivered_ns() -> u64 {
 /// How late requests were handed over (ns after their due time): (count, p50, p99, max).
 /// None when nothing was handed over, or the line is busy (a thread flushing for over 10 ms).
 pub fn lateness() -> Option<(u64, u64, u64, u64)> {
-    with_flusher(|f| {
-        let h = &f.late;
-        (!h.is_empty()).then(|| {
-            (
-                h.len(),
-                h.value_at_quantile(0.5),
-                h.value_at_quantile(0.99),
-                h.max(),
-            )
-        })
+    with_flusher(|f| summary(&f.times.late)).flatten()
+}
+
+/// (count, p50, p99, max) of `h`; None if empty.
+fn summary(h: &hdrhistogram::Histogram<u64>) -> Option<(u64, u64, u64, u64)> {
+    (!h.is_empty()).then(|| {
+        (
+            h.len(),
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99),
+            h.max(),
+        )
     })
-    .flatten()
 }
 
 /// How busy the line's hand-overs kept the provider: its time inside `post_send` for them
@@ -592,6 +602,12 @@ pub fn provider_busy() -> Option<(u64, f64, u64)> {
     let ns = PROVIDER_NS.load(Relaxed);
     let share = (ns as f64 / units_to_ns(last - first).max(1) as f64).min(1.0);
     Some((ns, share, ns / handed))
+}
+
+/// How long the provider's `post_send` took the hand-overs, per call (ns): (calls, p50, p99,
+/// max). None as for [`lateness`].
+pub fn provider_call_times() -> Option<(u64, u64, u64, u64)> {
+    with_flusher(|f| summary(&f.times.provider_call)).flatten()
 }
 
 /// Provider refusals and dropped requests, for the stats.

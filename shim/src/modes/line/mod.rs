@@ -50,7 +50,7 @@ pub mod lanes;
 pub mod qps;
 pub mod slots;
 
-pub use flusher::{in_line, lateness, provider_busy};
+pub use flusher::{in_line, lateness, provider_busy, provider_call_times};
 
 /// Requests posted directly (the slot cannot hold them, or the QP table is full).
 static DIRECT: AtomicU64 = AtomicU64::new(0);
@@ -284,9 +284,15 @@ pub fn stats_json() -> serde_json::Value {
         // The provider's own time taking the hand-overs (inside its post_send), its share of
         // the line's life (first entry to latest hand-over) and per request: near 1, the line
         // offered requests as fast as the provider takes them (lateness is then queueing).
+        // `call_ns`: each call's time (a list of a QP's due requests per call); its tail is
+        // the provider's own (a software provider preempted in its kernel work), which the
+        // requests due meanwhile wait out as late.
         "provider_post": provider_busy().map(|(ns, share, per_request_ns)| {
+            let c = provider_call_times();
+            let q = |k: usize| c.map(|c| [c.0, c.1, c.2, c.3][k]);
             serde_json::json!({ "ns": ns, "busy_share": (share * 1000.0).round() / 1000.0,
-                                "per_request_ns": per_request_ns })
+                                "per_request_ns": per_request_ns,
+                                "call_ns": { "count": q(0), "p50": q(1), "p99": q(2), "max": q(3) } })
         }),
     })
 }
