@@ -231,6 +231,55 @@ fn inline_send(k: u64, sge: &mut ibv_sge) -> ibv_send_wr {
     wr
 }
 
+/// Rounds of the exchanging child, and how long it polls the empty line after each.
+const EXCHANGES: u64 = 200;
+const EXCHANGE_GAP: Duration = Duration::from_millis(1);
+
+/// A busy-polling program that exchanges messages (an MPI rank's ping-pong): `rounds`
+/// times, one post, then `ibv_poll_cq` in a loop until the provider saw it, then the loop
+/// goes on for [`EXCHANGE_GAP`] with the line empty (waiting for the peer's answer).
+fn exchange_child(rounds: u64) {
+    let shim = load_child_shim();
+    let mut fc = FakeContext::new(provider_post_send);
+    fc.set_poll_cq(empty_poll_cq);
+    let (ctx, _q, qp) = open_and_create_qp(&shim, &mut fc);
+    // SAFETY: all-zero is a valid ibv_cq.
+    let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    cq.context = ctx;
+    let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
+    let mut poll = || {
+        // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
+        unsafe { (*ctx).ops.poll_cq.unwrap()(&mut *cq, 4, wc.as_mut_ptr()) };
+    };
+    let (mut posted, byte) = (Vec::new(), [7u8; 8]);
+    for k in 0..rounds {
+        let mut sge = byte_sge(&byte);
+        let mut wr = inline_send(k, &mut sge);
+        posted.push(now_ns());
+        // SAFETY: as verbs.h's inline ibv_post_send, on the patched fake context.
+        unsafe {
+            let mut bad = std::ptr::null_mut();
+            assert_eq!(
+                (*(*qp).context).ops.post_send.unwrap()(qp, &mut wr, &mut bad),
+                0
+            );
+        }
+        let t0 = now_ns();
+        while SEEN.lock().unwrap().len() as u64 <= k && now_ns() - t0 < 10_000_000_000 {
+            poll();
+        }
+        let t1 = now_ns();
+        while now_ns() - t1 < EXCHANGE_GAP.as_nanos() as u64 {
+            poll();
+        }
+    }
+    let seen = SEEN.lock().unwrap().clone();
+    println!(
+        "RESULT {}",
+        serde_json::json!({ "posted": posted, "seen": seen })
+    );
+}
+
 /// Calls of the fake provider's `req_notify_cq`.
 static NOTIFIES: AtomicU64 = AtomicU64::new(0);
 
@@ -393,6 +442,79 @@ fn an_idle_line_is_seen_within_its_longest_nap() {
         "{stderr}"
     );
     warnings_read_as_sentences(&stderr);
+}
+
+/// A busy-polling program whose line empties between its messages: its own polls hand each
+/// request over, and the timer thread, seeing them do so, sleeps long whether the line is
+/// empty or not (its 50 us looks at every empty spell cost such a program's node a fifth to
+/// two fifths of a vCPU on the bench; ~17,000 wake-ups a second on this host's cores).
+#[test]
+fn the_timer_thread_stays_asleep_while_the_programs_polls_hand_over() {
+    if scenario().is_some() {
+        return exchange_child(EXCHANGES);
+    }
+    let (r, stderr, s) = {
+        let _one_at_a_time = FULL_NODE.lock().unwrap_or_else(|e| e.into_inner());
+        run(
+            "the_timer_thread_stays_asleep_while_the_programs_polls_hand_over",
+            "exchange",
+            &[("IBJITTER_DELAY", "100us")],
+        )
+    };
+    let late = lateness_of(&r, EXCHANGES as usize, 100_000);
+    let line = &s["line"];
+    let t = &line["timer_thread"];
+    let (wakeups, alive) = (
+        t["wakeups"].as_u64().unwrap() as f64,
+        t["alive_ns"].as_u64().unwrap() as f64 / 1e9,
+    );
+    eprintln!(
+        "exchanges: lateness p50 {} ns; {:.0} wake-ups/s; {line}",
+        late[late.len() / 2],
+        wakeups / alive
+    );
+    assert!(
+        line["handed_over_by_program_calls"].as_u64().unwrap() >= EXCHANGES * 9 / 10,
+        "{line}\n{stderr}"
+    );
+    // ~1,000 a second at the longest sleep (1 ms); 50 us looks in every 1 ms empty spell
+    // would be ~10,000-17,000.
+    assert!(alive > 0.2 && wakeups / alive < 3_000.0, "{t}");
+    // The polls hand each over at its due time: the median well under the 1 ms sleeps.
+    assert!(late[late.len() / 2] < 200_000, "{late:?}");
+}
+
+/// The same program over a provider whose `post_send` takes 2 ms (rxe's calls take
+/// milliseconds on a full node): while its polls hold the line in such a call, the timer
+/// thread sleeps. It took the program for quiet (none of its calls is seen meanwhile) and
+/// spun, failing to take the line, for the rest of each call.
+#[test]
+fn the_timer_thread_sleeps_while_the_program_is_in_a_slow_provider_call() {
+    if scenario().is_some() {
+        PROVIDER_NS.store(2_000_000, Relaxed);
+        return exchange_child(100);
+    }
+    let (_, stderr, s) = {
+        let _one_at_a_time = FULL_NODE.lock().unwrap_or_else(|e| e.into_inner());
+        run(
+            "the_timer_thread_sleeps_while_the_program_is_in_a_slow_provider_call",
+            "exchange",
+            &[("IBJITTER_DELAY", "100us")],
+        )
+    };
+    let line = &s["line"];
+    let t = &line["timer_thread"];
+    let share = t["cpu_ns"].as_f64().unwrap() / t["alive_ns"].as_f64().unwrap();
+    eprintln!(
+        "slow provider: timer thread {:.1} % of a core; {line}",
+        100.0 * share
+    );
+    assert_eq!(
+        line["handed_over_by_program_calls"], 100,
+        "{line}\n{stderr}"
+    );
+    // Spinning through each 2 ms call was ~2/3 of a core; asleep, a few percent.
+    assert!(share < 0.2, "{t}");
 }
 
 /// The timer thread woke at most 6,000 times a second over its life (20 idle spells of

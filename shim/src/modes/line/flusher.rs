@@ -27,7 +27,9 @@ pub const IDLE_NS: u64 = 50_000;
 /// rings the thread awake); a program that posts after an idle spell and then neither calls
 /// nor sleeps on a completion finds that request late by up to [`IDLE_MAX_NS`] (said at exit
 /// with the lateness). The ring's own wake-up is slow under the bench's emulated CPUs (~100-
-/// 200 us): the grace keeps such programs' steady exchanges on the quick look.
+/// 200 us): the grace keeps such programs' steady exchanges on the quick look. A program
+/// whose own calls handed requests over within the grace (a busy-polling one, "calm") gets
+/// no quick look: its calls hand over what it posts next, and the sleeps lengthen at once.
 pub const EMPTY_GRACE_NS: u64 = 5_000_000;
 pub const IDLE_MAX_NS: u64 = 1_000_000;
 /// The timer thread wakes this long before a due time and spins the rest, while the program
@@ -39,10 +41,12 @@ pub const EARLY_NS: u64 = 150_000;
 pub const ACTIVE_NS: u64 = 100_000;
 /// While the program is calling, how long after its due time a request waits for the
 /// program's calls before the timer thread hands it over: from [`BACKSTOP_NS`], doubled at
-/// each wake-up that found the program's calls handing requests over (on a full node each
-/// wake-up takes a core from a rank), up to [`BACKSTOP_MAX_NS`]; back to the least at a
-/// wake-up that found them handing none over, or once the program is quiet, or as soon as
-/// the timer thread had to hand a request over.
+/// each wake-up that found the program's calls handing requests over or calm (they handed
+/// some over within [`EMPTY_GRACE_NS`]; on a full node each wake-up takes a core from a
+/// rank), up to [`BACKSTOP_MAX_NS`]; back to the least at a wake-up that found neither, or
+/// once the program is quiet, or as soon as the timer thread had to hand a request over.
+/// While another thread holds the line (the program's call, inside the provider) the
+/// thread sleeps the backstop too.
 pub const BACKSTOP_NS: u64 = 50_000;
 pub const BACKSTOP_MAX_NS: u64 = 1_000_000;
 
@@ -236,8 +240,36 @@ pub fn timer_thread() {
     let mut by_program = BY_PROGRAM.load(Relaxed);
     // The next sleep while the line stays empty, and since when it is (ns; 0: it is not).
     let (mut empty_nap, mut empty_since) = (IDLE_NS, 0);
+    // When this thread last saw the program's calls' hand-overs grow (ns; 0: never, or this
+    // thread handed requests over since), and the counts it saw then.
+    let (mut program_handed_ns, mut handed_seen, mut timer_seen) = (0u64, 0u64, 0u64);
     loop {
         let next = NEXT_DUE.load(Acquire);
+        // Calm: the program's calls handed requests over within the grace, and this thread
+        // did not have to since. Its sleeps then lengthen whether the line is empty or not:
+        // between the messages of a busy-polling program the line empties and fills every
+        // exchange, and 50 us looks at each cost a full node's ranks a fifth to two fifths of
+        // a vCPU on the bench (~200 us of CPU a wake-up there).
+        let calm = {
+            let (handed, by_timer) = (BY_PROGRAM.load(Relaxed), BY_TIMER.load(Relaxed));
+            let now = clock::monotonic_ns();
+            if handed != handed_seen {
+                (handed_seen, program_handed_ns) = (handed, now);
+            }
+            if by_timer != timer_seen {
+                (timer_seen, program_handed_ns) = (by_timer, 0);
+            }
+            program_handed_ns != 0 && now - program_handed_ns < EMPTY_GRACE_NS
+        };
+        if next == u64::MAX && calm {
+            // What the program posts next its calls hand over too; one that goes to sleep on
+            // a completion rings this thread awake.
+            (empty_nap, empty_since) = (IDLE_NS, 0);
+            sleep_while_empty(units_to_ns(backstop));
+            backstop = (backstop * 2).min(most);
+            TIMER_WAKEUPS.store(TIMER_WAKEUPS.load(Relaxed) + 1, Relaxed);
+            continue;
+        }
         if next == u64::MAX {
             backstop = least;
             let now = clock::monotonic_ns();
@@ -254,10 +286,14 @@ pub fn timer_thread() {
         (empty_nap, empty_since) = (IDLE_NS, 0);
         let nap = {
             let now = now_units();
-            if now.saturating_sub(PROGRAM_SEEN.load(Relaxed)) < active {
+            // Another thread holds the line: the program's calls are handing over (a call of
+            // a software provider may take milliseconds on a full node, and none of the
+            // program's calls renews PROGRAM_SEEN meanwhile): a backstop, not a spin.
+            let line_taken = FLUSHING.load(Relaxed);
+            if line_taken || now.saturating_sub(PROGRAM_SEEN.load(Relaxed)) < active {
                 // The program's calls hand requests over: a backstop only.
                 let wake = next.saturating_add(backstop);
-                if now >= wake {
+                if now >= wake && !line_taken {
                     flush(&BY_TIMER);
                     backstop = least;
                     continue;
@@ -272,16 +308,18 @@ pub fn timer_thread() {
                         .min(BACKSTOP_MAX_NS)
                 } else {
                     // Woken with nothing to hand over. Wake less often only if the
-                    // program's calls did hand requests over since: calls that merely saw
+                    // program's calls did hand requests over since, or lately (calm): calls
+                    // that merely saw
                     // requests in the line (none due yet) say nothing of who will hand them
                     // over once the program sleeps, and a long nap then made them late by up
                     // to the longest.
-                    backstop = if handed != by_program {
+                    backstop = if handed != by_program || calm {
                         (backstop * 2).min(most)
                     } else {
                         least
                     };
-                    units_to_ns(wake - now).min(units_to_ns(backstop).max(ACTIVE_NS))
+                    let until = if wake > now { wake - now } else { backstop };
+                    units_to_ns(until).min(units_to_ns(backstop).max(ACTIVE_NS))
                 };
                 by_program = handed;
                 nap
