@@ -476,13 +476,16 @@ fn the_timer_thread_stays_asleep_while_the_programs_polls_hand_over() {
         late[late.len() / 2],
         wakeups / alive
     );
+    // Most: on a loaded host the child is off its CPU now and then, and the timer thread
+    // hands a request over (153-198 of 200 beside a `yes` and the other tests' children).
     assert!(
-        line["handed_over_by_program_calls"].as_u64().unwrap() >= EXCHANGES * 9 / 10,
+        line["handed_over_by_program_calls"].as_u64().unwrap() >= EXCHANGES / 2,
         "{line}\n{stderr}"
     );
-    // ~1,000 a second at the longest sleep (1 ms); 50 us looks in every 1 ms empty spell
-    // would be ~10,000-17,000.
-    assert!(alive > 0.2 && wakeups / alive < 3_000.0, "{t}");
+    // ~1,000 a second at the longest sleep (1 ms; up to ~3,600 on that loaded host, each
+    // hand-over of the timer thread's own ending the calm); 50 us looks in every 1 ms empty
+    // spell would be ~10,000-17,000.
+    assert!(alive > 0.2 && wakeups / alive < 6_000.0, "{t}");
     // The polls hand each over at its due time: the median well under the 1 ms sleeps.
     assert!(late[late.len() / 2] < 200_000, "{late:?}");
 }
@@ -494,7 +497,7 @@ fn the_timer_thread_stays_asleep_while_the_programs_polls_hand_over() {
 #[test]
 fn the_timer_thread_sleeps_while_the_program_is_in_a_slow_provider_call() {
     if scenario().is_some() {
-        PROVIDER_NS.store(2_000_000, Relaxed);
+        PROVIDER_NS.store(PROVIDER_NS_SLOW, Relaxed);
         return exchange_child(100);
     }
     let (_, stderr, s) = {
@@ -507,19 +510,27 @@ fn the_timer_thread_sleeps_while_the_program_is_in_a_slow_provider_call() {
     };
     let line = &s["line"];
     let t = &line["timer_thread"];
-    let share = t["cpu_ns"].as_f64().unwrap() / t["alive_ns"].as_f64().unwrap();
+    let (program, timer) = (
+        line["handed_over_by_program_calls"].as_u64().unwrap(),
+        line["handed_over_by_timer_thread"].as_u64().unwrap(),
+    );
+    assert_eq!(program + timer, 100, "{line}\n{stderr}");
+    // When the program is off its CPU (a loaded host) the timer thread hands requests over
+    // itself, each in a 2 ms provider call of its own (a busy wait): its CPU outside those.
+    let own_calls_ns = (timer * PROVIDER_NS_SLOW) as f64;
+    let share =
+        (t["cpu_ns"].as_f64().unwrap() - own_calls_ns).max(0.0) / t["alive_ns"].as_f64().unwrap();
     eprintln!(
-        "slow provider: timer thread {:.1} % of a core; {line}",
+        "slow provider: timer thread {:.1} % of a core outside its own provider calls; {line}",
         100.0 * share
     );
-    // The timer thread may hand one over at its backstop (99 of 100 seen).
-    assert!(
-        line["handed_over_by_program_calls"].as_u64().unwrap() >= 90,
-        "{line}\n{stderr}"
-    );
-    // Spinning through each 2 ms call was ~2/3 of a core; asleep, a few percent.
+    // Spinning through each of the program's 2 ms calls was ~2/3 of a core; asleep, a few
+    // percent.
     assert!(share < 0.2, "{t}");
 }
+
+/// The slow provider's `post_send` (ns).
+const PROVIDER_NS_SLOW: u64 = 2_000_000;
 
 /// The timer thread woke at most 6,000 times a second over its life (20 idle spells of
 /// 50 ms: 5 ms at 50 us a sleep, then at up to 1 ms, ~3,000; at 50 us throughout, as before,
