@@ -456,14 +456,8 @@ fn the_timer_thread_stays_asleep_while_the_programs_polls_hand_over() {
     if scenario().is_some() {
         return exchange_child(EXCHANGES);
     }
-    let (r, stderr, s) = {
-        let _one_at_a_time = FULL_NODE.lock().unwrap_or_else(|e| e.into_inner());
-        run(
-            "the_timer_thread_stays_asleep_while_the_programs_polls_hand_over",
-            "exchange",
-            &[("IBJITTER_DELAY", "100us")],
-        )
-    };
+    let (r, stderr, s) =
+        run_exchange("the_timer_thread_stays_asleep_while_the_programs_polls_hand_over");
     let late = lateness_of(&r, EXCHANGES as usize, 100_000);
     let line = &s["line"];
     let t = &line["timer_thread"];
@@ -500,14 +494,8 @@ fn the_timer_thread_sleeps_while_the_program_is_in_a_slow_provider_call() {
         PROVIDER_NS.store(PROVIDER_NS_SLOW, Relaxed);
         return exchange_child(100);
     }
-    let (_, stderr, s) = {
-        let _one_at_a_time = FULL_NODE.lock().unwrap_or_else(|e| e.into_inner());
-        run(
-            "the_timer_thread_sleeps_while_the_program_is_in_a_slow_provider_call",
-            "exchange",
-            &[("IBJITTER_DELAY", "100us")],
-        )
-    };
+    let (_, stderr, s) =
+        run_exchange("the_timer_thread_sleeps_while_the_program_is_in_a_slow_provider_call");
     let line = &s["line"];
     let t = &line["timer_thread"];
     let (program, timer) = (
@@ -527,6 +515,12 @@ fn the_timer_thread_sleeps_while_the_program_is_in_a_slow_provider_call() {
     // Spinning through each of the program's 2 ms calls was ~2/3 of a core; asleep, a few
     // percent.
     assert!(share < 0.2, "{t}");
+}
+
+/// Runs the exchanging child for `test` at 100 us, alone among the busy children.
+fn run_exchange(test: &str) -> (Value, String, Value) {
+    let _one_at_a_time = FULL_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    run(test, "exchange", &[("IBJITTER_DELAY", "100us")])
 }
 
 /// The slow provider's `post_send` (ns).
