@@ -309,10 +309,9 @@ pub fn timer_thread() {
                 } else {
                     // Woken with nothing to hand over. Wake less often only if the
                     // program's calls did hand requests over since, or lately (calm): calls
-                    // that merely saw
-                    // requests in the line (none due yet) say nothing of who will hand them
-                    // over once the program sleeps, and a long nap then made them late by up
-                    // to the longest.
+                    // that merely saw requests in the line (none due yet) say nothing of who
+                    // will hand them over once the program sleeps, and a long nap then made
+                    // them late by up to the longest.
                     backstop = if handed != by_program || calm {
                         (backstop * 2).min(most)
                     } else {
