@@ -187,7 +187,7 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
         return None;
     }
     let mut said = Vec::new();
-    if let Some(late) = line_late_beyond_table(s) {
+    if let Some(late) = line::lateness().and_then(|l| line_late_beyond_table(s, l)) {
         said.push(format!(
             "the delay line handed {} requests to the provider late: {} at the median, {} at \
              the p99, {} at most after their due time, for a table of mean {} and largest {}: \
@@ -223,11 +223,14 @@ pub struct LineLate {
     pub largest: u64,
 }
 
-/// The line's lateness when the table cannot account for it: the median over 10 % of the
-/// table's mean, or the p99 over its largest delay. None otherwise (or without a line).
-pub fn line_late_beyond_table(s: &Settings) -> Option<LineLate> {
+/// The line's lateness (`line::lateness`'s count, p50, p99, max) when the table cannot
+/// account for it: the median over 10 % of the table's mean, or the p99 over its largest
+/// delay. None otherwise (or without a table).
+pub fn line_late_beyond_table(
+    s: &Settings,
+    (n, p50, p99, max): (u64, u64, u64, u64),
+) -> Option<LineLate> {
     let d = s.delays.as_ref()?;
-    let (n, p50, p99, max) = line::lateness()?;
     let (mean, largest) = (d.mean(), d.max());
     (p50 as f64 > 0.1 * mean || p99 > largest).then_some(LineLate {
         n,

@@ -54,17 +54,20 @@ pub fn table_now() -> String {
         Some(d) => format!("table {}", d.source),
         None => "no table (pass-through)".to_string(),
     };
-    // The delay line: how late it handed requests over so far. The unit's mark ends the
-    // answer (the CLI reads it there).
-    // Later than the table accounts for: why, as the exit's warning says it.
+    // The delay line: how late it handed requests over so far, and why when later than the
+    // table accounts for (as the exit's warning says it). The unit's mark ends the answer
+    // (the CLI reads it there).
     match line::lateness().filter(|_| state::line_mode()) {
-        Some((n, p50, p99, _)) => {
-            let beyond = lines::line_late_beyond_table(&l.settings).map_or(String::new(), |late| {
-                format!(
-                    "; later than the table accounts for: {}",
-                    lines::line_lateness_cause(&late)
-                )
-            });
+        Some(lateness @ (n, p50, p99, _)) => {
+            let beyond = lines::line_late_beyond_table(&l.settings, lateness).map_or(
+                String::new(),
+                |late| {
+                    format!(
+                        "; later than the table accounts for: {}",
+                        lines::line_lateness_cause(&late)
+                    )
+                },
+            );
             format!(
                 "{now}; line handed {n} requests over late by {:.1} us (p50), {:.1} us (p99)\
                  {beyond}{mark}",

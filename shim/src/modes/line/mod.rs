@@ -256,8 +256,6 @@ pub fn after_fork_child() {
 
 /// The stats' `line` object.
 pub fn stats_json() -> serde_json::Value {
-    let late = lateness();
-    let q = |k: usize| late.map(|l| [l.0, l.1, l.2, l.3][k]);
     let (post_errors, dropped) = flusher::errors();
     let timer = flusher::timer_cost();
     serde_json::json!({
@@ -280,7 +278,7 @@ pub fn stats_json() -> serde_json::Value {
                                 "woken_by_program": flusher::timer_rung() })
         }),
         // How late requests reached the provider, ns after their due time.
-        "late_ns": { "count": q(0), "p50": q(1), "p99": q(2), "max": q(3) },
+        "late_ns": summary_json(lateness()),
         // The provider's own time taking the hand-overs (inside its post_send), its share of
         // the line's life (first entry to latest hand-over) and per request: near 1, the line
         // offered requests as fast as the provider takes them (lateness is then queueing).
@@ -288,11 +286,15 @@ pub fn stats_json() -> serde_json::Value {
         // the provider's own (a software provider preempted in its kernel work), which the
         // requests due meanwhile wait out as late.
         "provider_post": provider_busy().map(|(ns, share, per_request_ns)| {
-            let c = provider_call_times();
-            let q = |k: usize| c.map(|c| [c.0, c.1, c.2, c.3][k]);
             serde_json::json!({ "ns": ns, "busy_share": (share * 1000.0).round() / 1000.0,
                                 "per_request_ns": per_request_ns,
-                                "call_ns": { "count": q(0), "p50": q(1), "p99": q(2), "max": q(3) } })
+                                "call_ns": summary_json(provider_call_times()) })
         }),
     })
+}
+
+/// A (count, p50, p99, max) summary as the stats write it (nulls when there is none).
+fn summary_json(s: Option<(u64, u64, u64, u64)>) -> serde_json::Value {
+    let q = |k: usize| s.map(|s| [s.0, s.1, s.2, s.3][k]);
+    serde_json::json!({ "count": q(0), "p50": q(1), "p99": q(2), "max": q(3) })
 }
