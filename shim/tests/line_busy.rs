@@ -150,13 +150,7 @@ fn child(how: &str, n: u64, gap: Duration) {
         let mut sge = byte_sge(&byte);
         let mut wr = inline_send(k, &mut sge);
         posted.push(now_ns());
-        // SAFETY: as verbs.h's inline ibv_post_send, on a patched fake context.
-        let rc = unsafe {
-            let f = (*(*qp).context).ops.post_send.unwrap();
-            let mut bad = std::ptr::null_mut();
-            f(qp, &mut wr, &mut bad)
-        };
-        assert_eq!(rc, 0);
+        post_send(qp, &mut wr);
         if how == "bursts" {
             // Busy between posts (no call into the shim), asleep between bursts.
             busy_until(now_ns() + gap.as_nanos() as u64);
@@ -213,6 +207,17 @@ fn child(how: &str, n: u64, gap: Duration) {
     );
 }
 
+/// Posts `wr` on `qp` as verbs.h's inline `ibv_post_send` does (through the patched fake
+/// context) and checks that the post returned 0.
+fn post_send(qp: *mut ibv_qp, wr: &mut ibv_send_wr) {
+    // SAFETY: `qp` is a QP of a live, patched fake context; `wr` a valid request.
+    let rc = unsafe {
+        let mut bad = std::ptr::null_mut();
+        (*(*qp).context).ops.post_send.unwrap()(qp, wr, &mut bad)
+    };
+    assert_eq!(rc, 0);
+}
+
 /// The scatter entry of `bytes`.
 fn byte_sge(bytes: &[u8]) -> ibv_sge {
     ibv_sge {
@@ -259,14 +264,7 @@ fn exchange_child(rounds: u64) {
         let mut sge = byte_sge(&byte);
         let mut wr = inline_send(k, &mut sge);
         posted.push(now_ns());
-        // SAFETY: as verbs.h's inline ibv_post_send, on the patched fake context.
-        unsafe {
-            let mut bad = std::ptr::null_mut();
-            assert_eq!(
-                (*(*qp).context).ops.post_send.unwrap()(qp, &mut wr, &mut bad),
-                0
-            );
-        }
+        post_send(qp, &mut wr);
         let t0 = now_ns();
         while SEEN.lock().unwrap().len() as u64 <= k && now_ns() - t0 < 10_000_000_000 {
             poll();
@@ -315,12 +313,10 @@ fn sleeper_child(how: &str) {
         let mut sge = byte_sge(&byte);
         let mut wr = inline_send(k, &mut sge);
         posted.push(now_ns());
-        // SAFETY: as verbs.h's inline ibv_post_send and ibv_req_notify_cq, on the patched
-        // fake context; the stub's ibv_get_cq_event (behind the shim's) returns at once.
+        post_send(qp, &mut wr);
+        // SAFETY: as verbs.h's inline ibv_req_notify_cq, on the patched fake context; the
+        // stub's ibv_get_cq_event (behind the shim's) returns at once.
         unsafe {
-            let f = (*(*qp).context).ops.post_send.unwrap();
-            let mut bad = std::ptr::null_mut();
-            assert_eq!(f(qp, &mut wr, &mut bad), 0);
             match how {
                 "notify" => {
                     let f = (*ctx).ops.req_notify_cq.unwrap();
