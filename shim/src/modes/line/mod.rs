@@ -252,6 +252,7 @@ pub fn not_delivered() -> (u64, u64) {
 /// requests in the line are not the child's to post.
 pub fn after_fork_child() {
     flusher::forget_after_fork();
+    qps::forget_after_fork();
 }
 
 /// The stats' `line` object.

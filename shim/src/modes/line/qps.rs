@@ -4,7 +4,7 @@
 //! requests in the line" is `last_due > handed_due`: no per-request count to keep.
 use crate::sys::addr_table::{self, REMOVED};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 use crate::abi::verbs::ibv_qp;
 
@@ -35,27 +35,69 @@ fn key_of(e: &QpLine) -> &AtomicUsize {
     &e.key
 }
 
-/// The QP's entry; with `insert`, made on its first post (lock-free). None when the table has
-/// no room within its probe limit.
+/// The QP's entry; with `insert`, made on its first post. None when the table has no room
+/// within its probe limit (or, rarely, an insertion could not be had: see [`insert`]).
 pub fn entry(qp: *mut ibv_qp, insert: bool) -> Option<&'static QpLine> {
     let key = qp as usize;
     let e = match addr_table::find(&QPS, key, MAX_PROBES, key_of) {
         Some(e) => e,
-        None if insert => {
-            let e = addr_table::claim(&QPS, key, MAX_PROBES, key_of)?;
-            // Ours: set up, then publish the generation (lookups wait for it).
-            e.last_due.store(0, Relaxed);
-            e.handed_due.store(0, Relaxed);
-            e.gen.store(GEN.fetch_add(1, Relaxed).max(1), Release);
-            e
-        }
+        None if insert => self::insert(key)?,
         None => return None,
     };
-    // Another thread is setting the entry up: its generation comes next.
+    // A destroy of a QP that was at this address is resetting the entry.
     while e.gen.load(Acquire) == 0 && e.key.load(Acquire) == key {
         std::hint::spin_loop();
     }
     Some(e)
+}
+
+/// Held while a QP's entry is made.
+static INSERTING: AtomicBool = AtomicBool::new(false);
+/// How long a new QP's first post waits for another thread's insertion before it gives up.
+const INSERT_WAIT_NS: u64 = 5_000_000;
+
+/// Makes `key`'s entry, one insertion at a time: threads posting a new QP's first requests at
+/// once (a QP they share) would otherwise each claim a slot for it, and the requests entered
+/// through the one lookups do not find were dropped at their hand-over. Once per QP, a
+/// few hundred nanoseconds, never in the steady post path; the holder makes no call. A waiter
+/// yields its core after a short spin (the holder may have been preempted on a full node)
+/// and gives up after [`INSERT_WAIT_NS`] (a signal handler posting on the thread that holds
+/// it): its requests are then posted directly, in place.
+#[cold]
+#[inline(never)]
+fn insert(key: usize) -> Option<&'static QpLine> {
+    let mut spins = 0u32;
+    let mut since = 0;
+    while INSERTING.swap(true, Acquire) {
+        spins += 1;
+        if spins < 1000 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let now = crate::sys::clock::monotonic_ns();
+        if since == 0 {
+            since = now;
+        } else if now - since > INSERT_WAIT_NS {
+            return None;
+        }
+        std::thread::yield_now();
+    }
+    // Another thread may have made it while this one waited.
+    let e = addr_table::find(&QPS, key, MAX_PROBES, key_of).or_else(|| {
+        let e = addr_table::claim(&QPS, key, MAX_PROBES, key_of)?;
+        // Set up, then publish the generation (lookups wait for it).
+        e.last_due.store(0, Relaxed);
+        e.handed_due.store(0, Relaxed);
+        e.gen.store(GEN.fetch_add(1, Relaxed).max(1), Release);
+        Some(e)
+    });
+    INSERTING.store(false, Release);
+    e
+}
+
+/// A fork child: a thread of the parent's that was making an entry is not in the child.
+pub fn forget_after_fork() {
+    INSERTING.store(false, Release);
 }
 
 impl QpLine {
@@ -128,4 +170,44 @@ pub fn destroyed(qp: *mut ibv_qp) {
     // QP's, at this address, with another generation) and are dropped.
     q.gen.store(0, Release);
     q.key.store(REMOVED, Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Barrier;
+
+    /// Threads that post a QP's first requests at once (a QP shared by many threads) must all
+    /// get its one entry: a second entry for the same QP gives its requests a generation the
+    /// hand-over does not find (dropped) and a due order of their own.
+    #[test]
+    fn threads_posting_a_new_qp_at_once_share_one_entry() {
+        const THREADS: usize = 8;
+        const QPS: usize = 3000;
+        let start = Barrier::new(THREADS);
+        let got: Vec<Vec<usize>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..QPS)
+                            .map(|k| {
+                                start.wait();
+                                let qp = (0x7f00_0000_0000usize + k * 0x240) as *mut ibv_qp;
+                                let e = entry(qp, true).expect("room in the table");
+                                e as *const QpLine as usize
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let split = (0..QPS)
+            .filter(|&k| got.iter().any(|g| g[k] != got[0][k]))
+            .count();
+        for k in 0..QPS {
+            destroyed((0x7f00_0000_0000usize + k * 0x240) as *mut ibv_qp);
+        }
+        assert_eq!(split, 0, "QPs given two entries by threads posting at once");
+    }
 }
