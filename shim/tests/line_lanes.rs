@@ -363,6 +363,13 @@ fn a_destroyed_qps_requests_are_dropped_and_a_new_qp_at_its_address_gets_its_own
     assert_eq!(ids, (100..110).collect::<Vec<u64>>(), "{stderr}");
     assert_eq!(s["line"]["dropped"], 50, "{s}");
     assert_eq!(s["line"]["deferred"], 60, "{s}");
+    // The exit line counts only what reached the provider as delayed, and says the rest.
+    assert!(
+        stderr.contains("delayed 10 of 60 sends")
+            && stderr.contains("500.000 ms in all")
+            && stderr.contains("; dropped 50 (their QP was destroyed"),
+        "{stderr}"
+    );
 }
 
 /// A chain whose middle request has 17 scatter entries (a slot holds 16): the first enters

@@ -145,10 +145,14 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
     if snap.post_send + snap.wr_complete + snap.ucp == 0 || s.delays.is_none() || s.quiet {
         return None;
     }
-    // Requests the delay line never handed over were not delayed: they were lost.
+    // Requests the delay line never handed over were not delayed: they were lost (still in
+    // the line at exit) or dropped (their QP destroyed while they were in it).
     let (lost, lost_ns) = line::not_delivered();
-    let delayed = drawn.injected.saturating_sub(lost);
-    let sum = drawn.sum.saturating_sub(u128::from(lost_ns));
+    let (dropped, dropped_ns) = line::dropped();
+    let delayed = drawn.injected.saturating_sub(lost + dropped);
+    let sum = drawn
+        .sum
+        .saturating_sub(u128::from(lost_ns) + u128::from(dropped_ns));
     let sum = match s.unit {
         config::Unit::Ns => format!("{:.3} ms", sum as f64 / 1e6),
         config::Unit::Loops => format!("{sum} loops"),
@@ -169,6 +173,11 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
         }
         if lost > 0 {
             line += &format!("; not delivered {lost} (still in the delay line at exit)");
+        }
+        if dropped > 0 {
+            line += &format!(
+                "; dropped {dropped} (their QP was destroyed while they were in the delay line)"
+            );
         }
     }
     Some(line)

@@ -67,6 +67,8 @@ static FLUSHING: AtomicBool = AtomicBool::new(false);
 static LEFT: AtomicU64 = AtomicU64::new(0);
 static POST_ERRORS: AtomicU64 = AtomicU64::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// The dropped requests' own delays (clock units, summed): drawn, never given.
+static DROPPED_UNITS: AtomicU64 = AtomicU64::new(0);
 pub static BY_PROGRAM: AtomicU64 = AtomicU64::new(0);
 pub static BY_TIMER: AtomicU64 = AtomicU64::new(0);
 
@@ -488,6 +490,7 @@ unsafe fn post_list(line: &Line, list: &mut List, times: &mut Times, by: &Atomic
     for &i in slots {
         let s = line.pool.slot(i);
         if Some(s.gen) != gen {
+            add(&DROPPED_UNITS, s.units);
             continue;
         }
         s.wr.next = null_mut();
@@ -567,7 +570,7 @@ pub fn in_line() -> u64 {
 /// thread, and its posts wait in place).
 pub fn forget_after_fork() {
     TIMER_CPU_CLOCK.store(-1, Relaxed);
-    for parents in [&PROVIDER_NS, &FIRST_IN, &LAST_OUT] {
+    for parents in [&PROVIDER_NS, &FIRST_IN, &LAST_OUT, &DROPPED, &DROPPED_UNITS] {
         parents.store(0, Relaxed);
     }
     NAPPING.store(false, Relaxed);
@@ -650,4 +653,13 @@ pub fn provider_call_times() -> Option<(u64, u64, u64, u64)> {
 /// Provider refusals and dropped requests, for the stats.
 pub fn errors() -> (u64, u64) {
     (POST_ERRORS.load(Relaxed), DROPPED.load(Relaxed))
+}
+
+/// Requests dropped (their QP was destroyed while they were in the line) and the sum of
+/// their own delays (ns).
+pub fn dropped() -> (u64, u64) {
+    (
+        DROPPED.load(Acquire),
+        units_to_ns(DROPPED_UNITS.load(Acquire)),
+    )
 }

@@ -248,6 +248,16 @@ pub fn not_delivered() -> (u64, u64) {
     (NOT_DELIVERED.load(Relaxed), NOT_DELIVERED_NS.load(Relaxed))
 }
 
+pub use flusher::dropped;
+
+/// Requests given a delay that never reached the provider: not delivered, and dropped
+/// (their QP was destroyed while they were in the line); with their delays' sum (ns). They
+/// count as delayed nowhere.
+pub fn never_handed_over() -> (u64, u64) {
+    let ((lost, lost_ns), (dropped, dropped_ns)) = (not_delivered(), dropped());
+    (lost + dropped, lost_ns.saturating_add(dropped_ns))
+}
+
 /// fork() child: no timer thread here (the state's mode is spin again); the parent's
 /// requests in the line are not the child's to post.
 pub fn after_fork_child() {
