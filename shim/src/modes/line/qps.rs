@@ -175,13 +175,17 @@ pub fn destroyed(qp: *mut ibv_qp) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Barrier;
+    use std::sync::{Barrier, Mutex};
+
+    /// The tests share the table and its insertion flag: one at a time.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
     /// Threads that post a QP's first requests at once (a QP shared by many threads) must all
     /// get its one entry: a second entry for the same QP gives its requests a generation the
     /// hand-over does not find (dropped) and a due order of their own.
     #[test]
     fn threads_posting_a_new_qp_at_once_share_one_entry() {
+        let _one = ONE_AT_A_TIME.lock().unwrap();
         const THREADS: usize = 8;
         const QPS: usize = 3000;
         let start = Barrier::new(THREADS);
@@ -209,5 +213,29 @@ mod tests {
             destroyed((0x7f00_0000_0000usize + k * 0x240) as *mut ibv_qp);
         }
         assert_eq!(split, 0, "QPs given two entries by threads posting at once");
+    }
+
+    /// An insertion that never ends (a signal handler posting on the thread that was making
+    /// an entry) holds a new QP's first post up only briefly: it gets no entry (its requests
+    /// are posted in place), and a QP with an entry is found as before.
+    #[test]
+    fn a_new_qp_waits_for_a_stuck_insertion_only_briefly() {
+        let _one = ONE_AT_A_TIME.lock().unwrap();
+        let known = 0x7f10_0000_0000usize as *mut ibv_qp;
+        let e = entry(known, true).expect("room in the table") as *const QpLine;
+        INSERTING.store(true, SeqCst);
+        let t = std::time::Instant::now();
+        let fresh = entry(0x7f10_0000_1000usize as *mut ibv_qp, true);
+        let waited = t.elapsed();
+        let again = entry(known, true).map(|e| e as *const QpLine);
+        INSERTING.store(false, SeqCst);
+        destroyed(known);
+        assert!(fresh.is_none());
+        assert!(
+            waited >= std::time::Duration::from_nanos(INSERT_WAIT_NS)
+                && waited < std::time::Duration::from_millis(500),
+            "{waited:?}"
+        );
+        assert_eq!(again, Some(e));
     }
 }
