@@ -111,6 +111,7 @@ pub unsafe extern "C" fn ibv_create_qp(
     }
     state::note_qp_created();
     patch::qp_created(qp);
+    line::qp_created(qp);
     qp
 }
 

@@ -245,6 +245,7 @@ unsafe extern "C" fn create_qp_ex_hook(
     let qp = orig(ctx, attr);
     if !qp.is_null() {
         state::note_qp_created();
+        crate::modes::line::qp_created(qp);
     }
     patch_qp_ex_of(qp);
     qp

@@ -216,6 +216,18 @@ pub fn program_may_sleep() {
     flusher::program_may_sleep();
 }
 
+/// A QP was created: its entry is made now, while line mode is on, rather than at its first
+/// post, where the threads of a program that share it might wait for each other's insertion
+/// ([`qps::entry`]).
+///
+/// # Safety
+/// `qp` null or a live QP.
+pub unsafe fn qp_created(qp: *mut ibv_qp) {
+    if !qp.is_null() && crate::state::line_mode() {
+        let _ = qps::entry(qp, true);
+    }
+}
+
 /// Before `ibv_destroy_qp`: the QP's requests still in the line are dropped, and a hand-over
 /// to it in progress finishes first.
 ///
