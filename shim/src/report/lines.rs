@@ -147,12 +147,10 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
     }
     // Requests the delay line never handed over were not delayed: they were lost (still in
     // the line at exit) or dropped (their QP destroyed while they were in it).
-    let (lost, lost_ns) = line::not_delivered();
-    let (dropped, dropped_ns) = line::dropped();
-    let delayed = drawn.injected.saturating_sub(lost + dropped);
-    let sum = drawn
-        .sum
-        .saturating_sub(u128::from(lost_ns) + u128::from(dropped_ns));
+    let (never, never_ns) = line::never_handed_over();
+    let delayed = drawn.injected.saturating_sub(never);
+    let sum = drawn.sum.saturating_sub(u128::from(never_ns));
+    let (lost, dropped) = (line::not_delivered().0, line::dropped().0);
     let sum = match s.unit {
         config::Unit::Ns => format!("{:.3} ms", sum as f64 / 1e6),
         config::Unit::Loops => format!("{sum} loops"),

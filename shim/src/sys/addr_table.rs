@@ -49,9 +49,9 @@ pub fn find<T>(
 /// Claims a free slot (never used, or removed) for `key` with a compare-and-swap, so that
 /// concurrent claims never take one slot twice. Two claims of one key at once take two
 /// slots: the caller serialises insertions of a key (a lock, or one thread per object, as at
-/// its creation), and looks it up again under that before it claims. The caller fills the slot's other fields
-/// after the claim (lookups of `key` may see it then: fill what a lookup reads before it is
-/// used, or hold a lock). None when `max_probes` slots are taken.
+/// its creation), and looks it up again under that before it claims. The caller fills the
+/// slot's other fields after the claim (lookups of `key` may see it then: fill what a lookup
+/// reads before it is used, or hold a lock). None when `max_probes` slots are taken.
 pub fn claim<T>(
     table: &[T],
     key: usize,

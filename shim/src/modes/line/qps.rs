@@ -35,8 +35,9 @@ fn key_of(e: &QpLine) -> &AtomicUsize {
     &e.key
 }
 
-/// The QP's entry; with `insert`, made on its first post. None when the table has no room
-/// within its probe limit (or, rarely, an insertion could not be had: see [`insert`]).
+/// The QP's entry; with `insert`, made if it has none (at its creation in line mode, else at
+/// its first post). None when the table has no room within its probe limit (or, rarely, an
+/// insertion could not be had: see [`insert`]).
 pub fn entry(qp: *mut ibv_qp, insert: bool) -> Option<&'static QpLine> {
     let key = qp as usize;
     let e = match addr_table::find(&QPS, key, MAX_PROBES, key_of) {
