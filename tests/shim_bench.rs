@@ -216,12 +216,23 @@ const RC_ROUNDS: usize = 5;
 /// trip's path; no delay gives ~0). The bench adds to injected averages without bound, so an
 /// upper limit here would measure the host, not the shim: the growth is printed, not bounded.
 /// Returns the complaint if not.
+///
+/// The bench also flips between its two speeds, sometimes between a pair's two runs: the
+/// fastest injected run can fall in a faster spell than every clean one (once: clean 816-1579,
+/// injected 1559-2061, fastest growth +743 µs while four of five pairs grew by +829-+1245).
+/// So the growth is the larger of the fastest-to-fastest one and the median of the pairs' own
+/// growths (each pair run back to back); both stay near 0 when nothing is delayed.
 fn averages_grew_by_d(what: &str, pairs: &[(f64, f64)]) -> Option<String> {
     let fastest =
         |side: fn(&(f64, f64)) -> f64| pairs.iter().map(side).fold(f64::INFINITY, f64::min);
-    let growth = fastest(|p| p.1) - fastest(|p| p.0);
+    let fastest_growth = fastest(|p| p.1) - fastest(|p| p.0);
+    let mut each: Vec<f64> = pairs.iter().map(|p| p.1 - p.0).collect();
+    each.sort_by(f64::total_cmp);
+    let median_growth = each[each.len() / 2];
+    let growth = fastest_growth.max(median_growth);
     let line = format!(
-        "{what}: fastest average grew by +{growth:.1} µs over {} interleaved clean/injected runs ({}; D = {D_US})",
+        "{what}: fastest average grew by +{fastest_growth:.1} µs, the pairs' median by \
+         +{median_growth:.1}, over {} interleaved clean/injected runs ({}; D = {D_US})",
         pairs.len(),
         pairs
             .iter()
@@ -1021,9 +1032,18 @@ fn libfabric_rdma_cm_and_mpich_clients_are_delayed_with_exact_counts() {
         script += &fi(format!("fi_base_{r}"), "");
         script += &fi(format!("fi_shim_{r}"), &shim("fi"));
     }
+    // rping's client can end itself with status 255 after its run: its event thread reads
+    // the rdma_cm channel once more after the main thread destroyed it ("rdma_get_cm_event:
+    // Bad file descriptor", and exit() from that thread races the main thread's, stats and
+    // all). Its own teardown race (once in many bench runs): then it runs once more.
     script += &format!(
-        "pair rping 'cm_listening 7174' 'timeout 120 rping -s -a 10.0.0.2 -p 7174 -C {RPING}' \
-         'timeout 120 {} rping -c -a 10.0.0.2 -p 7174 -C {RPING}' || F=1\n\
+        "rping_pair() {{ pair rping 'cm_listening 7174' 'timeout 120 rping -s -a 10.0.0.2 -p 7174 -C {RPING}' \
+         'timeout 120 {} rping -c -a 10.0.0.2 -p 7174 -C {RPING} 2> /tmp/rping.err; rc=$?; cat /tmp/rping.err >&2; exit $rc'; }}\n\
+         if ! rping_pair; then\n\
+           if grep -q 'rdma_get_cm_event: Bad file descriptor' /tmp/rping.err; then\n\
+             echo '(rping ended in its own teardown race: once more)'; rm -f {d}/rping.*.json; rping_pair || F=1\n\
+           else F=1; fi\n\
+         fi\n\
          pair ucmatose 'cm_listening 7471' 'timeout 120 ucmatose -p 7471 -C {UCM_MSGS} -c {UCM_CONNS}' \
          'timeout 120 {} ucmatose -s 10.0.0.2 -p 7471 -C {UCM_MSGS} -c {UCM_CONNS}' || F=1\n",
         shim("rping"),
