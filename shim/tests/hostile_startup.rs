@@ -92,6 +92,7 @@ fn the_clock_is_chosen_at_first_use_not_at_load() {
         line.contains("clock tsc") || line.contains("clock CLOCK_MONOTONIC"),
         "{line}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A rank that `IBJITTER_RANKS` left out stays out: `ibjitter inject set` is refused there,

@@ -250,6 +250,8 @@ fn run(test: &str, how: &str, delay: &str, jitter: &str) -> (Value, String, Valu
         .find_map(|l| l.split_once("RESULT ").map(|(_, r)| r))
         .unwrap_or_else(|| panic!("no RESULT: {stdout}\n{stderr}"));
     let doc = std::fs::read_to_string(Path::new(&stats)).unwrap();
+    // Kept only when the child failed (above): each run's directory is its own.
+    let _ = std::fs::remove_dir_all(&dir);
     (
         serde_json::from_str(result).unwrap(),
         stderr,
