@@ -72,13 +72,13 @@ static DROPPED_UNITS: AtomicU64 = AtomicU64::new(0);
 pub static BY_PROGRAM: AtomicU64 = AtomicU64::new(0);
 pub static BY_TIMER: AtomicU64 = AtomicU64::new(0);
 
-/// The provider's own time taking the line's requests (ns inside its `post_send`, summed),
-/// and the span it falls in: from the first request handed over's entry (its due time less
-/// its delay) to the end of the latest hand-over (clock units; 0: none yet). Their ratio
+/// The provider's own time taking the line's requests (inside its `post_send`, summed), and
+/// the span it falls in: from the first request handed over's entry (its due time less its
+/// delay) to the end of the latest hand-over (all in clock units; 0: none yet). Their ratio
 /// says whether the provider itself was the bottleneck: a software provider (rxe) does a
 /// send's work in that call, tens of microseconds under the bench's emulated CPUs. Only the
 /// thread flushing the line writes them.
-static PROVIDER_NS: AtomicU64 = AtomicU64::new(0);
+static PROVIDER_UNITS: AtomicU64 = AtomicU64::new(0);
 static FIRST_IN: AtomicU64 = AtomicU64::new(0);
 static LAST_OUT: AtomicU64 = AtomicU64::new(0);
 
@@ -106,6 +106,8 @@ pub struct Flusher {
 
 /// How late requests were handed over (ns after their due time), and how long each call of
 /// the provider's `post_send` took them (ns).
+/// In clock units, converted to ns when read: a conversion per request handed over cost
+/// a division (TSC ticks to ns).
 struct Times {
     late: hdrhistogram::Histogram<u64>,
     provider_call: hdrhistogram::Histogram<u64>,
@@ -119,7 +121,8 @@ static FLUSHER: FlusherCell = FlusherCell(UnsafeCell::new(None));
 /// Sets the flusher's state up (before the line takes its first request). False if its
 /// memory cannot be had.
 pub fn start() -> bool {
-    let hist = || hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 2).ok();
+    // Up to an hour in TSC ticks of a 10 GHz clock.
+    let hist = || hdrhistogram::Histogram::new_with_bounds(1, 36_000_000_000_000, 2).ok();
     let (Some(late), Some(provider_call)) = (hist(), hist()) else {
         return false;
     };
@@ -169,15 +172,16 @@ pub fn flush_if_due(now: Option<u64>) {
         PROGRAM_SEEN.store(now, Relaxed);
     }
     if now >= next {
-        flush(&BY_PROGRAM);
+        flush(&BY_PROGRAM, Some(now));
     }
 }
 
 /// Takes what entered into the heap and hands the due requests over, counting them in `by`;
-/// false if another thread holds the line.
+/// false if another thread holds the line. `now`: the caller's clock reading, if it has one
+/// (each read costs 10-20 ns, a good part of a hand-over's own cost).
 #[cold]
 #[inline(never)]
-pub fn flush(by: &AtomicU64) -> bool {
+pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
     let Some(line) = lanes::line() else {
         return false;
     };
@@ -189,30 +193,32 @@ pub fn flush(by: &AtomicU64) -> bool {
         FLUSHING.store(false, Release);
         return false;
     };
+    let mut given = now;
     loop {
         // SAFETY: FLUSHING is ours; each slot taken is the flusher's until given back.
         unsafe {
             line.take_entered(|i| f.heap.push(std::cmp::Reverse((line.pool.slot(i).due, i))))
         };
-        let mut now = now_units();
+        let mut now = given.take().unwrap_or_else(now_units);
         let mut list = List::new();
         while let Some(&std::cmp::Reverse((due, i))) = f.heap.peek() {
+            // `now` is the caller's reading or the latest provider call's return: a request
+            // that fell due since leaves at the next call (no second clock read here).
             if due > now {
-                now = now_units();
-                if due > now {
-                    break;
-                }
+                break;
             }
             f.heap.pop();
             // SAFETY: the flusher owns slot i until post_list gives it back.
-            unsafe { add_to_list(line, &mut list, i, &mut f.times, by) };
+            unsafe { add_to_list(line, &mut list, i, &mut f.times, by, &mut now) };
         }
         if list.n > 0 {
             // SAFETY: as above.
-            unsafe { post_list(line, &mut list, &mut f.times, by) };
+            unsafe { post_list(line, &mut list, &mut f.times, by, &mut now) };
         }
         let next = f.heap.peek().map_or(u64::MAX, |r| r.0 .0);
-        NEXT_DUE.store(next, SeqCst);
+        // The fence orders this store before the look at the ways below (as `announce`
+        // orders a post's): a store that is itself a barrier is not needed.
+        NEXT_DUE.store(next, Relaxed);
         std::sync::atomic::fence(SeqCst);
         // A request that entered meanwhile lowered NEXT_DUE after this store, or is seen here.
         if !line.entered_waiting() {
@@ -296,7 +302,7 @@ pub fn timer_thread() {
                 // The program's calls hand requests over: a backstop only.
                 let wake = next.saturating_add(backstop);
                 if now >= wake && !line_taken {
-                    flush(&BY_TIMER);
+                    flush(&BY_TIMER, Some(now));
                     backstop = least;
                     continue;
                 }
@@ -329,7 +335,7 @@ pub fn timer_thread() {
                 while now_units() < next && NEXT_DUE.load(Acquire) == next {
                     std::hint::spin_loop();
                 }
-                flush(&BY_TIMER);
+                flush(&BY_TIMER, None);
                 backstop = least;
                 continue;
             } else {
@@ -383,7 +389,7 @@ pub fn program_may_sleep() {
     if NEXT_DUE.load(Acquire) == u64::MAX {
         return;
     }
-    flush(&BY_PROGRAM);
+    flush(&BY_PROGRAM, None);
     PROGRAM_SEEN.store(0, Relaxed);
     if NEXT_DUE.load(SeqCst) != u64::MAX && NAPPING.load(SeqCst) {
         RUNG.fetch_add(1, Relaxed);
@@ -460,15 +466,22 @@ impl List {
 }
 
 /// Adds slot `i` to `list`, handing the list over first if `i` is another QP's or the list
-/// is full.
-unsafe fn add_to_list(line: &Line, list: &mut List, i: u32, times: &mut Times, by: &AtomicU64) {
+/// is full (`now`: as [`post_list`]'s).
+unsafe fn add_to_list(
+    line: &Line,
+    list: &mut List,
+    i: u32,
+    times: &mut Times,
+    by: &AtomicU64,
+    now: &mut u64,
+) {
     let s = line.pool.slot(i);
     let bytes = bytes_of(s);
     let qp = s.qp;
     if list.n > 0 {
         let first = line.pool.slot(list.slots[0]);
         if first.qp != qp || list.n == LIST_MAX || list.bytes + bytes > LIST_BYTES {
-            post_list(line, list, times, by);
+            post_list(line, list, times, by, now);
         }
     }
     list.slots[list.n] = i;
@@ -477,7 +490,17 @@ unsafe fn add_to_list(line: &Line, list: &mut List, i: u32, times: &mut Times, b
 }
 
 /// Hands `list` over (the requests of a destroyed QP are dropped) and gives its slots back.
-unsafe fn post_list(line: &Line, list: &mut List, times: &mut Times, by: &AtomicU64) {
+/// Its requests' lateness is taken from a clock reading of its own, just before the
+/// provider's call (not from the reading that found them due: the flusher's own work since
+/// is part of how late they reach the provider). `now`: set to the time the provider's call
+/// returned, the flusher's latest reading.
+unsafe fn post_list(
+    line: &Line,
+    list: &mut List,
+    times: &mut Times,
+    by: &AtomicU64,
+    now: &mut u64,
+) {
     let slots = &list.slots[..list.n];
     let qp = line.pool.slot(slots[0]).qp;
     let (q, gen) = qps::posting(qp);
@@ -486,7 +509,7 @@ unsafe fn post_list(line: &Line, list: &mut List, times: &mut Times, by: &Atomic
     let mut last_due = 0;
     let mut first: *mut ibv_send_wr = null_mut();
     let mut prev: *mut ibv_send_wr = null_mut();
-    let now = now_units();
+    let now_in = now_units();
     for &i in slots {
         let s = line.pool.slot(i);
         if Some(s.gen) != gen {
@@ -503,9 +526,7 @@ unsafe fn post_list(line: &Line, list: &mut List, times: &mut Times, by: &Atomic
         live += 1;
         last_due = s.due;
         // Handed over now: how late, before the provider's own time to post.
-        let _ = times
-            .late
-            .record(units_to_ns(now.saturating_sub(s.due)).max(1));
+        let _ = times.late.record(now_in.saturating_sub(s.due).max(1));
     }
     if live > 0 {
         if FIRST_IN.load(Relaxed) == 0 {
@@ -515,8 +536,9 @@ unsafe fn post_list(line: &Line, list: &mut List, times: &mut Times, by: &Atomic
         let mut bad = null_mut();
         let rc = crate::registry::post_send_orig(qp, first, &mut bad);
         let out = now_units();
-        let took = units_to_ns(out.saturating_sub(now));
-        add(&PROVIDER_NS, took);
+        *now = out;
+        let took = out.saturating_sub(now_in);
+        add(&PROVIDER_UNITS, took);
         let _ = times.provider_call.record(took.max(1));
         LAST_OUT.store(out, Release);
         if rc != 0 {
@@ -570,7 +592,13 @@ pub fn in_line() -> u64 {
 /// thread, and its posts wait in place).
 pub fn forget_after_fork() {
     TIMER_CPU_CLOCK.store(-1, Relaxed);
-    for parents in [&PROVIDER_NS, &FIRST_IN, &LAST_OUT, &DROPPED, &DROPPED_UNITS] {
+    for parents in [
+        &PROVIDER_UNITS,
+        &FIRST_IN,
+        &LAST_OUT,
+        &DROPPED,
+        &DROPPED_UNITS,
+    ] {
         parents.store(0, Relaxed);
     }
     NAPPING.store(false, Relaxed);
@@ -618,14 +646,14 @@ pub fn lateness() -> Option<(u64, u64, u64, u64)> {
     with_flusher(|f| summary(&f.times.late)).flatten()
 }
 
-/// (count, p50, p99, max) of `h`; None if empty.
+/// (count, p50, p99, max) of `h` (clock units) in ns; None if empty.
 fn summary(h: &hdrhistogram::Histogram<u64>) -> Option<(u64, u64, u64, u64)> {
     (!h.is_empty()).then(|| {
         (
             h.len(),
-            h.value_at_quantile(0.5),
-            h.value_at_quantile(0.99),
-            h.max(),
+            units_to_ns(h.value_at_quantile(0.5)),
+            units_to_ns(h.value_at_quantile(0.99)),
+            units_to_ns(h.max()),
         )
     })
 }
@@ -639,7 +667,7 @@ pub fn provider_busy() -> Option<(u64, f64, u64)> {
     if first == 0 || last <= first || handed == 0 {
         return None;
     }
-    let ns = PROVIDER_NS.load(Relaxed);
+    let ns = units_to_ns(PROVIDER_UNITS.load(Relaxed));
     let share = (ns as f64 / units_to_ns(last - first).max(1) as f64).min(1.0);
     Some((ns, share, ns / handed))
 }

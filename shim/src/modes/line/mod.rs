@@ -244,7 +244,7 @@ pub unsafe fn qp_destroyed(qp: *mut ibv_qp) {
 pub fn drain(limit_ns: u64) -> u64 {
     let t0 = clock::monotonic_ns();
     while in_line() != 0 && clock::monotonic_ns() - t0 < limit_ns {
-        flusher::flush(&flusher::BY_PROGRAM);
+        flusher::flush(&flusher::BY_PROGRAM, None);
         std::thread::sleep(std::time::Duration::from_micros(100));
     }
     let left = in_line();
