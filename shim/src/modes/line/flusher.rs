@@ -104,10 +104,9 @@ pub struct Flusher {
     times: Times,
 }
 
-/// How late requests were handed over (ns after their due time), and how long each call of
-/// the provider's `post_send` took them (ns).
-/// In clock units, converted to ns when read: a conversion per request handed over cost
-/// a division (TSC ticks to ns).
+/// How late requests were handed over (after their due time), and how long each call of
+/// the provider's `post_send` took them: in clock units, converted to ns when read (a
+/// conversion per request handed over cost a division, TSC ticks to ns).
 struct Times {
     late: hdrhistogram::Histogram<u64>,
     provider_call: hdrhistogram::Histogram<u64>,
