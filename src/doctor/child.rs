@@ -147,13 +147,16 @@ fn spawn_logged(cmd: &mut Command, log: Option<&Path>) -> Result<(Child, PathBuf
     let err = out
         .try_clone()
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| format!("cannot run {prog}: {e}"))?;
-    Ok((child, path))
+    match cmd.stdin(Stdio::null()).stdout(out).stderr(err).spawn() {
+        Ok(child) => Ok((child, path)),
+        Err(e) => {
+            if log.is_none() {
+                // Nothing will write it: the temporary log goes (it was left empty in /tmp).
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(format!("cannot run {prog}: {e}"))
+        }
+    }
 }
 
 fn wait_bounded(mut child: Child, timeout: Duration, log: &Path) -> Finished {
