@@ -419,9 +419,13 @@ fn an_idle_line_is_seen_within_its_longest_nap() {
     let late = lateness_of(&r, SLEEPER_ROUNDS as usize, 100_000);
     let t = &s["line"]["timer_thread"];
     eprintln!("quiet: lateness {late:?} ns; timer thread {t}");
-    // The longest sleep (1 ms) less the delay (100 us), and the sleep's own lateness on a
-    // busy host: well under 5 ms.
-    assert!(late[late.len() - 1] < 5_000_000, "{late:?}\n{stderr}");
+    // Seen within the longest sleep (1 ms) less the delay (100 us): ~0.5 ms at the median;
+    // a sleep of 5 ms would put it near 2.5 ms. The tail is the host's: on a loaded one a
+    // sleep of 1 ms now and then ends 12 ms late (one of 20 in a CI run), so the tail is
+    // bounded by a count, not by its largest.
+    assert!(late[late.len() / 2] < 2_000_000, "{late:?}\n{stderr}");
+    let over_5ms = late.iter().filter(|&&l| l >= 5_000_000).count();
+    assert!(over_5ms <= late.len() / 10, "{late:?}\n{stderr}");
     assert_idle_line_is_cheap(t);
     assert_eq!(t["woken_by_program"], 0, "{t}");
     let line = &s["line"];
