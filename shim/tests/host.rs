@@ -517,6 +517,27 @@ fn same_seed_same_sequence() {
     assert_ne!(a, d);
 }
 
+/// A table whose entries are all the same draws index 0 every time (its entry and counter
+/// stay in cache; any index would give the same delay), and says so in its exact counts; a
+/// table that varies draws across all of it (see `same_seed_same_sequence`).
+#[test]
+fn a_constant_table_draws_one_index() {
+    if child_scenario().is_some() {
+        return child_basic(64);
+    }
+    let dir = scratch("constant-index");
+    let env = [("IBJITTER_DELAY", "1us".to_string()), stats_env(&dir)];
+    respawn("a_constant_table_draws_one_index", "basic", &env);
+    let s = &read_stats(&dir)[0];
+    let draws = s["draws"].as_u64().unwrap();
+    assert!(draws >= 64, "{s}");
+    assert_eq!(s["index_hits"], serde_json::json!([[0, draws]]), "{s}");
+    assert_eq!(s["sum_ns"], draws * 1000, "{s}");
+    let varying = hits_for_seed("42", &dir.join("varying"));
+    assert!(varying.as_array().unwrap().len() > 50, "{varying}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Lognormal quantiles (mu=ln 2000 ns, sigma=0.6) as a 4096-entry absolute table.
 fn lognormal_table() -> Vec<u64> {
     // Inverse normal CDF by bisection on erfc-free approximation: good to ~1e-9 via

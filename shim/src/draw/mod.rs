@@ -25,7 +25,7 @@ static REPEAT: AtomicU32 = AtomicU32::new(0);
 pub fn draw(mode: u8, hook: Hook) -> Option<u64> {
     rng::with_thread(|rng, _, thread| {
         let (index, wait) = if mode & INJECT != 0 {
-            let i = rng::next_index(rng);
+            let i = table::plain_index(rng::next_index(rng));
             (Some(i), table::wait_units(i))
         } else {
             (None, 0)
@@ -102,7 +102,7 @@ pub fn count_only(mode: u8, hook: Hook) {
 pub fn delay_drawn_only(mode: u8) {
     let draw_hit = |rng: &mut Pcg32, last: &mut u32, thread: u32| {
         let i = if mode & SHAPED == 0 {
-            rng::next_index(rng)
+            table::plain_index(rng::next_index(rng))
         } else {
             shaped_index(mode, rng, last, thread)
         };

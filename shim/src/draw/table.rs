@@ -4,7 +4,8 @@
 use crate::config::{Delays, Spin, Unit};
 use crate::draw::counts::INDICES;
 use crate::sys::clock::{self, WaitKind};
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use ibjitter_table::ENTRIES;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
 /// How long the TSC is timed against CLOCK_MONOTONIC at first use: the two ends are each
 /// read between two TSC reads (the tightest of seven), so the ratio's error is the ends'
@@ -14,10 +15,25 @@ const CALIBRATION_NS: u64 = 250_000;
 
 static WAITS: [AtomicU64; INDICES] = [const { AtomicU64::new(0) }; INDICES];
 
+/// What an unshaped draw keeps of its random index: all of it, or nothing when every entry
+/// is the same (`IBJITTER_DELAY=100us`, the commonest table). A random index costs a post
+/// two cold cache lines, its entry (32 KiB of them) and its hit counter; index 0 stays in
+/// cache (hotpath bench, bursts after a 6 ms pause: spin at 1 ns ~74 ns a post over the
+/// direct call with a random index, ~27 with index 0; the delay line's entry ~153, ~95).
+/// The thread's stream advances the same either way.
+static INDEX_MASK: AtomicUsize = AtomicUsize::new(ENTRIES - 1);
+
 /// Entry `i` in wait units (`i` < [`INDICES`]).
 #[inline(always)]
 pub fn wait_units(i: usize) -> u64 {
     WAITS[i].load(Relaxed)
+}
+
+/// An unshaped draw's index `i` (< [`ENTRIES`]) as the table's entries need it: `i`, or 0
+/// when they are all the same.
+#[inline(always)]
+pub fn plain_index(i: usize) -> usize {
+    i & INDEX_MASK.load(Relaxed)
 }
 
 /// Chooses the clock for `d` and stores it in wait units. Returns the clock's description.
@@ -80,4 +96,8 @@ fn store_waits(d: &Delays, kind: WaitKind) {
             Relaxed,
         );
     }
+    // With `ibjitter inject set` the entries switch one by one within microseconds, and
+    // the mask with them: a draw in between may take a new table's entry or an old one's.
+    let constant = d.values.iter().all(|&v| v == d.values[0]);
+    INDEX_MASK.store(if constant { 0 } else { ENTRIES - 1 }, Relaxed);
 }
