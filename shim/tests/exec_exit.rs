@@ -246,6 +246,61 @@ fn a_vfork_child_leaves_its_parents_line_alone() {
     assert_eq!(r.warnings(), Vec::<&str>::new(), "{}", r.stderr);
 }
 
+/// A forked child has no delay line (it spins) and reports none of its parent's: whether
+/// the parent's requests had left the line before the fork (1 ms) or were still in it (1 s),
+/// the child hands over only its own posts, and its stats and exit line say nothing of a
+/// line; the parent's count what the parent did.
+#[test]
+fn a_forked_child_reports_none_of_its_parents_line() {
+    let dir = target_dir().join(format!("ibjitter-fork-line-{}", std::process::id()));
+    let stats = format!("{}/stats.%p.json", dir.display());
+    for delay in ["1ms", "1s"] {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let env = [
+            line(delay).as_slice(),
+            &[("IBJITTER_STATS", stats.as_str())],
+        ]
+        .concat();
+        let r = run(true, 3, "fork", &env);
+        let all = format!("{delay}:\n{}{}", r.stdout, r.stderr);
+        assert_eq!(r.code, 0, "{all}");
+        assert!(r.stdout.contains("child status 0\n"), "{all}");
+        let parent = r.poster();
+        let mut handed = r.handed();
+        let child = handed.iter().find(|h| h.1 != parent).map(|h| h.1);
+        let child = child.unwrap_or_else(|| panic!("the child handed nothing: {all}"));
+        handed.sort_by_key(|h| h.1 == child);
+        let expected = [
+            (0, parent),
+            (1, parent),
+            (2, parent),
+            (3, child),
+            (4, child),
+        ];
+        assert_eq!(handed, expected, "{all}");
+        let read = |pid: u32| -> serde_json::Value {
+            let path = dir.join(format!("stats.{pid}.json"));
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+        };
+        let (p, c) = (read(parent), read(child));
+        let line = &p["line"];
+        assert_eq!(line["deferred"], 3, "{all}\n{p}");
+        assert_eq!(line["late_ns"]["count"], 3, "{all}\n{p}");
+        let by = line["handed_over_by_program_calls"].as_u64().unwrap()
+            + line["handed_over_by_timer_thread"].as_u64().unwrap();
+        assert_eq!(by, 3, "{all}\n{p}");
+        assert_eq!(c["posts_total"], 2, "{c}");
+        assert_eq!(c["line"], serde_json::Value::Null, "{c}");
+        let lines: Vec<&str> = r.stderr.lines().filter(|l| l.contains("delayed")).collect();
+        let of_child = lines.iter().find(|l| l.contains("of 2 sends"));
+        let of_child = of_child.unwrap_or_else(|| panic!("no exit line of the child: {all}"));
+        assert!(!of_child.contains("line:"), "{all}");
+        assert_eq!(r.warnings(), Vec::<&str>::new(), "{all}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Without the line (the default mode), exec and `_exit` behave as without the shim: the same
 /// exit status and output, nothing on stderr from a process that opened no device, and no
 /// warning from one that did.

@@ -11,7 +11,9 @@
  *        execfail: execv of a file that does not exist, then one more post, then return 0.
  *        vfork: vfork, the child execv's `sh -c 'exit 5'` at once (the parent's requests
  *        are still in the line); the parent says how long vfork took to return and the
- *        child's status, then execv's `sh -c 'exit 5'` itself. */
+ *        child's status, then execv's `sh -c 'exit 5'` itself.
+ *        fork: sleeps 50 ms (a line hands the requests over), forks; the child posts 2
+ *        more and exits 0; the parent says the child's status and exits 0. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -135,6 +137,21 @@ int main(int argc, char **argv) {
         say("vfork returned after %ld us; child %ld\n", took, (long)pid);
         say("child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
         execv("/bin/sh", sh_exit_5);
+    } else if (!strcmp(how, "fork")) {
+        usleep(50000);
+        pid_t pid = fork();
+        if (pid == 0) {
+            post(2);
+            exit(0);
+        }
+        if (pid < 0) {
+            perror("exec_exit: fork");
+            return 1;
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        say("child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return 0;
     } else {
         fprintf(stderr, "exec_exit: unknown HOW %s\n", how);
         return 2;

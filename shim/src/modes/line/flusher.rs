@@ -588,17 +588,30 @@ pub fn in_line() -> u64 {
 }
 
 /// A fork child: the parent's requests in the line are not the child's (it has no timer
-/// thread, and its posts wait in place).
+/// thread, and its posts wait in place), nor are its counts and times (the child's exit
+/// line and stats said the parent's lateness).
 pub fn forget_after_fork() {
     TIMER_CPU_CLOCK.store(-1, Relaxed);
     for parents in [
         &PROVIDER_UNITS,
         &FIRST_IN,
         &LAST_OUT,
+        &POST_ERRORS,
         &DROPPED,
         &DROPPED_UNITS,
+        &BY_PROGRAM,
+        &BY_TIMER,
+        &TIMER_WAKEUPS,
+        &RUNG,
     ] {
         parents.store(0, Relaxed);
+    }
+    // SAFETY: the child has one thread, this one: whoever held the flusher's state in the
+    // parent is not here (FLUSHING is released below). Clearing allocates nothing.
+    if let Some(f) = unsafe { (*FLUSHER.0.get()).as_mut() } {
+        f.heap.clear();
+        f.times.late.reset();
+        f.times.provider_call.reset();
     }
     NAPPING.store(false, Relaxed);
     LEFT.store(lanes::entered(), Release);

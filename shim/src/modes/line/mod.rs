@@ -273,6 +273,9 @@ pub fn never_handed_over() -> (u64, u64) {
 /// fork() child: no timer thread here (the state's mode is spin again); the parent's
 /// requests in the line are not the child's to post.
 pub fn after_fork_child() {
+    for parents in [&DIRECT, &NOT_DELIVERED, &NOT_DELIVERED_NS] {
+        parents.store(0, Relaxed);
+    }
     flusher::forget_after_fork();
     qps::forget_after_fork();
 }
