@@ -4,6 +4,7 @@
 use crate::config::{Delays, Spin, Unit};
 use crate::draw::counts::INDICES;
 use crate::sys::clock::{self, WaitKind};
+use crate::sys::rng;
 use ibjitter_table::ENTRIES;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 
@@ -98,6 +99,5 @@ fn store_waits(d: &Delays, kind: WaitKind) {
     }
     // With `ibjitter inject set` the entries switch one by one within microseconds, and
     // the mask with them: a draw in between may take a new table's entry or an old one's.
-    let constant = d.values.iter().all(|&v| v == d.values[0]);
-    INDEX_MASK.store(if constant { 0 } else { ENTRIES - 1 }, Relaxed);
+    INDEX_MASK.store(rng::index_mask(&d.values), Relaxed);
 }

@@ -32,6 +32,8 @@ const BATCH: usize = 32;
 /// The table in wait units, and in ns (for exact sums in the stats).
 static WAITS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
 static NS: [AtomicU64; ENTRIES] = [const { AtomicU64::new(0) }; ENTRIES];
+/// What a draw keeps of its random index ([`rng::index_mask`]).
+static INDEX_MASK: AtomicUsize = AtomicUsize::new(ENTRIES - 1);
 /// Completions handed over, how many of them were held, their delays' sum (ns), and the
 /// completions of CQs without a ring.
 static PASSED: AtomicU64 = AtomicU64::new(0);
@@ -68,6 +70,7 @@ pub fn activate(values: &[u64], kind: WaitKind) {
         w.store(clock::ns_to_units(v, kind), Relaxed);
         n.store(v, Relaxed);
     }
+    INDEX_MASK.store(rng::index_mask(values), Relaxed);
     state::set_cq_delay();
 }
 
@@ -123,7 +126,7 @@ pub(crate) use clock::now_units;
 /// One draw from the completion table: (wait units, ns).
 pub(crate) fn draw() -> (u64, u64) {
     let pick = |r: &mut rand_pcg::Pcg32, _: &mut u32, _: u32| {
-        let i = rng::next_index(r);
+        let i = rng::next_index(r) & INDEX_MASK.load(Relaxed);
         (WAITS[i].load(Relaxed), NS[i].load(Relaxed))
     };
     match rng::with_thread(pick) {

@@ -242,6 +242,17 @@ pub(crate) fn next_index(rng: &mut Pcg32) -> usize {
     rng.next_u32() as usize & (ENTRIES - 1)
 }
 
+/// What an index into a table of `values` needs of [`next_index`]: all of it, or nothing
+/// when every entry is the same (index 0 then stays in cache: a random one costs a cold
+/// line in bursts, and gives the same value).
+pub(crate) fn index_mask(values: &[u64]) -> usize {
+    if values.iter().all(|&v| Some(&v) == values.first()) {
+        0
+    } else {
+        ENTRIES - 1
+    }
+}
+
 /// `IBJITTER_CORRELATION`: the thread's last index again with probability `repeat` (in
 /// 2^-32 steps), else a new one; the table's distribution is kept and the lag-k
 /// autocorrelation of the indices drawn is repeat^k.
@@ -282,5 +293,14 @@ mod tests {
         assert_ne!(draw(7, 0), draw(7, 1));
         assert_ne!(draw(7, 0), draw(8, 0));
         assert_ne!(stream(7, 0, 0), stream(7, 1, 0));
+    }
+
+    #[test]
+    fn only_a_table_of_one_value_draws_one_index() {
+        assert_eq!(index_mask(&[5; ENTRIES]), 0);
+        assert_eq!(index_mask(&[]), 0);
+        let mut last_differs = [5; ENTRIES];
+        last_differs[ENTRIES - 1] = 6;
+        assert_eq!(index_mask(&last_differs), ENTRIES - 1);
     }
 }
