@@ -19,8 +19,8 @@ static WAITS: [AtomicU64; INDICES] = [const { AtomicU64::new(0) }; INDICES];
 /// What an unshaped draw keeps of its random index: all of it, or nothing when every entry
 /// is the same (`IBJITTER_DELAY=100us`, the commonest table). A random index costs a post
 /// two cold cache lines, its entry (32 KiB of them) and its hit counter; index 0 stays in
-/// cache (hotpath bench, bursts after a 6 ms pause: spin at 1 ns ~74 ns a post over the
-/// direct call with a random index, ~27 with index 0; the delay line's entry ~153, ~95).
+/// cache (hotpath bench, bursts after a 6 ms pause: spin at 1 ns ~79 ns a post over the
+/// direct call with a random index, ~30 with index 0; the delay line's entry ~132, ~84).
 /// The thread's stream advances the same either way.
 static INDEX_MASK: AtomicUsize = AtomicUsize::new(ENTRIES - 1);
 
