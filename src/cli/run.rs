@@ -648,6 +648,7 @@ mod tests {
         };
         assert_eq!(out.write_or_save_elsewhere(&write, &dir), Ok(()));
         assert_eq!(std::fs::read(&good).unwrap(), b"{\"report\": 1}\n");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

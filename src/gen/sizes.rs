@@ -247,11 +247,16 @@ mod tests {
     }
 
     fn cdf(text: &str) -> Result<SizeDist, String> {
-        let dir = std::env::temp_dir().join(format!("ibjitter-sizes-{}", std::process::id()));
+        // A directory per call (tests run in parallel), gone once the file is read.
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ibjitter-sizes-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("t{}.cdf", text.len()));
+        let path = dir.join("t.cdf");
         std::fs::write(&path, text).unwrap();
-        SizeDist::cdf_file(&path)
+        let d = SizeDist::cdf_file(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        d
     }
 
     #[test]

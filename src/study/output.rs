@@ -153,5 +153,6 @@ mod tests {
             assert_eq!(last_match_in_file(&re, &p), 5.0, "{pattern}");
             assert_eq!(last_match(&re, &text), 5.0, "{pattern}");
         }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -202,10 +202,35 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    fn temp(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("ibjitter-input-{}", std::process::id()));
+    /// A path in a directory of the test's own, removed with it when the test ends.
+    struct Temp(std::path::PathBuf);
+
+    impl std::ops::Deref for Temp {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl AsRef<Path> for Temp {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Temp {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    fn temp(name: &str) -> Temp {
+        let dir =
+            std::env::temp_dir().join(format!("ibjitter-input-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        dir.join(name)
+        Temp(dir.join(name))
     }
 
     const SMALL: Limits = Limits {

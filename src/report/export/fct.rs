@@ -112,5 +112,6 @@ mod tests {
         if let Ok(keep) = std::env::var("IBJITTER_KEEP_SVG") {
             std::fs::write(keep, svg).unwrap();
         }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
