@@ -655,39 +655,33 @@ fn injected_distribution_matches_the_table() {
     assert!((s["delay_ns"]["mean"].as_f64().unwrap() - mean).abs() < 1e-6);
 }
 
-/// Child: 100 posts, a pause (a delay line hands them over), a fork whose child posts 30 and
-/// exits, 100 more posts.
-fn child_fork() {
-    let shim = load_shim();
-    let mut fc = FakeContext::new(counting_post_send);
-    // SAFETY: the stub returns the fake context.
-    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
-    let mut q = fake_qp(ctx);
-    let post = |q: &mut ibv_qp_ex, n| {
-        for _ in 0..n {
-            // SAFETY: fake QP of the patched fake context.
-            unsafe { ibv_post_send(&mut q.qp_base) };
-        }
-    };
-    post(&mut q, 100);
-    // SAFETY: fork in a process whose other threads are idle test-harness threads; the
-    // child only posts and exits.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        post(&mut q, 30);
-        std::process::exit(0);
-    }
-    let mut status = 0;
-    // SAFETY: valid pid and out-pointer.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    post(&mut q, 100);
-    emit(serde_json::json!({ "child_status": status }));
-}
-
 #[test]
 fn forked_child_gets_fresh_stream_and_own_counts() {
     if child_scenario().is_some() {
-        return child_fork();
+        let shim = load_shim();
+        let mut fc = FakeContext::new(counting_post_send);
+        // SAFETY: the stub returns the fake context.
+        let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+        let mut q = fake_qp(ctx);
+        let post = |q: &mut ibv_qp_ex, n| {
+            for _ in 0..n {
+                // SAFETY: fake QP of the patched fake context.
+                unsafe { ibv_post_send(&mut q.qp_base) };
+            }
+        };
+        post(&mut q, 100);
+        // SAFETY: fork in a process whose other threads are idle test-harness threads; the
+        // child only posts and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            post(&mut q, 30);
+            std::process::exit(0);
+        }
+        let mut status = 0;
+        // SAFETY: valid pid and out-pointer.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        post(&mut q, 100);
+        return emit(serde_json::json!({ "child_status": status }));
     }
     let dir = scratch("fork");
     let out = respawn(
