@@ -22,6 +22,8 @@ pub const SHARED_RESERVE: usize = SLOTS / 4;
 pub const LANE_MIN: u32 = 64;
 /// The way of threads without a lane.
 pub const SHARED: u32 = u32::MAX;
+/// How many slots ahead on its way back a lane's entry prefetches (see `take_slot`).
+const PREFETCH_AHEAD: u32 = 4;
 /// A ring holds every slot at most once: it never fills.
 const RING: usize = SLOTS;
 
@@ -155,9 +157,16 @@ impl Line {
     pub fn take_slot(&self, lane: u32) -> Option<u32> {
         if let Some(l) = self.lanes.get(lane as usize) {
             let h = l.owner.back_head.load(Relaxed);
-            if h != l.flusher.back_tail.load(Acquire) {
+            let t = l.flusher.back_tail.load(Acquire);
+            if h != t {
                 let i = l.way_back[h as usize % RING].load(Relaxed);
                 l.owner.back_head.store(h.wrapping_add(1), Release);
+                // The slot a few posts from now: its lines come over meanwhile.
+                if t.wrapping_sub(h) > PREFETCH_AHEAD {
+                    let later =
+                        l.way_back[h.wrapping_add(PREFETCH_AHEAD) as usize % RING].load(Relaxed);
+                    self.pool.prefetch_for_entry(later);
+                }
                 return Some(i);
             }
         }

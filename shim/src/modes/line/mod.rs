@@ -15,7 +15,9 @@
 //! - **Entry** ([`lanes`]). A posting thread has a lane of its own: a slot comes off its way
 //!   back and goes in by its way in, each a ring with one writer and one reader. The entry
 //!   reads the clock once, takes the QP's due time with one compare-and-swap, and announces
-//!   the earliest due time with one fence: no lock, no syscall, no allocation.
+//!   the earliest due time with one fence: no lock, no syscall, no allocation. The slots a
+//!   lane takes a few posts later are asked for, for writing, as it takes one: their lines,
+//!   last written by the flusher's core, come over meanwhile rather than at the fence.
 //! - **Hand-off** ([`flusher`]). Whoever flushes the line takes what entered into a heap
 //!   ordered by due time and hands the due ones to the provider, a QP's as one list.
 //! - **Who flushes.** The program's own calls, first: each patched `ibv_post_send`,
