@@ -77,19 +77,6 @@ pub fn under_hypervisor() -> bool {
     false
 }
 
-/// Whether the CPU has PREFETCHW (CPUID 0x80000001:ECX bit 8, "3DNowPrefetch"/PRFCHW):
-/// AMD since the K6, Intel since Broadwell.
-pub fn has_prefetchw() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use core::arch::x86_64::__cpuid;
-        // Leaf 0x80000000 exists on every x86_64 CPU and says the highest extended leaf.
-        __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// What one `pause` costs here, in ns: the least of a few timed batches (needs the TSC
 /// calibrated; None otherwise).
 pub fn pause_cost_ns() -> Option<f64> {
