@@ -84,7 +84,9 @@ fn child_cost(trampoline_only: bool) {
 /// delay, and a delay longer than a burst, nothing falls due during a burst (entry only).
 /// `IBJITTER_BENCH_BURST_LEN` (default 1000) sets the posts per burst: the shim's state is
 /// cold at a burst's start (the direct calls' is not), a cost per burst that longer bursts
-/// spread thinner.
+/// spread thinner. With `IBJITTER_BENCH_POLL_PAUSE=1` the pause is spent polling the QP's
+/// (empty) CQ rather than asleep, as a busy-polling rank: in line mode the program's own
+/// polls then hand the requests over, on the posting thread's core, not the timer thread.
 fn child_cost_wr() {
     let env = |k: &str, d: u64| {
         std::env::var(k)
@@ -95,15 +97,21 @@ fn child_cost_wr() {
     let pause = std::time::Duration::from_micros(env("IBJITTER_BENCH_PAUSE_US", 500));
     let bursts = env("IBJITTER_BENCH_BURSTS", CALLS / 1000);
     let blen = env("IBJITTER_BENCH_BURST_LEN", 1000);
+    let poll_pause = env("IBJITTER_BENCH_POLL_PAUSE", 0) != 0;
     let shim = load();
     let mut direct = FakeContext::new(bare_post_send);
     let mut patched = FakeContext::new(bare_post_send);
+    direct.set_poll_cq(empty_poll_cq);
+    patched.set_poll_cq(empty_poll_cq);
     // SAFETY: the stub returns the fake context passed as the device.
     let pctx = unsafe { (shim.open_device)(patched.ctx() as *mut _) };
     let mut qd = fake_qp(direct.ctx());
     let mut qp = fake_qp(pctx);
     let buf = [0u8; 64];
     let time = |q: &mut verbs_abi::ibv_qp_ex| {
+        // SAFETY: all-zero is a valid ibv_cq; its context is the QP's.
+        let mut cq: verbs_abi::ibv_cq = unsafe { std::mem::zeroed() };
+        cq.context = q.qp_base.context;
         let mut sge = verbs_abi::ibv_sge {
             addr: buf.as_ptr() as u64,
             length: 64,
@@ -126,11 +134,31 @@ fn child_cost_wr() {
                 }
             }
             spent += now_ns() - t0;
-            std::thread::sleep(pause);
+            if poll_pause {
+                let until = now_ns() + pause.as_nanos() as u64;
+                while now_ns() < until {
+                    // SAFETY: as verbs.h's inline ibv_poll_cq, on a CQ of a live context.
+                    unsafe {
+                        let f = (*cq.context).ops.poll_cq.unwrap();
+                        let mut wc: verbs_abi::ibv_wc = std::mem::zeroed();
+                        f(&mut cq, 1, &mut wc);
+                    }
+                }
+            } else {
+                std::thread::sleep(pause);
+            }
         }
         spent as f64 / (bursts * blen) as f64
     };
     alternate(|| time(&mut qd), || time(&mut qp));
+}
+
+unsafe extern "C" fn empty_poll_cq(
+    _cq: *mut verbs_abi::ibv_cq,
+    _n: std::ffi::c_int,
+    _wc: *mut verbs_abi::ibv_wc,
+) -> std::ffi::c_int {
+    0
 }
 
 /// ns per call of `ucp_tag_send_nbx` on a stand-in libucp directly and through the shim's
@@ -370,6 +398,19 @@ fn main() {
                 ("IBJITTER_MODE", "line"),
                 ("IBJITTER_BENCH_PAUSE_US", "6000"),
                 ("IBJITTER_BENCH_BURSTS", "20"),
+            ],
+        ),
+        (
+            // The same, the pause spent polling the CQ (a busy-polling rank): the program's
+            // own polls hand the burst over, so its slots never leave the posting core.
+            "1-SGE WRITE, line entry (5 ms), polled",
+            "cost-wr",
+            vec![
+                ("IBJITTER_DELAY", "5ms"),
+                ("IBJITTER_MODE", "line"),
+                ("IBJITTER_BENCH_PAUSE_US", "6000"),
+                ("IBJITTER_BENCH_BURSTS", "20"),
+                ("IBJITTER_BENCH_POLL_PAUSE", "1"),
             ],
         ),
         (
