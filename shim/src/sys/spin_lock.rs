@@ -32,8 +32,16 @@ impl SpinLock {
         Guard(self)
     }
 
-    /// The lock, or None if it stays taken for `limit` (a path that must end, e.g. at exit).
+    /// The lock, or None if it stays taken for `limit` (a path that must end, e.g. at exit,
+    /// or a holder that may never return: a signal handler on the holding thread). Spins a
+    /// little first, as [`SpinLock::lock`], then yields its core between tries.
     pub fn lock_within(&self, limit: Duration) -> Option<Guard<'_>> {
+        for _ in 0..1000 {
+            if self.try_take() {
+                return Some(Guard(self));
+            }
+            std::hint::spin_loop();
+        }
         let t0 = Instant::now();
         loop {
             if self.try_take() {
@@ -139,5 +147,27 @@ impl<T> std::ops::Deref for SpinGuard<'_, T> {
 impl<T> std::ops::DerefMut for SpinGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         self.value
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lock whose holder never returns (a signal handler on the holding thread) is waited
+    /// for its limit, then given up; once forced open (a fork child) it is free again.
+    #[test]
+    fn a_held_lock_is_given_up_after_the_limit_and_free_once_forced_open() {
+        let lock = SpinLock::new();
+        std::mem::forget(lock.lock());
+        let t = Instant::now();
+        assert!(lock.lock_within(Duration::from_millis(20)).is_none());
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(20) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        lock.force_unlock();
+        assert!(lock.lock_within(Duration::ZERO).is_some());
     }
 }

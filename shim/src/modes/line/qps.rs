@@ -3,8 +3,9 @@
 //! time handed over. Due times are unique per QP and handed over in order, so "the QP has
 //! requests in the line" is `last_due > handed_due`: no per-request count to keep.
 use crate::sys::addr_table::{self, REMOVED};
+use crate::sys::spin_lock::SpinLock;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 use crate::abi::verbs::ibv_qp;
 
@@ -53,54 +54,35 @@ pub fn entry(qp: *mut ibv_qp, insert: bool) -> Option<&'static QpLine> {
 }
 
 /// Held while a QP's entry is made.
-static INSERTING: AtomicBool = AtomicBool::new(false);
+static INSERTING: SpinLock = SpinLock::new();
 /// How long a new QP's first post waits for another thread's insertion before it gives up:
 /// long enough for a holder preempted on a busy node to run again.
 const INSERT_WAIT_NS: u64 = 200_000_000;
 
 /// Makes `key`'s entry, one insertion at a time: threads posting a new QP's first requests at
 /// once (a QP they share) would otherwise each claim a slot for it, and the requests entered
-/// through the one lookups do not find were dropped at their hand-over. Once per QP, a
-/// few hundred nanoseconds, at its creation in line mode (`qp_created`), else at its first
-/// post; the holder makes no call. A waiter yields its core after a short spin (the holder
-/// may have been preempted on a busy node) and gives up after [`INSERT_WAIT_NS`] (a signal
-/// handler posting on the thread that holds it): its requests are then posted directly,
-/// in place.
+/// through the one lookups do not find were dropped at their hand-over. Once per QP, at its
+/// creation in line mode (`qp_created`), else at its first post; the holder makes no call.
+/// A post that waited [`INSERT_WAIT_NS`] for the lock (a signal handler posting on the
+/// thread that holds it) gets no entry: its requests are posted directly, in place.
 #[cold]
 #[inline(never)]
 fn insert(key: usize) -> Option<&'static QpLine> {
-    let mut spins = 0u32;
-    let mut since = 0;
-    while INSERTING.swap(true, Acquire) {
-        spins += 1;
-        if spins < 1000 {
-            std::hint::spin_loop();
-            continue;
-        }
-        let now = crate::sys::clock::monotonic_ns();
-        if since == 0 {
-            since = now;
-        } else if now - since > INSERT_WAIT_NS {
-            return None;
-        }
-        std::thread::yield_now();
-    }
+    let _held = INSERTING.lock_within(std::time::Duration::from_nanos(INSERT_WAIT_NS))?;
     // Another thread may have made it while this one waited.
-    let e = addr_table::find(&QPS, key, MAX_PROBES, key_of).or_else(|| {
+    addr_table::find(&QPS, key, MAX_PROBES, key_of).or_else(|| {
         let e = addr_table::claim(&QPS, key, MAX_PROBES, key_of)?;
         // Set up, then publish the generation (lookups wait for it).
         e.last_due.store(0, Relaxed);
         e.handed_due.store(0, Relaxed);
         e.gen.store(GEN.fetch_add(1, Relaxed).max(1), Release);
         Some(e)
-    });
-    INSERTING.store(false, Release);
-    e
+    })
 }
 
 /// A fork child: a thread of the parent's that was making an entry is not in the child.
 pub fn forget_after_fork() {
-    INSERTING.store(false, Release);
+    INSERTING.force_unlock();
 }
 
 impl QpLine {
@@ -226,12 +208,12 @@ mod tests {
         let _one = ONE_AT_A_TIME.lock().unwrap();
         let known = 0x7f10_0000_0000usize as *mut ibv_qp;
         let e = entry(known, true).expect("room in the table") as *const QpLine;
-        INSERTING.store(true, SeqCst);
+        let held = INSERTING.lock();
         let t = std::time::Instant::now();
         let fresh = entry(0x7f10_0000_1000usize as *mut ibv_qp, true);
         let waited = t.elapsed();
         let again = entry(known, true).map(|e| e as *const QpLine);
-        INSERTING.store(false, SeqCst);
+        drop(held);
         destroyed(known);
         assert!(fresh.is_none());
         assert!(
