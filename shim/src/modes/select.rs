@@ -20,6 +20,7 @@
 use crate::abi::verbs::*;
 use crate::config::select::{opcodes, Dest, Selection, ATOMIC, READ, SEND, WRITE};
 use crate::sys::addr_table::{self, int_key, KeySet};
+use crate::sys::spin_lock::SpinLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 
@@ -42,8 +43,27 @@ const SET_SLOTS: usize = 1 << 14;
 static SET: [AtomicUsize; SET_SLOTS] = [const { AtomicUsize::new(0) }; SET_SLOTS];
 const SET_PROBES: usize = 64;
 
+/// Serialises the set's changes: two `ibv_modify_qp` of one QP at once (rdma_cm's thread
+/// and the program's, say) would otherwise each claim a slot for it, and its removal would
+/// leave one behind (the QP, or a later one at its address, selected after it left).
+static SET_CHANGING: SpinLock = SpinLock::new();
+/// How long a change waits for another before it gives up (and says so).
+const SET_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 fn dest_set() -> KeySet<'static> {
     KeySet::new(&SET, SET_PROBES)
+}
+
+/// Changes the set under [`SET_CHANGING`] (off the post path: at `ibv_modify_qp` and
+/// `ibv_destroy_qp`); says once if it could not be had.
+fn change_dest_set(f: impl FnOnce(KeySet<'static>)) {
+    match SET_CHANGING.lock_within(SET_WAIT) {
+        Some(_held) => f(dest_set()),
+        None => crate::sys::say::warn_once(
+            "IBJITTER_DEST: a QP's selection could not be updated (another update held the \
+             set for 200 ms); it may be delayed as before its ibv_modify_qp",
+        ),
+    }
 }
 
 /// Activates `sel` (at load, before any post). Returns whether anything is filtered.
@@ -166,15 +186,16 @@ pub unsafe fn qp_modified(qp: *mut ibv_qp, attr: *const ibv_qp_attr, mask: i32) 
             Dest::Lid(l) => av && a.ah_attr.dlid == l,
         })
     });
-    if hit && in_static_list((*qp).qp_num) {
-        if !dest_set().insert(qp as usize) {
+    let selected = hit && in_static_list((*qp).qp_num);
+    change_dest_set(|set| {
+        if !selected {
+            set.remove(qp as usize);
+        } else if !set.insert(qp as usize) {
             crate::sys::say::warn_once(
                 "IBJITTER_DEST: too many selected QPs; later ones are not delayed",
             );
         }
-    } else {
-        dest_set().remove(qp as usize);
-    }
+    });
 }
 
 /// Before `ibv_destroy_qp`: its number may come back for another QP.
@@ -183,6 +204,11 @@ pub unsafe fn qp_modified(qp: *mut ibv_qp, attr: *const ibv_qp_attr, mask: i32) 
 /// `qp` null or a live QP.
 pub unsafe fn qp_destroyed(qp: *mut ibv_qp) {
     if BY_DEST.load(Acquire) && !qp.is_null() {
-        dest_set().remove(qp as usize);
+        change_dest_set(|set| set.remove(qp as usize));
     }
+}
+
+/// fork() child: a thread of the parent's that was changing the set is not in the child.
+pub fn after_fork_child() {
+    SET_CHANGING.force_unlock();
 }

@@ -200,6 +200,7 @@ pub fn after_fork_child() {
     counts::reset();
     trace::reset();
     line::after_fork_child();
+    select::after_fork_child();
     // SAFETY: PATTERN is leaked, never freed. (glibc lets the forking thread allocate.)
     if let Some(p) = unsafe { PATTERN.load(Acquire).as_ref() } {
         sigstats::after_fork_child(&path_for(p));
