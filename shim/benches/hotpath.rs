@@ -357,6 +357,17 @@ fn main() {
         "{:<38} {:>8} {:>8} {:>8} {:>8}",
         "configuration", "direct", "shim", "added", "min add"
     );
+    // The entry rows and their spin yardsticks: bursts of 1,000 posts 6 ms apart, a delay and
+    // what else the row sets.
+    let same_bursts = |delay, more: &[(&'static str, &'static str)]| {
+        let mut env = vec![
+            ("IBJITTER_DELAY", delay),
+            ("IBJITTER_BENCH_PAUSE_US", "6000"),
+            ("IBJITTER_BENCH_BURSTS", "20"),
+        ];
+        env.extend_from_slice(more);
+        env
+    };
     for (name, role, env) in [
         ("floor: one extra indirect hop", "trampoline", vec![]),
         ("no table, live control on (passes)", "cost", vec![]),
@@ -393,45 +404,32 @@ fn main() {
             // which the timer thread hands the burst over.
             "1-SGE WRITE, line entry (5 ms)",
             "cost-wr",
-            vec![
-                ("IBJITTER_DELAY", "5ms"),
-                ("IBJITTER_MODE", "line"),
-                ("IBJITTER_BENCH_PAUSE_US", "6000"),
-                ("IBJITTER_BENCH_BURSTS", "20"),
-            ],
+            same_bursts("5ms", &[("IBJITTER_MODE", "line")]),
         ),
         (
             // The same, the pause spent polling the CQ (a busy-polling rank): the program's
             // own polls hand the burst over, so its slots never leave the posting core.
             "1-SGE WRITE, line entry (5 ms), polled",
             "cost-wr",
-            vec![
-                ("IBJITTER_DELAY", "5ms"),
-                ("IBJITTER_MODE", "line"),
-                ("IBJITTER_BENCH_PAUSE_US", "6000"),
-                ("IBJITTER_BENCH_BURSTS", "20"),
-                ("IBJITTER_BENCH_POLL_PAUSE", "1"),
-            ],
+            same_bursts(
+                "5ms",
+                &[
+                    ("IBJITTER_MODE", "line"),
+                    ("IBJITTER_BENCH_POLL_PAUSE", "1"),
+                ],
+            ),
         ),
         (
             "1-SGE WRITE, spin (0 ns), same bursts",
             "cost-wr",
-            vec![
-                ("IBJITTER_DELAY", "0ns"),
-                ("IBJITTER_BENCH_PAUSE_US", "6000"),
-                ("IBJITTER_BENCH_BURSTS", "20"),
-            ],
+            same_bursts("0ns", &[]),
         ),
         (
             // Draws from a table and reads the clock as the line's entry does (and waits
             // next to nothing): the line's own cost is its row's less this one.
             "1-SGE WRITE, spin (1 ns), same bursts",
             "cost-wr",
-            vec![
-                ("IBJITTER_DELAY", "1ns"),
-                ("IBJITTER_BENCH_PAUSE_US", "6000"),
-                ("IBJITTER_BENCH_BURSTS", "20"),
-            ],
+            same_bursts("1ns", &[]),
         ),
         (
             "zero-delay table, QP selected",
