@@ -87,7 +87,7 @@ fn child_cost(trampoline_only: bool) {
 /// spread thinner. With `IBJITTER_BENCH_POLL_PAUSE=1` the pause is spent polling the QP's
 /// (empty) CQ rather than asleep, as a busy-polling rank: in line mode the program's own
 /// polls then hand the requests over, on the posting thread's core, not the timer thread.
-fn child_cost_wr() {
+fn child_cost_wr(copy_floor: bool) {
     let env = |k: &str, d: u64| {
         std::env::var(k)
             .ok()
@@ -100,11 +100,19 @@ fn child_cost_wr() {
     let poll_pause = env("IBJITTER_BENCH_POLL_PAUSE", 0) != 0;
     let shim = load();
     let mut direct = FakeContext::new(bare_post_send);
-    let mut patched = FakeContext::new(bare_post_send);
+    let mut patched = FakeContext::new(if copy_floor {
+        copy_into_ring
+    } else {
+        bare_post_send
+    });
     direct.set_poll_cq(empty_poll_cq);
     patched.set_poll_cq(empty_poll_cq);
-    // SAFETY: the stub returns the fake context passed as the device.
-    let pctx = unsafe { (shim.open_device)(patched.ctx() as *mut _) };
+    let pctx = if copy_floor {
+        patched.ctx()
+    } else {
+        // SAFETY: the stub returns the fake context passed as the device.
+        unsafe { (shim.open_device)(patched.ctx() as *mut _) }
+    };
     let mut qd = fake_qp(direct.ctx());
     let mut qp = fake_qp(pctx);
     let buf = [0u8; 64];
@@ -151,6 +159,54 @@ fn child_cost_wr() {
         spent as f64 / (bursts * blen) as f64
     };
     alternate(|| time(&mut qd), || time(&mut qp));
+}
+
+/// What any entry into a delay line must keep of a post: its QP, its due time, the request
+/// and its scatter entry (the caller may reuse both once the post returns).
+#[repr(C, align(64))]
+struct RingRecord {
+    qp: *mut verbs_abi::ibv_qp,
+    due: u64,
+    wr: verbs_abi::ibv_send_wr,
+    sge: verbs_abi::ibv_sge,
+}
+
+/// Enough records for a burst of the entry rows (1,000 posts, all in flight at once).
+const RING_RECORDS: usize = 1024;
+
+struct Ring(std::cell::UnsafeCell<[std::mem::MaybeUninit<RingRecord>; RING_RECORDS]>);
+// SAFETY: only the bench child's one posting thread writes it.
+unsafe impl Sync for Ring {}
+static RING: Ring = Ring(std::cell::UnsafeCell::new(
+    [const { std::mem::MaybeUninit::uninit() }; RING_RECORDS],
+));
+static RING_TAIL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The floor of a copying entry (role "copy-floor"): the post's clock read, its request and
+/// scatter entry copied into the next record of a ring with one writer, the record published
+/// by one store. No shim, no table, no per-QP order, no free-slot bookkeeping, never handed
+/// over: not a delay line, the least one's entry can cost. A one-entry request only.
+unsafe extern "C" fn copy_into_ring(
+    qp: *mut verbs_abi::ibv_qp,
+    wr: *mut verbs_abi::ibv_send_wr,
+    _bad: *mut *mut verbs_abi::ibv_send_wr,
+) -> std::ffi::c_int {
+    use std::sync::atomic::Ordering::{Relaxed, Release};
+    let t = RING_TAIL.load(Relaxed);
+    let r = (*RING.0.get())[t % RING_RECORDS].as_mut_ptr();
+    (*r).qp = qp;
+    // The shim's clock where it runs on the TSC.
+    #[cfg(target_arch = "x86_64")]
+    let now = core::arch::x86_64::_rdtsc();
+    #[cfg(not(target_arch = "x86_64"))]
+    let now = now_ns();
+    (*r).due = now;
+    (*r).wr = *wr;
+    (*r).wr.next = std::ptr::null_mut();
+    (*r).sge = *(*wr).sg_list;
+    (*r).wr.sg_list = std::ptr::addr_of_mut!((*r).sge);
+    RING_TAIL.store(t.wrapping_add(1), Release);
+    0
 }
 
 unsafe extern "C" fn empty_poll_cq(
@@ -338,7 +394,8 @@ fn main() {
         match args[i + 1].as_str() {
             "cost" => child_cost(false),
             "trampoline" => child_cost(true),
-            "cost-wr" => child_cost_wr(),
+            "cost-wr" => child_cost_wr(false),
+            "copy-floor" => child_cost_wr(true),
             "ucp" => child_ucp_cost(),
             "line-idle" => child_line_idle(),
             role => {
@@ -430,6 +487,14 @@ fn main() {
             "1-SGE WRITE, spin (1 ns), same bursts",
             "cost-wr",
             same_bursts("1ns", &[]),
+        ),
+        (
+            // Not the shim: a post copied into a ring and timed, nothing else (see
+            // `copy_into_ring`). A copying line's entry costs at least this plus the
+            // draw and the wrapper (the spin 0 ns row).
+            "1-SGE WRITE, copy into a ring (floor)",
+            "copy-floor",
+            same_bursts("0ns", &[]),
         ),
         (
             "zero-delay table, QP selected",
