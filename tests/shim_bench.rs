@@ -1583,22 +1583,21 @@ fn the_delay_line_overlaps_delays_that_spin_mode_adds_up() {
         "{ibj} serve --dev rxe1 > /dev/null 2>&1 & server=$!\n\
          wait_until 20 tcp_listening 18515 || exit 1\n"
     );
-    // Rounds at 1 ms (no shim, spin, line), then at 4 ms (spin, line): "spin4"/"line4".
+    // Each round: no shim, spin and line at 1 ms, then spin and line at 4 ms (run, mode, delay).
     let runs = [
-        ("base", ""),
-        ("spin", "1ms"),
-        ("line", "1ms"),
-        ("spin4", "4ms"),
-        ("line4", "4ms"),
+        ("base", "", ""),
+        ("spin", "spin", "1ms"),
+        ("line", "line", "1ms"),
+        ("spin4", "spin", "4ms"),
+        ("line4", "line", "4ms"),
     ];
     for i in 0..3 {
-        for (run, delay) in runs {
+        for (run, mode, delay) in runs {
             let shim = match run {
                 "base" => String::new(),
                 _ => format!(
-                    "env LD_PRELOAD={so} IBJITTER_DELAY={delay} IBJITTER_MODE={} \
-                     IBJITTER_QUIET=1 IBJITTER_STATS={d}/stream-{run}-{i}.%p.json",
-                    run.trim_end_matches('4')
+                    "env LD_PRELOAD={so} IBJITTER_DELAY={delay} IBJITTER_MODE={mode} \
+                     IBJITTER_QUIET=1 IBJITTER_STATS={d}/stream-{run}-{i}.%p.json"
                 ),
             };
             script += &format!(

@@ -161,12 +161,13 @@ fn child_cost_wr(copy_floor: bool) {
     alternate(|| time(&mut qd), || time(&mut qp));
 }
 
-/// What any entry into a delay line must keep of a post: its QP, its due time, the request
-/// and its scatter entry (the caller may reuse both once the post returns).
+/// What any entry into a delay line must keep of a post: its QP, when it was posted (its
+/// delay counts from then), the request and its scatter entry (the caller may reuse both
+/// once the post returns).
 #[repr(C, align(64))]
 struct RingRecord {
     qp: *mut verbs_abi::ibv_qp,
-    due: u64,
+    posted: u64,
     wr: verbs_abi::ibv_send_wr,
     sge: verbs_abi::ibv_sge,
 }
@@ -200,7 +201,7 @@ unsafe extern "C" fn copy_into_ring(
     let now = core::arch::x86_64::_rdtsc();
     #[cfg(not(target_arch = "x86_64"))]
     let now = now_ns();
-    (*r).due = now;
+    (*r).posted = now;
     (*r).wr = *wr;
     (*r).wr.next = std::ptr::null_mut();
     (*r).sge = *(*wr).sg_list;
