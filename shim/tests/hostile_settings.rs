@@ -334,3 +334,53 @@ fn live_control_of_a_process_counting_loops_speaks_loops() {
     assert!(ns.wait().unwrap().success());
     let _ = std::fs::remove_file(ctl::path(pid));
 }
+
+/// Endless delays. The longest the injector holds (10^15 ns, 11.6 days) is taken, and in line
+/// mode requests still waiting at exit are said not delivered, none counted as delayed: a
+/// delay of 2^63 ns saturated the line's clock units and its sums, and the exit line said
+/// "delayed 0 of 5 sends, 27670116110564.328 ms in all". A bound beyond that ceiling is one
+/// warning and pass-through: every post reaches the provider.
+#[test]
+fn endless_delays_are_refused_or_reported_whole() {
+    let (_, stub, driver) = built();
+    let stub = stub.to_str().unwrap();
+    let line = |max: &str| {
+        let out = run_limited(
+            None,
+            &[
+                ("IBJITTER_CONTROL", "0"),
+                ("IBJITTER_MODE", "line"),
+                ("IBJITTER_DELAY", "1000000s"),
+                ("IBJITTER_MAX_DELAY", max),
+            ],
+            driver,
+            &[stub, "5"],
+        );
+        (text(&out.stdout), text(&out.stderr))
+    };
+    let (stdout, err) = line("1000000s");
+    assert!(stdout.contains("posts=5 provider=0 "), "{stdout}{err}");
+    assert!(
+        err.contains("delayed 0 of 5 sends (post_send 5), 0.000 ms in all; not delivered 5"),
+        "{err}"
+    );
+    for max in ["1000001s", "9223372036854775808ns"] {
+        let (stdout, err) = line(max);
+        assert!(
+            stdout.contains("posts=5 provider=5 "),
+            "{max}: {stdout}{err}"
+        );
+        let warnings: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with("ibjitter: warning:"))
+            .collect();
+        assert!(
+            warnings.len() == 1
+                && warnings[0].contains(&format!(
+                    "IBJITTER_MAX_DELAY={max}: at most 1000000000000000 ns (11.6 days)"
+                ))
+                && warnings[0].ends_with("injection disabled (pass-through)"),
+            "{max}: {err}"
+        );
+    }
+}

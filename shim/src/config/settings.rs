@@ -8,7 +8,7 @@ use crate::config::tables::{
 };
 use crate::config::values::{
     parse_bool, parse_correlation, parse_duration_u64, parse_probability, parse_ranks, parse_seed,
-    parse_u64, quoted, shown, Unit,
+    parse_u64, quoted, shown, Unit, DELAY_CEILING,
 };
 
 pub use crate::sys::rng::DEFAULT_SEED;
@@ -349,6 +349,20 @@ impl Settings {
     fn read_max_delay(&self, r: &mut Reader<'_>) -> f64 {
         match r.nonempty("IBJITTER_MAX_DELAY") {
             Some(v) => match parse_duration_u64(&v, self.unit) {
+                Ok(l) if l > DELAY_CEILING => {
+                    let days = if self.unit == Unit::Ns {
+                        " (11.6 days)"
+                    } else {
+                        ""
+                    };
+                    r.problem(format!(
+                        "IBJITTER_MAX_DELAY={}: at most {DELAY_CEILING} {u}{days}, the longest \
+                         delay the injector holds",
+                        v.trim(),
+                        u = self.unit.name()
+                    ));
+                    f64::INFINITY
+                }
                 Ok(l) => l as f64,
                 Err(e) => {
                     r.problem(format!("IBJITTER_MAX_DELAY={e}"));
@@ -776,6 +790,46 @@ mod tests {
         assert_eq!(ok.delays.map(|d| d.max()), Some(20_000_000_000));
         let bad = settings(&[("IBJITTER_DELAY", "1ms"), ("IBJITTER_MAX_DELAY", "soon")]);
         assert!(bad.delays.is_none() && bad.warning.unwrap().contains("IBJITTER_MAX_DELAY"));
+        // A bound beyond the longest delay the injector holds is refused, whatever the table;
+        // the ceiling itself is accepted.
+        for (max, delay) in [("1000001s", "1ms"), ("9223372036854775808ns", "1000001s")] {
+            let s = settings(&[("IBJITTER_DELAY", delay), ("IBJITTER_MAX_DELAY", max)]);
+            let w = s.warning.unwrap_or_default();
+            assert!(
+                s.delays.is_none()
+                    && w.contains(&format!(
+                        "IBJITTER_MAX_DELAY={max}: at most 1000000000000000 ns (11.6 days)"
+                    )),
+                "{max}: {w}"
+            );
+        }
+        let loops = settings(&[
+            ("IBJITTER_UNIT", "loops"),
+            ("IBJITTER_DELAY", "5"),
+            ("IBJITTER_MAX_DELAY", "1000000000000001"),
+        ]);
+        assert!(loops.delays.is_none(), "{:?}", loops.warning);
+        assert!(loops
+            .warning
+            .unwrap()
+            .contains("at most 1000000000000000 loops, the longest"));
+        let ceiling = settings(&[
+            ("IBJITTER_DELAY", "1000000s"),
+            ("IBJITTER_MAX_DELAY", "1000000s"),
+        ]);
+        assert_eq!(ceiling.warning, None);
+        assert_eq!(ceiling.delays.map(|d| d.max()), Some(DELAY_CEILING));
+        // At 2^64 the message no longer claims a bound it just refused.
+        let w = settings(&[
+            ("IBJITTER_DELAY", "1ms"),
+            ("IBJITTER_MAX_DELAY", "18446744073709551615ns"),
+        ])
+        .warning
+        .unwrap();
+        assert!(
+            w.contains("too large (64 bits hold less than 2^64 ns)"),
+            "{w}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -191,6 +191,13 @@ const DURATION_MAX_BYTES: usize = 64;
 /// one (`1e30s`) would wrap or saturate wherever it is converted, so it is refused here.
 pub const DURATION_MAX: f64 = u64::MAX as f64;
 
+/// The longest delay the injector holds, whatever `IBJITTER_MAX_DELAY` says: 10^15 ns
+/// (11.6 days; or loops). Beyond it a delay stops being one the counts can carry: in clock
+/// units (up to 10 per ns) and summed over a full delay line (4,096 requests) it stays
+/// within 64 bits; a delay of 2^63 ns saturated there, and the exit line reported requests
+/// never handed over as ~2.8 * 10^13 ms delayed.
+pub const DELAY_CEILING: u64 = 1_000_000_000_000_000;
+
 /// Parses IBJITTER_DELAY/JITTER: a duration in the table crate's one grammar (a number and a
 /// unit: ns, us/µs/usec, ms/msec, s/sec, e.g. `1.5ms`, `250 ns`, `1e3us`), non-negative. A bare
 /// `0` needs no unit. A bare non-zero number is refused: tc reads it as µs, most readers as
@@ -234,10 +241,10 @@ pub fn parse_duration(v: &str, unit: Unit) -> Result<f64, String> {
 pub fn parse_duration_u64(v: &str, unit: Unit) -> Result<u64, String> {
     let n = parse_duration(v, unit)?;
     if n.round() >= DURATION_MAX {
+        // As a float the bound is 2^64 itself: u64::MAX rounds to it.
         return Err(format!(
-            "{:?}: too large (at most {} {u}, what 64 bits hold)",
+            "{:?}: too large (64 bits hold less than 2^64 {u})",
             v.trim(),
-            u64::MAX,
             u = unit.name()
         ));
     }

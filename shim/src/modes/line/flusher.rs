@@ -577,7 +577,8 @@ unsafe fn post_list(
 /// Adds `n` to a count only the thread flushing the line writes (flushers take turns
 /// under FLUSHING): no read-modify-write needed.
 fn add(count: &AtomicU64, n: u64) {
-    count.store(count.load(Relaxed) + n, Release);
+    // Saturating: a sum of delays (clock units) never wraps to a small one.
+    count.store(count.load(Relaxed).saturating_add(n), Release);
 }
 
 /// Requests in the line now (entered, not yet handed over or dropped): atomic loads only, for
