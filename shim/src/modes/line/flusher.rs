@@ -49,6 +49,17 @@ pub const ACTIVE_NS: u64 = 100_000;
 /// thread sleeps the backstop too.
 pub const BACKSTOP_NS: u64 = 50_000;
 pub const BACKSTOP_MAX_NS: u64 = 1_000_000;
+/// Where a quiet wake-up costs the host much (emulated CPUs: 40-85 us of CPU each under the
+/// bench's qemu TCG, ~15 us on this project's KVM hosts, a few us on real cores), the
+/// backstop's longest sleep grows beyond [`BACKSTOP_MAX_NS`] until wake-ups at it take at
+/// most 1/[`BACKSTOP_SHARE`] of a core, up to [`BACKSTOP_CEIL_NS`] (see [`BackstopCap`]). On
+/// a full node each wake-up takes a rank's core: on the bench, 1 ms backstops took 13-20 % of
+/// each rank's vCPU and an MPI ping-pong's median sat 56-197 us above spin mode's; at 6-8 ms,
+/// 7-9 % and within -23 to +41 us of it. The price: a program that stops calling without
+/// going to sleep on a completion finds a request that was due meanwhile late by up to the
+/// longest sleep.
+pub const BACKSTOP_SHARE: u64 = 100;
+pub const BACKSTOP_CEIL_NS: u64 = 8_000_000;
 
 /// The earliest due time in the line (u64::MAX: the line is empty). Posters lower it
 /// ([`announce`]), the flusher sets it from its heap.
@@ -88,6 +99,8 @@ static LAST_OUT: AtomicU64 = AtomicU64::new(0);
 static TIMER_WAKEUPS: AtomicU64 = AtomicU64::new(0);
 static TIMER_STARTED_NS: AtomicU64 = AtomicU64::new(0);
 static TIMER_CPU_CLOCK: AtomicI32 = AtomicI32::new(-1);
+/// The backstop's longest sleep now (ns; [`BackstopCap`]).
+static BACKSTOP_LONGEST_NS: AtomicU64 = AtomicU64::new(BACKSTOP_MAX_NS);
 
 /// The timer thread sleeps on this word (a futex) while the line is empty; ringing it
 /// (a change, then a wake) ends the sleep. [`NAPPING`]: the thread sleeps on the empty line
@@ -232,7 +245,8 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
 /// backstop for those that call. While the program's calls are flushing the line (one saw
 /// requests in it within [`ACTIVE_NS`]) it only sleeps, and leaves the core to the program:
 /// until [`EARLY_NS`] before the earliest due time (at most [`BACKSTOP_MAX_NS`]), then to the
-/// backstop past it ([`BACKSTOP_NS`] .. [`BACKSTOP_MAX_NS`]). Otherwise it sleeps until
+/// backstop past it ([`BACKSTOP_NS`] .. [`BACKSTOP_MAX_NS`], longer where its wake-ups cost
+/// much: [`BACKSTOP_SHARE`]). Otherwise it sleeps until
 /// [`EARLY_NS`] before the earliest due time (at most [`IDLE_NS`], so it sees new requests)
 /// and spins the rest, unless a program call hands the request over first.
 pub fn timer_thread() {
@@ -241,8 +255,9 @@ pub fn timer_thread() {
     note_timer_start();
     let units = |ns| clock::ns_to_units(ns, clock::kind());
     let (early, active) = (units(EARLY_NS), units(ACTIVE_NS));
-    let (least, most) = (units(BACKSTOP_NS), units(BACKSTOP_MAX_NS));
+    let (least, mut most) = (units(BACKSTOP_NS), units(BACKSTOP_MAX_NS));
     let mut backstop = least;
+    let mut cap = BackstopCap::new();
     // The program's hand-overs when this thread last looked.
     let mut by_program = BY_PROGRAM.load(Relaxed);
     // The next sleep while the line stays empty, and since when it is (ns; 0: it is not).
@@ -251,6 +266,11 @@ pub fn timer_thread() {
     // thread handed requests over since), and the counts it saw then.
     let (mut program_handed_ns, mut handed_seen, mut timer_seen) = (0u64, 0u64, 0u64);
     loop {
+        if let Some(ns) = cap.measured() {
+            BACKSTOP_LONGEST_NS.store(ns, Relaxed);
+            most = units(ns);
+            backstop = backstop.min(most);
+        }
         let next = NEXT_DUE.load(Acquire);
         // Calm: the program's calls handed requests over within the grace, and this thread
         // did not have to since. Its sleeps then lengthen whether the line is empty or not:
@@ -331,6 +351,7 @@ pub fn timer_thread() {
                 nap
             } else if next <= now.saturating_add(early) {
                 // Due within EARLY_NS: spin to it, unless someone hands it over first.
+                cap.spun();
                 while now_units() < next && NEXT_DUE.load(Acquire) == next {
                     std::hint::spin_loop();
                 }
@@ -347,6 +368,78 @@ pub fn timer_thread() {
         std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
         TIMER_WAKEUPS.store(TIMER_WAKEUPS.load(Relaxed) + 1, Relaxed);
     }
+}
+
+/// The backstop's longest sleep as the timer thread's wake-ups cost ([`BACKSTOP_SHARE`]):
+/// the thread's own CPU time over windows of [`BackstopCap::WINDOW`] wake-ups, counted only
+/// in windows where it only slept and looked (no hand-over, no spin to a due time: their
+/// CPU is not a wake-up's). The least window's cost is kept: preemption and page faults
+/// only add.
+struct BackstopCap {
+    /// CPU ns, wake-ups and the timer's hand-overs at the window's start, whether it spun
+    /// since, and the least cost of a wake-up seen (ns; u64::MAX: none yet).
+    cpu_ns: u64,
+    wakeups: u64,
+    by_timer: u64,
+    spun: bool,
+    least_ns: u64,
+}
+
+impl BackstopCap {
+    const WINDOW: u64 = 64;
+
+    fn new() -> BackstopCap {
+        BackstopCap {
+            cpu_ns: thread_cpu_ns(),
+            wakeups: TIMER_WAKEUPS.load(Relaxed),
+            by_timer: BY_TIMER.load(Relaxed),
+            spun: false,
+            least_ns: u64::MAX,
+        }
+    }
+
+    /// The thread spun to a due time: this window's CPU is not a wake-up's.
+    fn spun(&mut self) {
+        self.spun = true;
+    }
+
+    /// The backstop's longest sleep (ns) when a window just ended, else None.
+    fn measured(&mut self) -> Option<u64> {
+        let wakeups = TIMER_WAKEUPS.load(Relaxed);
+        if wakeups.wrapping_sub(self.wakeups) < Self::WINDOW {
+            return None;
+        }
+        Some(self.window_ended(thread_cpu_ns(), wakeups, BY_TIMER.load(Relaxed)))
+    }
+
+    /// A window ended with these readings: the backstop's longest sleep (ns).
+    fn window_ended(&mut self, cpu_ns: u64, wakeups: u64, by_timer: u64) -> u64 {
+        let n = wakeups.wrapping_sub(self.wakeups);
+        if !self.spun && by_timer == self.by_timer && cpu_ns > self.cpu_ns && n > 0 {
+            self.least_ns = self.least_ns.min((cpu_ns - self.cpu_ns) / n);
+        }
+        (self.cpu_ns, self.wakeups, self.by_timer, self.spun) = (cpu_ns, wakeups, by_timer, false);
+        match self.least_ns {
+            u64::MAX => BACKSTOP_MAX_NS,
+            each => each
+                .saturating_mul(BACKSTOP_SHARE)
+                .clamp(BACKSTOP_MAX_NS, BACKSTOP_CEIL_NS),
+        }
+    }
+}
+
+/// The calling thread's CPU time (ns; 0 if it cannot be read). A system call: the timer
+/// thread's, once a window, never the post path's.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The timer thread's sleep while the line is empty: `ns`, or until [`program_may_sleep`]
@@ -413,6 +506,12 @@ fn note_timer_start() {
         TIMER_CPU_CLOCK.store(clock, Relaxed);
     }
     TIMER_STARTED_NS.store(clock::monotonic_ns(), Relaxed);
+}
+
+/// The timer thread's longest backstop sleep now (ns): [`BACKSTOP_MAX_NS`], or longer where
+/// its wake-ups cost much ([`BACKSTOP_SHARE`]).
+pub fn backstop_longest_ns() -> u64 {
+    BACKSTOP_LONGEST_NS.load(Relaxed)
 }
 
 /// How often the program's calls before it sleeps (`ibv_req_notify_cq`, `ibv_get_cq_event`)
@@ -593,6 +692,7 @@ pub fn in_line() -> u64 {
 /// line and stats said the parent's lateness).
 pub fn forget_after_fork() {
     TIMER_CPU_CLOCK.store(-1, Relaxed);
+    BACKSTOP_LONGEST_NS.store(BACKSTOP_MAX_NS, Relaxed);
     for parents in [
         &PROVIDER_UNITS,
         &FIRST_IN,
@@ -703,4 +803,47 @@ pub fn dropped() -> (u64, u64) {
         DROPPED.load(Acquire),
         units_to_ns(DROPPED_UNITS.load(Acquire)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap() -> BackstopCap {
+        BackstopCap {
+            cpu_ns: 0,
+            wakeups: 0,
+            by_timer: 0,
+            spun: false,
+            least_ns: u64::MAX,
+        }
+    }
+
+    /// The backstop looks less often only where the thread's quiet wake-ups cost much: 1 ms
+    /// up to 10 us of CPU a wake-up (real cores), 6 ms at 60 us (the bench's qemu TCG), never
+    /// past 8 ms; windows in which it handed requests over or spun to a due time say nothing
+    /// of a wake-up's cost, and a dearer window later (a preempted one) does not stretch it.
+    #[test]
+    fn the_backstops_longest_sleep_follows_the_cost_of_a_quiet_wake_up() {
+        let mut c = cap();
+        assert_eq!(c.window_ended(64 * 8_000, 64, 0), BACKSTOP_MAX_NS);
+        let mut c = cap();
+        assert_eq!(c.window_ended(64 * 60_000, 64, 0), 6_000_000);
+        // Dearer windows after: the least stays.
+        assert_eq!(
+            c.window_ended(64 * 60_000 + 64 * 200_000, 128, 0),
+            6_000_000
+        );
+        let mut c = cap();
+        assert_eq!(c.window_ended(64 * 500_000, 64, 0), BACKSTOP_CEIL_NS);
+        // A window with a hand-over by the timer, or a spin, is not a wake-up's cost.
+        let mut c = cap();
+        assert_eq!(c.window_ended(64 * 60_000, 64, 3), BACKSTOP_MAX_NS);
+        c.spun();
+        assert_eq!(c.window_ended(2 * 64 * 60_000, 128, 3), BACKSTOP_MAX_NS);
+        assert_eq!(c.window_ended(3 * 64 * 60_000, 192, 3), 6_000_000);
+        // A CPU clock that cannot be read (0) measures nothing.
+        let mut c = cap();
+        assert_eq!(c.window_ended(0, 64, 0), BACKSTOP_MAX_NS);
+    }
 }

@@ -302,8 +302,11 @@ pub fn stats_json() -> serde_json::Value {
         // program): its wake-ups and CPU time over its life (null: no timer thread), and how
         // often the program's calls before it slept woke it from its sleep on an empty line.
         "timer_thread": timer.map(|(wakeups, cpu_ns, alive_ns)| {
+            // `backstop_longest_ns`: its longest sleep while the program's calls hand
+            // requests over, longer than 1 ms where its wake-ups cost much (emulated CPUs).
             serde_json::json!({ "wakeups": wakeups, "cpu_ns": cpu_ns, "alive_ns": alive_ns,
-                                "woken_by_program": flusher::timer_rung() })
+                                "woken_by_program": flusher::timer_rung(),
+                                "backstop_longest_ns": flusher::backstop_longest_ns() })
         }),
         // How late requests reached the provider, ns after their due time.
         "late_ns": summary_json(lateness()),
