@@ -7,8 +7,8 @@ use crate::config::tables::{
     bounded, default_max_delay, load_cq, load_delays, load_episodes, with_probability, Delays, Var,
 };
 use crate::config::values::{
-    parse_bool, parse_correlation, parse_duration_u64, parse_probability, parse_ranks, parse_seed,
-    parse_u64, quoted, shown, Unit, DELAY_CEILING,
+    parse_bool, parse_correlation, parse_duration, parse_duration_u64, parse_probability,
+    parse_ranks, parse_seed, parse_u64, quoted, shown, Unit, DELAY_CEILING,
 };
 
 pub use crate::sys::rng::DEFAULT_SEED;
@@ -348,8 +348,9 @@ impl Settings {
     /// is said and nothing is injected).
     fn read_max_delay(&self, r: &mut Reader<'_>) -> f64 {
         match r.nonempty("IBJITTER_MAX_DELAY") {
-            Some(v) => match parse_duration_u64(&v, self.unit) {
-                Ok(l) if l > DELAY_CEILING => {
+            // Read as a float first: a bound past 64 bits is refused with the ceiling too.
+            Some(v) => match parse_duration(&v, self.unit).map(|l| l.round()) {
+                Ok(l) if l > DELAY_CEILING as f64 => {
                     let days = if self.unit == Unit::Ns {
                         " (11.6 days)"
                     } else {
@@ -363,7 +364,7 @@ impl Settings {
                     ));
                     f64::INFINITY
                 }
-                Ok(l) => l as f64,
+                Ok(l) => l,
                 Err(e) => {
                     r.problem(format!("IBJITTER_MAX_DELAY={e}"));
                     f64::INFINITY
@@ -819,17 +820,23 @@ mod tests {
         ]);
         assert_eq!(ceiling.warning, None);
         assert_eq!(ceiling.delays.map(|d| d.max()), Some(DELAY_CEILING));
-        // At 2^64 the message no longer claims a bound it just refused.
-        let w = settings(&[
-            ("IBJITTER_DELAY", "1ms"),
-            ("IBJITTER_MAX_DELAY", "18446744073709551615ns"),
-        ])
-        .warning
-        .unwrap();
-        assert!(
-            w.contains("too large (64 bits hold less than 2^64 ns)"),
-            "{w}"
-        );
+        // A bound past 64 bits is told the ceiling; another duration there, that it is read
+        // as 2^64 or more (u64::MAX itself rounds to 2^64 as a float), not "at most u64::MAX".
+        for (k, says) in [
+            (
+                "IBJITTER_MAX_DELAY",
+                "at most 1000000000000000 ns (11.6 days)",
+            ),
+            (
+                "IBJITTER_CQ_DELAY",
+                "too large (read as 2^64 ns or more; 64 bits hold less)",
+            ),
+        ] {
+            let w = settings(&[("IBJITTER_DELAY", "1ms"), (k, "18446744073709551615ns")])
+                .warning
+                .unwrap();
+            assert!(w.contains(says), "{k}: {w}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1152,8 +1159,13 @@ mod tests {
                 assert!(names_it, "{k}={v}: {w}");
             }
         }
+        // A bound past 64 bits is past the injector's ceiling, and told so.
         let s = settings(&[("IBJITTER_UNIT", "loops"), ("IBJITTER_MAX_DELAY", "1e30")]);
-        assert!(s.warning.unwrap().contains("too large"));
+        let w = s.warning.unwrap();
+        assert!(
+            w.contains("IBJITTER_MAX_DELAY=1e30: at most 1000000000000000 loops"),
+            "{w}"
+        );
     }
 
     #[test]

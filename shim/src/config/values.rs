@@ -192,10 +192,10 @@ const DURATION_MAX_BYTES: usize = 64;
 pub const DURATION_MAX: f64 = u64::MAX as f64;
 
 /// The longest delay the injector holds, whatever `IBJITTER_MAX_DELAY` says: 10^15 ns
-/// (11.6 days; or loops). Beyond it a delay stops being one the counts can carry: in clock
-/// units (up to 10 per ns) and summed over a full delay line (4,096 requests) it stays
-/// within 64 bits; a delay of 2^63 ns saturated there, and the exit line reported requests
-/// never handed over as ~2.8 * 10^13 ms delayed.
+/// (11.6 days; or loops). The counts carry it: in clock units (up to 10 per ns: 10^16) and,
+/// in ns, summed over a full delay line (4,096 requests: 4.1 * 10^18) within 64 bits. A
+/// delay of 2^63 ns saturated the clock units and the sums, and the exit line reported
+/// requests never handed over as ~2.8 * 10^13 ms delayed.
 pub const DELAY_CEILING: u64 = 1_000_000_000_000_000;
 
 /// Parses IBJITTER_DELAY/JITTER: a duration in the table crate's one grammar (a number and a
@@ -241,9 +241,9 @@ pub fn parse_duration(v: &str, unit: Unit) -> Result<f64, String> {
 pub fn parse_duration_u64(v: &str, unit: Unit) -> Result<u64, String> {
     let n = parse_duration(v, unit)?;
     if n.round() >= DURATION_MAX {
-        // As a float the bound is 2^64 itself: u64::MAX rounds to it.
+        // Read as a float: values within ~2,048 of 2^64 (u64::MAX itself) round up to it.
         return Err(format!(
-            "{:?}: too large (64 bits hold less than 2^64 {u})",
+            "{:?}: too large (read as 2^64 {u} or more; 64 bits hold less)",
             v.trim(),
             u = unit.name()
         ));

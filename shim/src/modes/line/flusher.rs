@@ -78,8 +78,8 @@ static FLUSHING: AtomicBool = AtomicBool::new(false);
 static LEFT: AtomicU64 = AtomicU64::new(0);
 static POST_ERRORS: AtomicU64 = AtomicU64::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
-/// The dropped requests' own delays (clock units, summed): drawn, never given.
-static DROPPED_UNITS: AtomicU64 = AtomicU64::new(0);
+/// The dropped requests' own delays (ns, summed, saturating): drawn, never given.
+static DROPPED_NS: AtomicU64 = AtomicU64::new(0);
 pub static BY_PROGRAM: AtomicU64 = AtomicU64::new(0);
 pub static BY_TIMER: AtomicU64 = AtomicU64::new(0);
 
@@ -611,7 +611,7 @@ unsafe fn post_list(
     for &i in slots {
         let s = line.pool.slot(i);
         if Some(s.gen) != gen {
-            add(&DROPPED_UNITS, s.units);
+            add(&DROPPED_NS, units_to_ns(s.units));
             continue;
         }
         s.wr.next = null_mut();
@@ -699,7 +699,7 @@ pub fn forget_after_fork() {
         &LAST_OUT,
         &POST_ERRORS,
         &DROPPED,
-        &DROPPED_UNITS,
+        &DROPPED_NS,
         &BY_PROGRAM,
         &BY_TIMER,
         &TIMER_WAKEUPS,
@@ -799,10 +799,7 @@ pub fn errors() -> (u64, u64) {
 /// Requests dropped (their QP was destroyed while they were in the line) and the sum of
 /// their own delays (ns).
 pub fn dropped() -> (u64, u64) {
-    (
-        DROPPED.load(Acquire),
-        units_to_ns(DROPPED_UNITS.load(Acquire)),
-    )
+    (DROPPED.load(Acquire), DROPPED_NS.load(Acquire))
 }
 
 #[cfg(test)]
