@@ -268,13 +268,16 @@ pub fn line_lateness_cause(late: &LineLate) -> String {
             "the program's own calls and the shim's timer thread did not hand them over on \
              time{}: the node's cores were busy, or the program posted into a line idle for \
              over {} ms and made no call into the provider before they fell due (the timer \
-             thread then looks every {} ms)",
+             thread then looks every {} ms), or its calls stopped without a sleep on a \
+             completion (the timer thread then looks within {:.1} ms, its longest backstop \
+             here)",
             busy.map_or(String::new(), |(_, share, _)| format!(
                 " (the provider's post_send was busy {:.0} % of the time)",
                 100.0 * share
             )),
             line::flusher::EMPTY_GRACE_NS / 1_000_000,
             line::flusher::IDLE_MAX_NS / 1_000_000,
+            line::flusher::backstop_longest_ns() as f64 / 1e6,
         ),
     };
     if let Some((_, p50, p99, _)) = line::provider_call_times().filter(|c| c.2 >= late.p99) {

@@ -51,8 +51,10 @@ pub const BACKSTOP_NS: u64 = 50_000;
 pub const BACKSTOP_MAX_NS: u64 = 1_000_000;
 /// Where a quiet wake-up costs the host much (emulated CPUs: 40-85 us of CPU each under the
 /// bench's qemu TCG, ~15 us on this project's KVM hosts, a few us on real cores), the
-/// backstop's longest sleep grows beyond [`BACKSTOP_MAX_NS`] until wake-ups at it take at
-/// most 1/[`BACKSTOP_SHARE`] of a core, up to [`BACKSTOP_CEIL_NS`] (see [`BackstopCap`]). On
+/// backstop's longest sleep grows beyond [`BACKSTOP_MAX_NS`] until one wake-up per longest
+/// sleep costs at most 1/[`BACKSTOP_SHARE`] of a core (at the least a wake-up was measured to
+/// cost), up to [`BACKSTOP_CEIL_NS`] (see [`BackstopCap`]). The thread's other wake-ups (its
+/// hand-overs, the program's start and end with the line empty) come on top. On
 /// a full node each wake-up takes a rank's core: on the bench, 1 ms backstops took 13-20 % of
 /// each rank's vCPU and an MPI ping-pong's median sat 56-197 us above spin mode's; at 6-8 ms,
 /// 7-9 % and within -23 to +41 us of it. The price: a program that stops calling without
@@ -244,9 +246,9 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
 /// Hands requests over for programs that sleep (completion channels, idle phases), and as a
 /// backstop for those that call. While the program's calls are flushing the line (one saw
 /// requests in it within [`ACTIVE_NS`]) it only sleeps, and leaves the core to the program:
-/// until [`EARLY_NS`] before the earliest due time (at most [`BACKSTOP_MAX_NS`]), then to the
-/// backstop past it ([`BACKSTOP_NS`] .. [`BACKSTOP_MAX_NS`], longer where its wake-ups cost
-/// much: [`BACKSTOP_SHARE`]). Otherwise it sleeps until
+/// until [`EARLY_NS`] before the earliest due time, then to the backstop past it
+/// ([`BACKSTOP_NS`] .. [`BACKSTOP_MAX_NS`]; both longest sleeps longer where its wake-ups
+/// cost much: [`BACKSTOP_SHARE`]). Otherwise it sleeps until
 /// [`EARLY_NS`] before the earliest due time (at most [`IDLE_NS`], so it sees new requests)
 /// and spins the rest, unless a program call hands the request over first.
 pub fn timer_thread() {
@@ -332,7 +334,7 @@ pub fn timer_thread() {
                     // program may be quiet: it spins to the due time as for a sleeping one.
                     units_to_ns(next - now)
                         .saturating_sub(EARLY_NS)
-                        .min(BACKSTOP_MAX_NS)
+                        .min(units_to_ns(most))
                 } else {
                     // Woken with nothing to hand over. Wake less often only if the
                     // program's calls did hand requests over since, or lately (calm): calls
@@ -373,20 +375,28 @@ pub fn timer_thread() {
 /// The backstop's longest sleep as the timer thread's wake-ups cost ([`BACKSTOP_SHARE`]):
 /// the thread's own CPU time over windows of [`BackstopCap::WINDOW`] wake-ups, counted only
 /// in windows where it only slept and looked (no hand-over, no spin to a due time: their
-/// CPU is not a wake-up's). The least window's cost is kept: preemption and page faults
-/// only add.
+/// CPU is not a wake-up's). The least window's cost stands for a wake-up (preemption and
+/// page faults only add), over the last two epochs of [`BackstopCap::EPOCH`] windows, so a
+/// node that gets busier (dearer wake-ups) is followed; an epoch without a clean window
+/// (a timer handing requests over all along) keeps the estimate it had.
 struct BackstopCap {
-    /// CPU ns, wake-ups and the timer's hand-overs at the window's start, whether it spun
-    /// since, and the least cost of a wake-up seen (ns; u64::MAX: none yet).
-    cpu_ns: u64,
+    /// CPU ns at the window's start (None: unreadable), wake-ups and the timer's hand-overs
+    /// then, whether it spun since.
+    cpu_ns: Option<u64>,
     wakeups: u64,
     by_timer: u64,
     spun: bool,
-    least_ns: u64,
+    /// Windows ended in this epoch; the least cost of a wake-up in this epoch and the one
+    /// before (ns; u64::MAX: no clean window); the estimate in use (ns; u64::MAX: none yet).
+    windows: u32,
+    least_now: u64,
+    least_before: u64,
+    each_ns: u64,
 }
 
 impl BackstopCap {
     const WINDOW: u64 = 64;
+    const EPOCH: u32 = 16;
 
     fn new() -> BackstopCap {
         BackstopCap {
@@ -394,7 +404,10 @@ impl BackstopCap {
             wakeups: TIMER_WAKEUPS.load(Relaxed),
             by_timer: BY_TIMER.load(Relaxed),
             spun: false,
-            least_ns: u64::MAX,
+            windows: 0,
+            least_now: u64::MAX,
+            least_before: u64::MAX,
+            each_ns: u64::MAX,
         }
     }
 
@@ -413,13 +426,23 @@ impl BackstopCap {
     }
 
     /// A window ended with these readings: the backstop's longest sleep (ns).
-    fn window_ended(&mut self, cpu_ns: u64, wakeups: u64, by_timer: u64) -> u64 {
+    fn window_ended(&mut self, cpu_ns: Option<u64>, wakeups: u64, by_timer: u64) -> u64 {
         let n = wakeups.wrapping_sub(self.wakeups);
-        if !self.spun && by_timer == self.by_timer && cpu_ns > self.cpu_ns && n > 0 {
-            self.least_ns = self.least_ns.min((cpu_ns - self.cpu_ns) / n);
+        if let (Some(then), Some(now)) = (self.cpu_ns, cpu_ns) {
+            if !self.spun && by_timer == self.by_timer && now > then && n > 0 {
+                self.least_now = self.least_now.min((now - then) / n);
+            }
         }
         (self.cpu_ns, self.wakeups, self.by_timer, self.spun) = (cpu_ns, wakeups, by_timer, false);
-        match self.least_ns {
+        self.windows += 1;
+        if self.windows == Self::EPOCH {
+            (self.windows, self.least_before, self.least_now) = (0, self.least_now, u64::MAX);
+        }
+        let least = self.least_now.min(self.least_before);
+        if least != u64::MAX {
+            self.each_ns = least;
+        }
+        match self.each_ns {
             u64::MAX => BACKSTOP_MAX_NS,
             each => each
                 .saturating_mul(BACKSTOP_SHARE)
@@ -428,18 +451,18 @@ impl BackstopCap {
     }
 }
 
-/// The calling thread's CPU time (ns; 0 if it cannot be read). A system call: the timer
+/// The calling thread's CPU time (ns; None if it cannot be read). A system call: the timer
 /// thread's, once a window, never the post path's.
-fn thread_cpu_ns() -> u64 {
+fn thread_cpu_ns() -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: a valid out-pointer.
     if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0;
+        return None;
     }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 /// The timer thread's sleep while the line is empty: `ns`, or until [`program_may_sleep`]
@@ -808,39 +831,69 @@ mod tests {
 
     fn cap() -> BackstopCap {
         BackstopCap {
-            cpu_ns: 0,
+            cpu_ns: Some(0),
             wakeups: 0,
             by_timer: 0,
             spun: false,
-            least_ns: u64::MAX,
+            windows: 0,
+            least_now: u64::MAX,
+            least_before: u64::MAX,
+            each_ns: u64::MAX,
         }
+    }
+
+    /// Ends `k` windows of 64 wake-ups at `each` ns of CPU a wake-up; the last cap.
+    fn windows(c: &mut BackstopCap, k: u32, each: u64) -> u64 {
+        let mut last = 0;
+        for _ in 0..k {
+            let cpu = c.cpu_ns.unwrap_or(0) + 64 * each;
+            last = c.window_ended(Some(cpu), c.wakeups + 64, c.by_timer);
+        }
+        last
     }
 
     /// The backstop looks less often only where the thread's quiet wake-ups cost much: 1 ms
     /// up to 10 us of CPU a wake-up (real cores), 6 ms at 60 us (the bench's qemu TCG), never
-    /// past 8 ms; windows in which it handed requests over or spun to a due time say nothing
-    /// of a wake-up's cost, and a dearer window later (a preempted one) does not stretch it.
+    /// past 8 ms. Windows in which it handed requests over or spun to a due time say nothing
+    /// of a wake-up's cost, nor does one after an unreadable CPU clock.
     #[test]
     fn the_backstops_longest_sleep_follows_the_cost_of_a_quiet_wake_up() {
-        let mut c = cap();
-        assert_eq!(c.window_ended(64 * 8_000, 64, 0), BACKSTOP_MAX_NS);
-        let mut c = cap();
-        assert_eq!(c.window_ended(64 * 60_000, 64, 0), 6_000_000);
-        // Dearer windows after: the least stays.
-        assert_eq!(
-            c.window_ended(64 * 60_000 + 64 * 200_000, 128, 0),
-            6_000_000
-        );
-        let mut c = cap();
-        assert_eq!(c.window_ended(64 * 500_000, 64, 0), BACKSTOP_CEIL_NS);
+        assert_eq!(windows(&mut cap(), 1, 8_000), BACKSTOP_MAX_NS);
+        assert_eq!(windows(&mut cap(), 1, 60_000), 6_000_000);
+        assert_eq!(windows(&mut cap(), 1, 500_000), BACKSTOP_CEIL_NS);
         // A window with a hand-over by the timer, or a spin, is not a wake-up's cost.
         let mut c = cap();
-        assert_eq!(c.window_ended(64 * 60_000, 64, 3), BACKSTOP_MAX_NS);
+        assert_eq!(c.window_ended(Some(64 * 60_000), 64, 3), BACKSTOP_MAX_NS);
         c.spun();
-        assert_eq!(c.window_ended(2 * 64 * 60_000, 128, 3), BACKSTOP_MAX_NS);
-        assert_eq!(c.window_ended(3 * 64 * 60_000, 192, 3), 6_000_000);
-        // A CPU clock that cannot be read (0) measures nothing.
+        assert_eq!(
+            c.window_ended(Some(2 * 64 * 60_000), 128, 3),
+            BACKSTOP_MAX_NS
+        );
+        assert_eq!(c.window_ended(Some(3 * 64 * 60_000), 192, 3), 6_000_000);
+        // An unreadable clock voids the window it ends and the one it starts.
         let mut c = cap();
-        assert_eq!(c.window_ended(0, 64, 0), BACKSTOP_MAX_NS);
+        assert_eq!(c.window_ended(None, 64, 0), BACKSTOP_MAX_NS);
+        assert_eq!(c.window_ended(Some(64 * 900_000), 128, 0), BACKSTOP_MAX_NS);
+        assert_eq!(windows(&mut c, 1, 20_000), 2_000_000);
+    }
+
+    /// The least cost of a wake-up holds for two epochs of windows, then a dearer one (a node
+    /// grown busier) takes over; an epoch with no clean window keeps the estimate.
+    #[test]
+    fn the_backstops_estimate_follows_a_node_that_gets_busier() {
+        let mut c = cap();
+        assert_eq!(windows(&mut c, 1, 20_000), 2_000_000);
+        // Dearer windows: the cheap one stands until two epochs have passed.
+        assert_eq!(windows(&mut c, BackstopCap::EPOCH, 60_000), 2_000_000);
+        assert_eq!(windows(&mut c, BackstopCap::EPOCH, 60_000), 6_000_000);
+        // An epoch and more in which the timer hands requests over in every window.
+        for _ in 0..3 * BackstopCap::EPOCH {
+            let cpu = c.cpu_ns.unwrap() + 64 * 1_000;
+            let by_timer = c.by_timer + 1;
+            assert_eq!(
+                c.window_ended(Some(cpu), c.wakeups + 64, by_timer),
+                6_000_000
+            );
+        }
     }
 }
