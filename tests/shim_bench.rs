@@ -1406,12 +1406,17 @@ fn inject_set_and_pause_switch_a_running_ib_write_lat() {
     let ibj = env!("CARGO_BIN_EXE_ibjitter");
     let dir = scratch_dir("shim-live");
     let d = dir.display();
+    // Iterations: the client must outlive the set, the pause and the status (~1.2 s after
+    // its control file appears). In the bench's fast phase an iteration takes ~12 us: 60,000
+    // ended before the status came (a fresh-clone suite: "no process to address" after the
+    // pause, 56,299 sends by then). 150,000 last ~1.8 s there, ~15 s in the slowest phase.
+    let n = 150_000;
     let script = format!(
         ". tools/vm/lib.sh\n\
-         ib_write_lat -d rxe1 -x 1 -p 18516 -n 60000 > {d}/server.out 2>&1 & SPID=$!\n\
+         ib_write_lat -d rxe1 -x 1 -p 18516 -n {n} > {d}/server.out 2>&1 & SPID=$!\n\
          wait_until 30 tcp_listening 18516 || exit 1\n\
          env LD_PRELOAD={so} IBJITTER_STATS={d}/live.%p.json ib_write_lat -d rxe0 -x 1 \
-         -p 18516 -n 60000 -U 10.0.0.2 > {d}/client.out 2> {d}/client.err & CPID=$!\n\
+         -p 18516 -n {n} -U 10.0.0.2 > {d}/client.out 2> {d}/client.err & CPID=$!\n\
          wait_until 30 test -e /dev/shm/ibjitter.0/$CPID || {{ cat {d}/client.err; exit 1; }}\n\
          sleep 0.5\n\
          echo '@@ set'; {ibj} inject set --delay 200us $CPID || exit 1\n\
@@ -1464,7 +1469,7 @@ fn inject_set_and_pause_switch_a_running_ib_write_lat() {
     let lat = perftest_dump(&std::fs::read_to_string(dir.join("client.out")).unwrap());
     // perftest dumps n - 1 differences of its n timestamps.
     assert!(
-        lat.len() >= 59_999,
+        lat.len() >= n - 1,
         "ib_write_lat -U dumped {} iterations",
         lat.len()
     );
