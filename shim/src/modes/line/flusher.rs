@@ -54,12 +54,12 @@ pub const BACKSTOP_MAX_NS: u64 = 1_000_000;
 /// backstop's longest sleep grows beyond [`BACKSTOP_MAX_NS`] until one wake-up per longest
 /// sleep costs at most 1/[`BACKSTOP_SHARE`] of a core (at the least a wake-up was measured to
 /// cost), up to [`BACKSTOP_CEIL_NS`] (see [`BackstopCap`]). The thread's other wake-ups (its
-/// hand-overs, the program's start and end with the line empty) come on top. On
-/// a full node each wake-up takes a rank's core: on the bench, 1 ms backstops took 13-20 % of
-/// each rank's vCPU and an MPI ping-pong's median sat 56-197 us above spin mode's; at 6-8 ms,
-/// 7-9 % and within -23 to +41 us of it. The price: a program that stops calling without
-/// going to sleep on a completion finds a request that was due meanwhile late by up to the
-/// longest sleep.
+/// hand-overs, the program's start and end with the line empty) come on top. On a full node
+/// each wake-up takes a rank's core: on the bench, 1 ms backstops took 13-20 % of each rank's
+/// vCPU and an MPI ping-pong's median sat 56-197 us above spin mode's; at 6-8 ms, 7-9 % and
+/// within -23 to +41 us of it. The price: a program that stops calling without going to
+/// sleep on a completion finds a request that was due meanwhile late by up to the longest
+/// sleep.
 pub const BACKSTOP_SHARE: u64 = 100;
 pub const BACKSTOP_CEIL_NS: u64 = 8_000_000;
 
