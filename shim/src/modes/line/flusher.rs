@@ -454,12 +454,17 @@ impl BackstopCap {
 /// The calling thread's CPU time (ns; None if it cannot be read). A system call: the timer
 /// thread's, once a window, never the post path's.
 fn thread_cpu_ns() -> Option<u64> {
+    cpu_clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// A CPU-time clock's reading in ns (None if it cannot be read).
+fn cpu_clock_ns(clock: libc::clockid_t) -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: a valid out-pointer.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
         return None;
     }
     Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
@@ -550,15 +555,8 @@ pub fn timer_cost() -> Option<(u64, u64, u64)> {
     if clock == -1 {
         return None;
     }
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; the thread lives as long as the process.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return None;
-    }
-    let cpu = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    // The thread lives as long as the process: its clock stays valid.
+    let cpu = cpu_clock_ns(clock)?;
     let alive = clock::monotonic_ns().saturating_sub(TIMER_STARTED_NS.load(Relaxed));
     Some((TIMER_WAKEUPS.load(Relaxed), cpu, alive))
 }
