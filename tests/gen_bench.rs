@@ -872,8 +872,8 @@ fn ten_thousand_flows_start_move_data_and_take_under_16_kib_each() {
 /// of 100 Mbit the achieved load was 0.38: the bottleneck's losses and RC's go-back-N
 /// retransmissions leave well under the line rate). The report's
 /// FCT and slowdown per size bucket are recomputed from the per-flow CSV and agree (within the
-/// histograms' 3 significant digits); a flow cannot beat the line rate (large buckets'
-/// slowdown at least ~1), and the achieved load is near the one asked for.
+/// histograms' 3 significant digits); no flow beats what the bottleneck lets through (its
+/// bucket, then the line rate), and the achieved load is near the one asked for.
 #[test]
 fn websearch_flows_at_quarter_load_report_slowdown_per_size_bucket() {
     let bin = ibjitter();
@@ -906,6 +906,13 @@ fn websearch_flows_at_quarter_load_report_slowdown_per_size_bucket() {
     // Recompute each bucket from the CSV: nearest-rank percentiles, as HdrHistogram ranks.
     let csv = std::fs::read_to_string(out_dir.join("fct.csv")).unwrap();
     let mut by_bucket: [Vec<(u64, f64)>; 4] = Default::default();
+    // The fastest a flow can finish: a flow that finds the port idle sends htb's bucket (burst
+    // 64k in tools/vm/net-hosts) at once and the rest at the line rate; htb may overdraw by
+    // a frame, so 8 KiB of slack. The generator times a flow from before its first post (or
+    // its scheduled arrival) to the completion it polled, so its FCT can only be longer.
+    // (Two runs: the closest flow, 1.6 MB, took 1.025 of it; frames' headers add ~1.4 %.)
+    const HTB_BURST: u64 = 64 * 1024 + 8 * 1024;
+    let mut tightest: Option<(f64, String)> = None;
     for line in csv.lines().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
         let (size, fct_ns): (u64, u64) = (f[2].parse().unwrap(), f[3].parse().unwrap());
@@ -915,6 +922,17 @@ fn websearch_flows_at_quarter_load_report_slowdown_per_size_bucket() {
             (slowdown - fct_ns as f64 / ideal).abs() <= 1e-4 * (1.0 + slowdown),
             "{line}"
         );
+        let fastest_ns = size.saturating_sub(HTB_BURST) as f64 * 8.0 / line_gbps;
+        if fastest_ns > 0.0 {
+            let ratio = fct_ns as f64 / fastest_ns;
+            assert!(
+                ratio >= 1.0,
+                "{line}: faster than the bottleneck allows ({fastest_ns:.0} ns)"
+            );
+            if tightest.as_ref().is_none_or(|t| ratio < t.0) {
+                tightest = Some((ratio, line.to_string()));
+            }
+        }
         let k = [10_000, 100_000, 1_000_000].partition_point(|&b| size >= b);
         by_bucket[k].push((fct_ns, slowdown));
     }
@@ -964,12 +982,11 @@ fn websearch_flows_at_quarter_load_report_slowdown_per_size_bucket() {
     // Every bucket of the scaled web search has flows (>= 1 MB: 3 % of them).
     assert!(by_bucket.iter().all(|b| !b.is_empty()), "{buckets:?}");
     assert_eq!(flows as u64, fct["messages"].as_u64().unwrap());
-    // Flows of 100 KB and more cannot beat the 200 Mbit port (htb's burst allowance is a
-    // few KB): their median slowdown is at least ~1.
-    for b in &buckets[2..] {
-        let p50 = b["slowdown_p50"].as_f64().unwrap();
-        assert!(p50 >= 0.95, "{}: slowdown p50 {p50}", b["name"]);
-    }
+    // Flows of 100 KB and more were held to the port's rate (checked per flow above); their
+    // median slowdown goes below 1 only by htb's bucket (a fresh-clone run: 0.92-0.93 for
+    // 100KB-1MB, whose flows take ~400 KB at the median).
+    let (ratio, flow) = tightest.expect("flows larger than htb's bucket");
+    println!("the flow closest to the bottleneck's limit took {ratio:.3} of it: {flow}");
     // The offered load: 0.25 of the line, Poisson arrivals of heavy-tailed sizes (the bytes
     // of ~370 flows vary by about 13 %): achieved 0.15 to 0.35 in the steady state.
     let load = r["steady"]["gbps"].as_f64().unwrap() / line_gbps;
