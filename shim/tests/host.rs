@@ -1284,15 +1284,20 @@ fn a_wr_batch_waits_before_the_provider_takes_its_lock() {
         "wrstart",
         &[("IBJITTER_DELAY", "1ms".into())],
     );
-    for w in out.result["waits"].as_array().unwrap() {
-        let (before, after) = (w[0].as_u64().unwrap(), w[1].as_u64().unwrap());
-        // The whole delay passes before the provider's wr_start, none while it holds its lock.
+    let waits = out.result["waits"].as_array().unwrap();
+    for w in waits {
+        // The whole delay passes before the provider's wr_start.
+        let before = w[0].as_u64().unwrap();
         assert!(before >= 1_000_000, "waited {before} ns before wr_start");
-        assert!(
-            after < before,
-            "{after} ns after wr_start vs {before} before"
-        );
     }
+    // None of it while the provider holds its lock: a delay there would make every batch's
+    // time after wr_start 1 ms or more. The least of 20, as a preemption can lengthen any
+    // one of them (a parallel run of this binary on 2 cores: 1.0 ms once).
+    let least_after = waits.iter().map(|w| w[1].as_u64().unwrap()).min().unwrap();
+    assert!(
+        least_after < 500_000,
+        "{least_after} ns after wr_start at the least: {waits:?}"
+    );
 }
 
 /// What the fake provider saw in the `IBJITTER_PER` scenario: per call, (the first wr_id,
