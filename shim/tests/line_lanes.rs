@@ -10,6 +10,7 @@ mod support;
 use serde_json::Value;
 use std::ffi::c_int;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Duration;
 use support::verbs_abi::*;
@@ -42,6 +43,44 @@ unsafe extern "C" fn provider_post_send(
         cur = w.next;
     }
     0
+}
+
+/// Requests the "signal" scenario's posting thread posts at least, and its handler's posts
+/// it waits for.
+const SIGNAL_POSTS: u64 = 200_000;
+const HANDLER_MIN: u64 = 20_000;
+/// The QP the "signal" scenario's handler posts on, how often it did, and its payload.
+static HANDLER_QP: AtomicUsize = AtomicUsize::new(0);
+static HANDLER_POSTS: AtomicU64 = AtomicU64::new(0);
+const HANDLER_ID: u64 = 1 << 40;
+const HANDLER_BYTE: u8 = 0xa5;
+
+/// An inline one-byte SEND (`wr_id` `id`, payload `byte`) posted through the patched
+/// context's `post_send`, without allocating: what a signal handler may do.
+unsafe fn post_one(qp: *mut ibv_qp, id: u64, byte: u8) {
+    let buf = [byte];
+    let mut sge = ibv_sge {
+        addr: buf.as_ptr() as u64,
+        length: 1,
+        lkey: 0,
+    };
+    let mut wr = send_wr(id, std::slice::from_mut(&mut sge), true);
+    let f = (*(*qp).context).ops.post_send.unwrap();
+    let mut bad = std::ptr::null_mut();
+    assert_eq!(f(qp, &mut wr, &mut bad), 0);
+}
+
+/// The "signal" scenario's handler: posts one request on its own QP.
+extern "C" fn post_from_handler(_sig: c_int) {
+    let k = HANDLER_POSTS.fetch_add(1, Relaxed);
+    // SAFETY: the scenario set the QP before it installed the handler.
+    unsafe {
+        post_one(
+            HANDLER_QP.load(Relaxed) as *mut ibv_qp,
+            HANDLER_ID | k,
+            HANDLER_BYTE,
+        )
+    };
 }
 
 unsafe extern "C" fn empty_poll_cq(_cq: *mut ibv_cq, _n: c_int, _wc: *mut ibv_wc) -> c_int {
@@ -101,6 +140,9 @@ fn poll_until(ctx: *mut ibv_context, n: usize) {
 /// "overflow": one thread posting 6,000 requests (the line has 4,096 slots) back to back.
 /// "destroy": 50 requests on a QP destroyed at once, then 10 on a new QP at its address.
 /// "chain": one post of a chain of three, the middle one with 17 scatter entries.
+/// "signal": one thread posts requests on one QP (at least SIGNAL_POSTS, until its handler
+/// posted HANDLER_MIN) while another signals it every ~2 us; its handler posts one request
+/// on a second QP each time.
 fn child(how: &str) {
     let shim = load_child_shim();
     let mut fc = FakeContext::new(provider_post_send);
@@ -218,6 +260,54 @@ fn child(how: &str) {
             }
             posted.push((t, now_ns() - t));
             3
+        }
+        "signal" => {
+            let (mut qa, mut qb) = (fake_qp(ctx as *mut _), fake_qp(ctx as *mut _));
+            let (a, b) = (new_qp(&mut qa), new_qp(&mut qb));
+            HANDLER_QP.store(b, Relaxed);
+            // SAFETY: a handler that posts without allocating (as a program's would), for a
+            // signal only this child's threads send.
+            unsafe {
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = post_from_handler as *const () as usize;
+                act.sa_flags = libc::SA_RESTART;
+                assert_eq!(
+                    libc::sigaction(libc::SIGUSR1, &act, std::ptr::null_mut()),
+                    0
+                );
+            }
+            // SAFETY: the calling thread's own id.
+            let me = unsafe { libc::pthread_self() } as usize;
+            let stop = AtomicBool::new(false);
+            let mut main_posts = 0;
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    while !stop.load(Relaxed) {
+                        // SAFETY: the posting thread lives until `stop` is set.
+                        unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR1) };
+                        let t = now_ns();
+                        while now_ns() - t < 2_000 {
+                            std::hint::spin_loop();
+                        }
+                    }
+                });
+                // Until the handler posted often enough (or 20 s passed).
+                let t0 = now_ns();
+                while main_posts < SIGNAL_POSTS
+                    || (HANDLER_POSTS.load(Relaxed) < HANDLER_MIN && now_ns() - t0 < 20_000_000_000)
+                {
+                    // SAFETY: a patched fake QP of a live context.
+                    unsafe { post_one(a as *mut _, main_posts, main_posts as u8) };
+                    main_posts += 1;
+                }
+                stop.store(true, Relaxed);
+            });
+            // SAFETY: back to the default before the polls below (which lock and allocate).
+            unsafe { libc::signal(libc::SIGUSR1, libc::SIG_IGN) };
+            // The fake QPs outlive the polls that hand their requests over.
+            std::mem::forget((qa, qb));
+            posted.push((main_posts, HANDLER_POSTS.load(Relaxed)));
+            (main_posts + HANDLER_POSTS.load(Relaxed)) as usize
         }
         other => panic!("unknown scenario {other}"),
     };
@@ -400,4 +490,48 @@ fn a_chain_with_a_request_the_line_cannot_copy_keeps_its_order() {
         stderr.contains("a work request the line cannot copy"),
         "{stderr}"
     );
+}
+
+/// A program whose signal handler posts (a progress engine driven by a timer signal): the
+/// handler's post may interrupt the thread inside its own post into the line. 200,000
+/// requests or more from the thread, one from the handler at each of its signals (every ~2
+/// us, 20,000 or more): each
+/// reaches the provider once, with its payload, in order on its QP. A lane's rings have one
+/// writer; before the handler's posts took the shared way, the two writers lost requests.
+#[test]
+fn a_signal_handler_that_posts_inside_a_post_loses_nothing() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "a_signal_handler_that_posts_inside_a_post_loses_nothing",
+        "signal",
+        "20us",
+        "0us",
+    );
+    let seen = seen_of(&r);
+    let (posts, handled) = (
+        r["posted"][0][0].as_u64().unwrap(),
+        r["posted"][0][1].as_u64().unwrap(),
+    );
+    eprintln!("{posts} posts from the thread, {handled} from its signal handler");
+    assert!(
+        handled >= HANDLER_MIN,
+        "the handler ran {handled} times: {stderr}"
+    );
+    assert_eq!(seen.len() as u64, posts + handled, "{stderr}");
+    let (mut next_main, mut next_handler) = (0, 0);
+    for &(_, id, byte, _) in &seen {
+        if id & HANDLER_ID != 0 {
+            assert_eq!((id & !HANDLER_ID, byte), (next_handler, HANDLER_BYTE));
+            next_handler += 1;
+        } else {
+            assert_eq!((id, byte), (next_main, next_main as u8));
+            next_main += 1;
+        }
+    }
+    let line = &s["line"];
+    assert_eq!(line["deferred"], posts + handled, "{line}");
+    assert_eq!(line["dropped"], 0, "{line}");
+    assert_eq!(line["not_delivered"], 0, "{line}");
 }

@@ -5,10 +5,12 @@
 //! lock and no read-modify-write: a slot comes off the thread's way back, and goes in with
 //! one release store. Slots freed while few are free, and the slots of threads beyond the
 //! first [`LANES`], go through two shared lock-free stacks linked through the slots'
-//! indices (no memory but the line's own), where any thread finds them.
+//! indices (no memory but the line's own), where any thread finds them. A thread holds its
+//! lane while it enters ([`hold_my_lane`]): a signal handler posting on a thread it
+//! interrupted there takes the stacks too.
 use super::slots::{Pool, SLOTS};
 use crate::sys::rng;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::OnceLock;
 
 /// Threads with a lane of their own.
@@ -69,7 +71,7 @@ pub struct Line {
 }
 
 static LINE: OnceLock<Line> = OnceLock::new();
-/// Lanes handed out (may count past [`LANES`]: threads beyond got none).
+/// Lanes handed out (may count a little past [`LANES`]: threads that asked at once).
 static LANES_TAKEN: AtomicU32 = AtomicU32::new(0);
 static SHARED_ENTERED: AtomicU64 = AtomicU64::new(0);
 
@@ -130,18 +132,71 @@ pub fn line() -> Option<&'static Line> {
     LINE.get()
 }
 
-/// The calling thread's lane ([`SHARED`] if it has none): taken at its first post into the
-/// line, kept for its life.
-#[inline]
-pub fn my_lane() -> u32 {
-    match rng::line_lane() {
-        0 => {
-            let k = LANES_TAKEN.fetch_add(1, Relaxed);
-            let lane = if (k as usize) < LANES { k } else { SHARED };
-            rng::set_line_lane(lane.wrapping_add(1));
-            lane
+/// The lane word (`rng::line_lane`) of a thread that has no lane of its own (it came after
+/// the first [`LANES`]). 0 means "none asked for yet", `l + 1` lane `l`.
+const NO_LANE: u32 = 0x7fff_ffff;
+/// Set in the lane word while the thread is inside an entry ([`hold_my_lane`]).
+const HELD: u32 = 1 << 31;
+
+/// The calling thread's lane, held for one post's entries until the hold drops: a lane's
+/// rings have one writer, so a signal handler that posts on a thread interrupted inside an
+/// entry must not write them too. It finds the lane held and takes the shared way, whose
+/// stacks any thread may push to at any moment.
+pub struct LaneHold {
+    /// The lane to use ([`SHARED`]: none of its own, or held by the code this handler
+    /// interrupted).
+    pub lane: u32,
+    /// The word to restore, or None if this hold did not take it.
+    restore: Option<u32>,
+}
+
+impl Drop for LaneHold {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(word) = self.restore {
+            // The lane's writes stay before the release, as the thread's own handler sees them.
+            compiler_fence(SeqCst);
+            rng::set_line_lane(word);
         }
-        l => l.wrapping_sub(1),
+    }
+}
+
+/// The calling thread's lane for the entries of one post: taken at its first post into the
+/// line and kept for its life ([`SHARED`] if it has none, or while the thread is already
+/// inside an entry). See [`LaneHold`].
+#[inline]
+pub fn hold_my_lane() -> LaneHold {
+    let mut word = rng::line_lane();
+    if word & HELD != 0 {
+        return LaneHold {
+            lane: SHARED,
+            restore: None,
+        };
+    }
+    if word == 0 {
+        word = take_lane();
+    }
+    rng::set_line_lane(word | HELD);
+    compiler_fence(SeqCst);
+    LaneHold {
+        lane: if word == NO_LANE { SHARED } else { word - 1 },
+        restore: Some(word),
+    }
+}
+
+/// A lane for a thread that has none yet: the next free one, or none ([`NO_LANE`]). The
+/// count stops near [`LANES`]: threads beyond ask once each and never move it on (a count
+/// moved by every post of theirs would wrap after 2^32 posts and hand out lanes in use).
+#[cold]
+fn take_lane() -> u32 {
+    if LANES_TAKEN.load(Relaxed) as usize >= LANES {
+        return NO_LANE;
+    }
+    let k = LANES_TAKEN.fetch_add(1, Relaxed);
+    if (k as usize) < LANES {
+        k + 1
+    } else {
+        NO_LANE
     }
 }
 
@@ -297,4 +352,50 @@ pub fn entered() -> u64 {
             .sum()
     });
     lanes + SHARED_ENTERED.load(Acquire)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// The tests share the count of lanes handed out: one at a time.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+    /// A thread that came after the lanes were all taken asks once: its posts do not move the
+    /// count on (moved by each post, it wrapped after 2^32 of them and handed that thread a
+    /// lane another thread writes).
+    #[test]
+    fn threads_beyond_the_lanes_ask_for_one_once() {
+        let _one = ONE_AT_A_TIME.lock().unwrap();
+        std::thread::spawn(|| {
+            LANES_TAKEN.store(LANES as u32, Relaxed);
+            for _ in 0..1000 {
+                assert_eq!(hold_my_lane().lane, SHARED);
+            }
+            assert_eq!(LANES_TAKEN.load(Relaxed), LANES as u32);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A post inside another's entry on the same thread (a signal handler's) takes the shared
+    /// way; the thread keeps its lane once the entry ends.
+    #[test]
+    fn an_entry_inside_an_entry_takes_the_shared_way() {
+        let _one = ONE_AT_A_TIME.lock().unwrap();
+        std::thread::spawn(|| {
+            LANES_TAKEN.store(0, Relaxed);
+            let outer = hold_my_lane();
+            let lane = outer.lane;
+            assert!((lane as usize) < LANES);
+            assert_eq!(hold_my_lane().lane, SHARED);
+            assert_eq!(hold_my_lane().lane, SHARED);
+            drop(outer);
+            assert_eq!(hold_my_lane().lane, lane);
+            assert_eq!(LANES_TAKEN.load(Relaxed), 1);
+        })
+        .join()
+        .unwrap();
+    }
 }

@@ -18,6 +18,8 @@
 //!   the earliest due time with one fence: no lock, no syscall, no allocation. The slots a
 //!   lane takes a few posts later are asked for, for writing, as it takes one: their lines,
 //!   last written by the flusher's core, come over meanwhile rather than at the fence.
+//!   A signal handler that posts on a thread it interrupted inside an entry takes the
+//!   shared way instead (a lane's rings have one writer).
 //! - **Hand-off** ([`flusher`]). Whoever flushes the line takes what entered into a heap
 //!   ordered by due time and hands the due ones to the provider, a QP's as one list.
 //! - **Who flushes.** The program's own calls, first: each patched `ibv_post_send`,
@@ -112,7 +114,8 @@ pub unsafe fn post(
         // Nothing of this QP in the line, nothing to wait: straight to the provider.
         return crate::registry::post_send_orig(qp, wr, bad);
     }
-    let lane = lanes::my_lane();
+    let hold = lanes::hold_my_lane();
+    let lane = hold.lane;
     let gen = q.gen();
     let mut first_due = None;
     let mut cur = wr;
