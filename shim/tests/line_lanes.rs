@@ -331,7 +331,10 @@ fn run(test: &str, how: &str, delay: &str, jitter: &str) -> (Value, String, Valu
         ("IBJITTER_JITTER", jitter),
         ("IBJITTER_STATS", stats.to_str().unwrap()),
     ];
-    let out = child_command(test, CHILD, how, &env, &[]).output().unwrap();
+    let out = output_within(
+        child_command(test, CHILD, how, &env, &[]),
+        Duration::from_secs(120),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -347,6 +350,48 @@ fn run(test: &str, how: &str, delay: &str, jitter: &str) -> (Value, String, Valu
         stderr,
         serde_json::from_str(&doc).unwrap(),
     )
+}
+
+/// Runs `cmd` to its end, or kills it after `limit` (a line that lost requests may wait for
+/// them for ever): a hung child fails the test rather than hanging it.
+fn output_within(mut cmd: std::process::Command, limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read as the child writes (its result can be tens of MB: a full pipe would stall it).
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the child did not end within {limit:?}:\n{}",
+                String::from_utf8_lossy(&err.join().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
 }
 
 fn scenario() -> Option<String> {
@@ -495,9 +540,9 @@ fn a_chain_with_a_request_the_line_cannot_copy_keeps_its_order() {
 /// A program whose signal handler posts (a progress engine driven by a timer signal): the
 /// handler's post may interrupt the thread inside its own post into the line. 200,000
 /// requests or more from the thread, one from the handler at each of its signals (every ~2
-/// us, 20,000 or more): each
-/// reaches the provider once, with its payload, in order on its QP. A lane's rings have one
-/// writer; before the handler's posts took the shared way, the two writers lost requests.
+/// us, 20,000 or more): each reaches the provider once, with its payload, in order on its
+/// QP. A lane's rings have one writer; before the handler's posts took the shared way, the
+/// two writers lost requests (and the child hung).
 #[test]
 fn a_signal_handler_that_posts_inside_a_post_loses_nothing() {
     if let Some(how) = scenario() {

@@ -37,8 +37,9 @@ struct ThreadState {
     /// The last table index drawn (`IBJITTER_CORRELATION` repeats it). Kept in this block:
     /// the one TLS slot.
     last_index: u32,
-    /// `IBJITTER_MODE=line`: this thread's lane into the delay line, plus one (0: none yet).
-    /// Kept in this block: the one TLS slot.
+    /// `IBJITTER_MODE=line`: this thread's lane into the delay line, plus one (0: none yet;
+    /// `lanes::NO_LANE`: none of its own), and bit 31 while it is inside an entry. Kept in
+    /// this block: the one TLS slot.
     line_lane: u32,
 }
 
@@ -131,17 +132,19 @@ pub fn set_seed(seed: u64) {
 }
 
 /// The calling thread's delay-line lane word (`modes::line::lanes`): 0 until it sets one.
+/// Read and written as an atomic: the thread's own signal handlers read it too (see
+/// `lanes::hold_my_lane`); relaxed, a plain `mov`.
 #[inline(always)]
 pub fn line_lane() -> u32 {
-    // SAFETY: the block is this thread's.
-    unsafe { (*tls::state()).line_lane }
+    // SAFETY: the block is this thread's; the field is a u32, aligned.
+    unsafe { AtomicU32::from_ptr(&raw mut (*tls::state()).line_lane).load(Relaxed) }
 }
 
 /// Sets the calling thread's delay-line lane word.
 #[inline]
 pub fn set_line_lane(v: u32) {
-    // SAFETY: the block is this thread's.
-    unsafe { (*tls::state()).line_lane = v }
+    // SAFETY: as `line_lane`.
+    unsafe { AtomicU32::from_ptr(&raw mut (*tls::state()).line_lane).store(v, Relaxed) }
 }
 
 /// Forgets the calling thread's stream; its next post takes a new thread index.

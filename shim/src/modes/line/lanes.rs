@@ -134,7 +134,7 @@ pub fn line() -> Option<&'static Line> {
 
 /// The lane word (`rng::line_lane`) of a thread that has no lane of its own (it came after
 /// the first [`LANES`]). 0 means "none asked for yet", `l + 1` lane `l`.
-const NO_LANE: u32 = 0x7fff_ffff;
+pub const NO_LANE: u32 = 0x7fff_ffff;
 /// Set in the lane word while the thread is inside an entry ([`hold_my_lane`]).
 const HELD: u32 = 1 << 31;
 
@@ -174,6 +174,10 @@ pub fn hold_my_lane() -> LaneHold {
         };
     }
     if word == 0 {
+        // Held before the lane is asked for: a handler's post meanwhile must not take a
+        // lane of its own that this thread would then overwrite (and leave unused).
+        rng::set_line_lane(HELD);
+        compiler_fence(SeqCst);
         word = take_lane();
     }
     rng::set_line_lane(word | HELD);

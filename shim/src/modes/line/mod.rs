@@ -19,7 +19,10 @@
 //!   lane takes a few posts later are asked for, for writing, as it takes one: their lines,
 //!   last written by the flusher's core, come over meanwhile rather than at the fence.
 //!   A signal handler that posts on a thread it interrupted inside an entry takes the
-//!   shared way instead (a lane's rings have one writer).
+//!   shared way instead (a lane's rings have one writer). Not covered: such a post that
+//!   must wait (no free slot, or a request the line cannot copy) while the interrupted code
+//!   holds the flush waits for ever; and on the interrupted post's own QP its request may
+//!   leave before the interrupted one (the two posts overlap in time).
 //! - **Hand-off** ([`flusher`]). Whoever flushes the line takes what entered into a heap
 //!   ordered by due time and hands the due ones to the provider, a QP's as one list.
 //! - **Who flushes.** The program's own calls, first: each patched `ibv_post_send`,
