@@ -1288,7 +1288,10 @@ fn a_wr_batch_waits_before_the_provider_takes_its_lock() {
     for w in waits {
         // The whole delay passes before the provider's wr_start.
         let before = w[0].as_u64().unwrap();
-        assert!(before >= 1_000_000, "waited {before} ns before wr_start");
+        assert!(
+            before >= waited(1_000_000),
+            "waited {before} ns before wr_start"
+        );
     }
     // None of it while the provider holds its lock: a delay there would make every batch's
     // time after wr_start 1 ms or more. The least of 20, as a preemption can lengthen any
@@ -1455,7 +1458,7 @@ fn per_wr_gives_each_work_request_its_own_delay() {
             );
             for pair in [[0, 1], [1, 2], [3, 4], [6, 7], [7, 8]] {
                 let gap = c[pair[1]].2 - c[pair[0]].2;
-                assert!(gap >= 1_000_000, "{pair:?}: {gap} ns apart: {r}");
+                assert!(gap >= waited(1_000_000), "{pair:?}: {gap} ns apart: {r}");
             }
             // The batch's first send was waited for before the provider's wr_start.
             let first = c[6].2 - c[5].2;
@@ -2098,7 +2101,7 @@ fn only_selected_opcodes_qps_and_destinations_are_delayed() {
             for k in kinds {
                 let least = out.result[format!("{qpn}_{k}")].as_u64().unwrap();
                 if on.contains(k) {
-                    assert!(least >= 1_000_000, "{env:?} {qpn} {k}: {least} ns");
+                    assert!(least >= waited(1_000_000), "{env:?} {qpn} {k}: {least} ns");
                 } else {
                     // Not a timing claim: the exact count above says it drew no delay.
                     eprintln!("{env:?} {qpn} {k}: {least} ns (not selected)");
@@ -2610,7 +2613,7 @@ fn live_set_pause_and_status_switch_a_running_process() {
         .map(|p| p.1)
         .collect();
     assert!(
-        inside.len() > 50 && inside.iter().all(|&d| d >= 1_000_000),
+        inside.len() > 50 && inside.iter().all(|&d| d >= waited(1_000_000)),
         "{inside:?}"
     );
     let maybe = posts
@@ -2738,10 +2741,10 @@ fn the_delay_line_posts_later_in_order_with_copied_payloads() {
         assert_eq!(byte, k as u8, "request {k}: the payload as posted");
         let after = t - posted[k].0;
         assert!(
-            after >= 2_000_000,
+            after >= waited(2_000_000),
             "request {k} reached the provider {after} ns after its post"
         );
-        lateness.push(after - 2_000_000);
+        lateness.push(after.saturating_sub(2_000_000));
     }
     let mut took: Vec<u64> = posted.iter().map(|p| p.1).collect();
     took.sort_unstable();
@@ -2852,7 +2855,7 @@ fn completions_are_held_for_their_delay() {
         out.stderr_lines
     );
     assert!(
-        held[0] >= 1_000_000,
+        held[0] >= waited(1_000_000),
         "a completion was handed over {} ns after it arrived",
         held[0]
     );
@@ -3083,7 +3086,7 @@ fn extended_poll_api_completions_are_held_too() {
         assert_eq!(id, k as u64, "order");
         assert_eq!(len, 2 * k as u32, "read_byte_len of completion {k}");
         assert!(
-            got - arrived >= 1_000_000,
+            got - arrived >= waited(1_000_000),
             "completion {k} after {} ns",
             got - arrived
         );
