@@ -30,6 +30,13 @@ unsafe extern "C" fn provider_post_send(
     _bad: *mut *mut ibv_send_wr,
 ) -> c_int {
     let t = now_ns();
+    if qp as usize == INTERRUPTED_QP.load(Relaxed) && NESTED_RC.get().is_none() {
+        // As if a signal handler ran here, inside the line's hand-over, and posted: a request
+        // the full line has no slot for, and one it cannot copy behind its QP's requests.
+        let full = post_rc(NESTED_QP.load(Relaxed) as *mut _, NESTED_ID, 0x5a);
+        let behind = post_sges_rc(REST_QP.load(Relaxed) as *mut _, NESTED_ID, &[0x5a], 17);
+        let _ = NESTED_RC.set((full, behind));
+    }
     let mut cur = wr;
     let mut seen = SEEN.lock().unwrap();
     while !cur.is_null() {
@@ -55,9 +62,22 @@ static HANDLER_POSTS: AtomicU64 = AtomicU64::new(0);
 const HANDLER_ID: u64 = 1 << 40;
 const HANDLER_BYTE: u8 = 0xa5;
 
+/// The "nested" scenario: the QP whose hand-over is interrupted by a post on the second
+/// QP, and what that post returned.
+static INTERRUPTED_QP: AtomicUsize = AtomicUsize::new(0);
+static NESTED_QP: AtomicUsize = AtomicUsize::new(0);
+static REST_QP: AtomicUsize = AtomicUsize::new(0);
+static NESTED_RC: std::sync::OnceLock<(c_int, c_int)> = std::sync::OnceLock::new();
+const NESTED_ID: u64 = 1 << 41;
+
 /// An inline one-byte SEND (`wr_id` `id`, payload `byte`) posted through the patched
 /// context's `post_send`, without allocating: what a signal handler may do.
 unsafe fn post_one(qp: *mut ibv_qp, id: u64, byte: u8) {
+    assert_eq!(post_rc(qp, id, byte), 0);
+}
+
+/// As [`post_one`], returning what the post returned.
+unsafe fn post_rc(qp: *mut ibv_qp, id: u64, byte: u8) -> c_int {
     let buf = [byte];
     let mut sge = ibv_sge {
         addr: buf.as_ptr() as u64,
@@ -67,7 +87,13 @@ unsafe fn post_one(qp: *mut ibv_qp, id: u64, byte: u8) {
     let mut wr = send_wr(id, std::slice::from_mut(&mut sge), true);
     let f = (*(*qp).context).ops.post_send.unwrap();
     let mut bad = std::ptr::null_mut();
-    assert_eq!(f(qp, &mut wr, &mut bad), 0);
+    let rc = f(qp, &mut wr, &mut bad);
+    assert_eq!(
+        rc == 0,
+        bad.is_null(),
+        "bad set without an error, or not set with one"
+    );
+    rc
 }
 
 /// The "signal" scenario's handler: posts one request on its own QP.
@@ -90,6 +116,21 @@ unsafe extern "C" fn empty_poll_cq(_cq: *mut ibv_cq, _n: c_int, _wc: *mut ibv_wc
 /// An inline SEND of one byte `byte`, `wr_id` `id`, with `sges` scatter entries (all
 /// pointing at `buf`); posted through the patched context's `post_send`.
 unsafe fn post(qp: *mut ibv_qp, id: u64, buf: &[u8; 1], sges: usize, next: *mut ibv_send_wr) {
+    assert_eq!(post_chain_rc(qp, id, buf, sges, next), 0);
+}
+
+/// As [`post`], one request, returning what the post returned.
+unsafe fn post_sges_rc(qp: *mut ibv_qp, id: u64, buf: &[u8; 1], sges: usize) -> c_int {
+    post_chain_rc(qp, id, buf, sges, std::ptr::null_mut())
+}
+
+unsafe fn post_chain_rc(
+    qp: *mut ibv_qp,
+    id: u64,
+    buf: &[u8; 1],
+    sges: usize,
+    next: *mut ibv_send_wr,
+) -> c_int {
     let list: Vec<ibv_sge> = (0..sges)
         .map(|_| ibv_sge {
             addr: buf.as_ptr() as u64,
@@ -101,7 +142,7 @@ unsafe fn post(qp: *mut ibv_qp, id: u64, buf: &[u8; 1], sges: usize, next: *mut 
     wr.next = next;
     let f = (*(*qp).context).ops.post_send.unwrap();
     let mut bad = std::ptr::null_mut();
-    assert_eq!(f(qp, &mut wr, &mut bad), 0);
+    f(qp, &mut wr, &mut bad)
 }
 
 /// A SEND work request over `list` (inline if asked).
@@ -143,6 +184,10 @@ fn poll_until(ctx: *mut ibv_context, n: usize) {
 /// "signal": one thread posts requests on one QP (at least SIGNAL_POSTS, until its handler
 /// posted HANDLER_MIN) while another signals it every ~2 us; its handler posts one request
 /// on a second QP each time.
+/// "nested": fills the line (one request on a first QP, then 4,095 on a second); the
+/// provider's call that takes the first QP's request posts on a third QP from inside the
+/// hand-over (as a signal handler would), and records what that post returned; once all
+/// 4,096 reached the provider the thread posts on the third QP again.
 fn child(how: &str) {
     let shim = load_child_shim();
     let mut fc = FakeContext::new(provider_post_send);
@@ -309,6 +354,36 @@ fn child(how: &str) {
             posted.push((main_posts, HANDLER_POSTS.load(Relaxed)));
             (main_posts + HANDLER_POSTS.load(Relaxed)) as usize
         }
+        "nested" => {
+            let mut q: Vec<Box<ibv_qp_ex>> = (0..3).map(|_| fake_qp(ctx as *mut _)).collect();
+            let (first, rest, nested) = (new_qp(&mut q[0]), new_qp(&mut q[1]), new_qp(&mut q[2]));
+            INTERRUPTED_QP.store(first, Relaxed);
+            NESTED_QP.store(nested, Relaxed);
+            REST_QP.store(rest, Relaxed);
+            // SAFETY: patched fake QPs of a live context.
+            unsafe {
+                post_one(first as *mut _, 0, 0);
+                for k in 1..4096u64 {
+                    post_one(rest as *mut _, k, k as u8);
+                }
+            }
+            poll_until(ctx as *mut _, 4096);
+            // The program tries both again, outside the hand-over (the second is posted
+            // directly, once its QP's requests have left: none may still be waited for).
+            // SAFETY: as above.
+            let again = unsafe {
+                [
+                    post_rc(nested as *mut _, NESTED_ID + 1, 0x5a),
+                    post_sges_rc(rest as *mut _, NESTED_ID + 2, &[0x5a], 17),
+                ]
+            };
+            let (full, behind) = *NESTED_RC.get().unwrap_or(&(-1, -1));
+            for rc in [full, behind, again[0], again[1]] {
+                posted.push((rc as u64, 0));
+            }
+            std::mem::forget(q);
+            4098
+        }
         other => panic!("unknown scenario {other}"),
     };
     poll_until(ctx as *mut _, expect);
@@ -463,9 +538,10 @@ fn more_requests_than_slots_wait_for_a_slot_and_leave_in_order() {
     for (k, &(_, id, byte, t)) in seen.iter().enumerate() {
         assert_eq!(id, k as u64, "order");
         assert_eq!(byte, k as u8);
-        // 0.1 %: the shim keeps due times on the TSC, calibrated against CLOCK_MONOTONIC
-        // over 250 us at load (good to ~100 ppm); this clock is CLOCK_MONOTONIC.
-        assert!(t >= posted[k].0 + 19_980_000, "request {k} left early");
+        assert!(
+            t >= posted[k].0 + waited(20_000_000),
+            "request {k} left early"
+        );
     }
     // The first post beyond the pool waited for a slot: it returned no sooner than the
     // first request reached the provider (on a loaded machine the 4,096 posts before it may
@@ -579,4 +655,48 @@ fn a_signal_handler_that_posts_inside_a_post_loses_nothing() {
     assert_eq!(line["deferred"], posts + handled, "{line}");
     assert_eq!(line["dropped"], 0, "{line}");
     assert_eq!(line["not_delivered"], 0, "{line}");
+}
+
+/// A post made inside the line's own hand-over (a signal handler interrupting the thread
+/// that hands requests to the provider; here the provider's call itself posts) while the
+/// line is full: it cannot wait for a slot, since only the hand-over it interrupted gives
+/// slots back. It is refused with ENOMEM (a full send queue) at once, counted and said at
+/// exit; the hand-over goes on, every other request arrives, and the program's post again
+/// outside it succeeds. Before, it waited for ever.
+#[test]
+fn a_post_inside_the_lines_own_hand_over_with_the_line_full_is_refused_not_hung() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "a_post_inside_the_lines_own_hand_over_with_the_line_full_is_refused_not_hung",
+        "nested",
+        // Long enough that the 4,096 posts fill the line before the first is due.
+        "500ms",
+        "0us",
+    );
+    let rc: Vec<u64> = (0..4)
+        .map(|k| r["posted"][k][0].as_u64().unwrap())
+        .collect();
+    let enomem = libc::ENOMEM as u64;
+    assert_eq!(
+        rc,
+        [enomem, enomem, 0, 0],
+        "the posts inside the hand-over, then after it: {stderr}"
+    );
+    let mut ids: Vec<u64> = seen_of(&r).iter().map(|x| x.1).collect();
+    // The two retries are on two QPs: either may reach the provider first.
+    ids[4096..].sort();
+    let mut want: Vec<u64> = (0..4096).collect();
+    want.extend([NESTED_ID + 1, NESTED_ID + 2]);
+    assert_eq!(ids, want, "{stderr}");
+    let line = &s["line"];
+    assert_eq!(line["refused"], 2, "{line}");
+    assert_eq!(line["deferred"], 4097, "{line}");
+    assert_eq!(line["posted_directly"], 1, "{line}");
+    assert!(
+        stderr.contains("; refused 2 (posted inside the delay line's own hand-over")
+            && stderr.contains("2 requests were refused with ENOMEM"),
+        "{stderr}"
+    );
 }

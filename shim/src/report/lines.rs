@@ -150,7 +150,11 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
     let (never, never_ns) = line::never_handed_over();
     let delayed = drawn.injected.saturating_sub(never);
     let sum = drawn.sum.saturating_sub(u128::from(never_ns));
-    let (lost, dropped) = (line::not_delivered().0, line::dropped().0);
+    let (lost, dropped, refused) = (
+        line::not_delivered().0,
+        line::dropped().0,
+        line::refused().0,
+    );
     let sum = match s.unit {
         config::Unit::Ns => format!("{:.3} ms", sum as f64 / 1e6),
         config::Unit::Loops => format!("{sum} loops"),
@@ -175,6 +179,12 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
         if dropped > 0 {
             line += &format!(
                 "; dropped {dropped} (their QP was destroyed while they were in the delay line)"
+            );
+        }
+        if refused > 0 {
+            line += &format!(
+                "; refused {refused} (posted inside the delay line's own hand-over, by a \
+                 signal handler, with the line full: ENOMEM)"
             );
         }
     }
@@ -215,6 +225,15 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
             "{lost} requests were still in the delay line when the process ended and never \
              reached the provider (their delays ran past the exit; the stats count them as \
              line.not_delivered, not as delayed)"
+        ));
+    }
+    let (refused, _) = line::refused();
+    if refused > 0 {
+        said.push(format!(
+            "{refused} requests were refused with ENOMEM: a signal handler posted them while \
+             its thread was handing the delay line over, and the line was full (or the QP's \
+             earlier requests were still in it), so they could not wait (line.refused in the \
+             stats; the program saw a full send queue)"
         ));
     }
     (!said.is_empty()).then(|| said.join("; "))

@@ -147,6 +147,13 @@ pub fn set_line_lane(v: u32) {
     unsafe { AtomicU32::from_ptr(&raw mut (*tls::state()).line_lane).store(v, Relaxed) }
 }
 
+/// A word no other live thread shares (its per-thread block's address; never 0): which
+/// thread holds a lock it may re-enter from a signal handler (`modes::line::flusher`).
+#[inline]
+pub fn this_thread() -> usize {
+    tls::state() as usize
+}
+
 /// Forgets the calling thread's stream; its next post takes a new thread index.
 pub fn reset_current_thread() {
     // SAFETY: the block is this thread's; nothing else holds a reference into it now.

@@ -8,11 +8,11 @@ use super::qps;
 use super::slots::{bytes_of, SLOTS};
 use crate::abi::verbs::ibv_send_wr;
 use crate::sys::clock::{self, now_units, units_to_ns};
-use crate::sys::say;
+use crate::sys::{rng, say};
 use std::cell::UnsafeCell;
 use std::collections::BinaryHeap;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 /// Longest sleep of the timer thread while the line holds requests (how late a new, earlier
 /// request may be seen when the program makes no call), and its first while the line is
@@ -71,8 +71,31 @@ static NEXT_DUE: AtomicU64 = AtomicU64::new(u64::MAX);
 /// program's core and the timer thread's).
 static PROGRAM_SEEN: AtomicU64 = AtomicU64::new(0);
 static SEEN_STEP: AtomicU64 = AtomicU64::new(0);
-/// Held by the thread flushing the line now; the [`Flusher`] is its.
-static FLUSHING: AtomicBool = AtomicBool::new(false);
+/// The thread flushing the line now ([`rng::this_thread`]; 0: none); the [`Flusher`] is its.
+/// Who, not only whether: a post its own signal handler makes while it flushes cannot wait
+/// for the flush ([`flushing_here`]).
+static FLUSHING: AtomicUsize = AtomicUsize::new(0);
+
+/// Takes the line for flushing, unless a thread holds it.
+#[inline]
+fn take_line() -> bool {
+    FLUSHING
+        .compare_exchange(0, rng::this_thread(), Acquire, Relaxed)
+        .is_ok()
+}
+
+#[inline]
+fn release_line() {
+    FLUSHING.store(0, Release);
+}
+
+/// Whether the calling thread is flushing the line: a post that finds it so was made inside
+/// the flush (by a signal handler, or a provider's call back into verbs) and must not wait
+/// for what only the flush it interrupted can give (a slot, a QP's earlier requests).
+#[cold]
+pub fn flushing_here() -> bool {
+    FLUSHING.load(Relaxed) == rng::this_thread()
+}
 
 /// Requests taken out of the line (handed over or dropped), refused by the provider, dropped
 /// (their QP was destroyed), and handed over by the program's calls and by the timer thread.
@@ -199,12 +222,12 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
     let Some(line) = lanes::line() else {
         return false;
     };
-    if FLUSHING.swap(true, Acquire) {
+    if !take_line() {
         return false;
     }
     // SAFETY: FLUSHING is ours: so is the flusher's state.
     let Some(f) = (unsafe { &mut *FLUSHER.0.get() }) else {
-        FLUSHING.store(false, Release);
+        release_line();
         return false;
     };
     let mut given = now;
@@ -239,7 +262,7 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
             break;
         }
     }
-    FLUSHING.store(false, Release);
+    release_line();
     true
 }
 
@@ -318,7 +341,7 @@ pub fn timer_thread() {
             // Another thread holds the line: the program's calls are handing over (a call of
             // a software provider may take milliseconds on a full node, and none of the
             // program's calls renews PROGRAM_SEEN meanwhile): a backstop, not a spin.
-            let line_taken = FLUSHING.load(Relaxed);
+            let line_taken = FLUSHING.load(Relaxed) != 0;
             if line_taken || now.saturating_sub(PROGRAM_SEEN.load(Relaxed)) < active {
                 // The program's calls hand requests over: a backstop only.
                 let wake = next.saturating_add(backstop);
@@ -738,7 +761,7 @@ pub fn forget_after_fork() {
     NAPPING.store(false, Relaxed);
     LEFT.store(lanes::entered(), Release);
     NEXT_DUE.store(u64::MAX, Release);
-    FLUSHING.store(false, Release);
+    release_line();
 }
 
 /// Runs `f` on the flusher's state, holding the line as a flusher does; waits at most 10 ms
@@ -746,10 +769,10 @@ pub fn forget_after_fork() {
 /// the line has no state or stayed busy.
 fn with_flusher<R>(f: impl FnOnce(&mut Flusher) -> R) -> Option<R> {
     for _ in 0..1000 {
-        if !FLUSHING.swap(true, Acquire) {
+        if take_line() {
             // SAFETY: FLUSHING is ours: so is the flusher's state.
             let r = unsafe { (*FLUSHER.0.get()).as_mut() }.map(f);
-            FLUSHING.store(false, Release);
+            release_line();
             return r;
         }
         std::thread::sleep(std::time::Duration::from_micros(10));

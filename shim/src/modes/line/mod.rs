@@ -19,10 +19,13 @@
 //!   lane takes a few posts later are asked for, for writing, as it takes one: their lines,
 //!   last written by the flusher's core, come over meanwhile rather than at the fence.
 //!   A signal handler that posts on a thread it interrupted inside an entry takes the
-//!   shared way instead (a lane's rings have one writer). Not covered: such a post that
-//!   must wait (no free slot, or a request the line cannot copy) while the interrupted code
-//!   holds the flush waits for ever; and on the interrupted post's own QP its request may
-//!   leave before the interrupted one (the two posts overlap in time).
+//!   shared way instead (a lane's rings have one writer). A post made inside the thread's
+//!   own flush (its handler's) cannot wait for what only that flush gives back: when the
+//!   line is full, or its request cannot be copied behind the QP's requests in the line,
+//!   it is refused with `ENOMEM` (a full send queue, which a program retries), counted
+//!   (`line.refused`) and said at exit. Not covered: on the interrupted post's own QP a
+//!   handler's request may leave before the interrupted one (the two posts overlap in
+//!   time).
 //! - **Hand-off** ([`flusher`]). Whoever flushes the line takes what entered into a heap
 //!   ordered by due time and hands the due ones to the provider, a QP's as one list.
 //! - **Who flushes.** The program's own calls, first: each patched `ibv_post_send`,
@@ -61,6 +64,10 @@ pub use flusher::{in_line, lateness, provider_busy, provider_call_times};
 
 /// Requests posted directly (the slot cannot hold them, or the QP table is full).
 static DIRECT: AtomicU64 = AtomicU64::new(0);
+/// Requests refused (`ENOMEM`) because they were posted inside the thread's own flush and
+/// would have had to wait for it, and the sum of their own delays (clock units).
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+static REFUSED_UNITS: AtomicU64 = AtomicU64::new(0);
 /// Requests still in the line when the process ended (never reached the provider), and the
 /// sum of their own delays (ns).
 static NOT_DELIVERED: AtomicU64 = AtomicU64::new(0);
@@ -127,12 +134,19 @@ pub unsafe fn post(
             if let Some(d) = first_due {
                 flusher::announce(d);
             }
+            if !q.idle() && flusher::flushing_here() {
+                // Its turn comes after requests only the interrupted flush hands over.
+                return refuse(cur, bad, units);
+            }
             let (due, before) = q.next_due(now.saturating_add(units));
             return direct(qp, cur, bad, 0, Some((q, before, due)));
         }
         let i = match line.take_slot(lane) {
             Some(i) => i,
-            None => wait_for_slot(line, lane, first_due),
+            None => match wait_for_slot(line, lane, first_due) {
+                Some(i) => i,
+                None => return refuse(cur, bad, units),
+            },
         };
         let (due, _) = q.next_due(now.saturating_add(units));
         let s = line.pool.slot(i);
@@ -153,20 +167,45 @@ pub unsafe fn post(
 }
 
 /// No slot is free: the wire is full. Hands over what is due (announcing this call's own
-/// requests first, so they count) until a slot comes back.
+/// requests first, so they count) until a slot comes back. None if this post was made
+/// inside the calling thread's own flush (its signal handler's): only that flush, which
+/// cannot go on meanwhile, would give a slot back.
 #[cold]
 #[inline(never)]
-fn wait_for_slot(line: &lanes::Line, lane: u32, entered_due: Option<u64>) -> u32 {
+fn wait_for_slot(line: &lanes::Line, lane: u32, entered_due: Option<u64>) -> Option<u32> {
     if let Some(d) = entered_due {
         flusher::announce(d);
+    }
+    if flusher::flushing_here() {
+        return None;
     }
     loop {
         flusher::flush_if_due(None);
         if let Some(i) = line.take_slot(lane) {
-            return i;
+            return Some(i);
         }
         std::hint::spin_loop();
     }
+}
+
+/// Refuses `wr` and the rest of its chain as a full send queue does (`ENOMEM`, `*bad` at
+/// `wr`; those before it are in the line): a post inside the thread's own flush that would
+/// have to wait for it. Counted; said at exit. Async-signal-safe: atomics only.
+#[cold]
+#[inline(never)]
+unsafe fn refuse(wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr, units: u64) -> c_int {
+    let mut n = 0u64;
+    let mut cur = wr;
+    while !cur.is_null() {
+        n += 1;
+        cur = (*cur).next;
+    }
+    REFUSED.fetch_add(n, Relaxed);
+    REFUSED_UNITS.fetch_add(units.saturating_mul(n), Relaxed);
+    if !bad.is_null() {
+        *bad = wr;
+    }
+    libc::ENOMEM
 }
 
 /// Posts `wr` (and the rest of its chain) directly: after the QP's earlier requests left the
@@ -270,18 +309,37 @@ pub fn not_delivered() -> (u64, u64) {
 
 pub use flusher::dropped;
 
-/// Requests given a delay that never reached the provider: not delivered, and dropped
-/// (their QP was destroyed while they were in the line); with their delays' sum (ns). They
-/// count as delayed nowhere.
+/// Requests refused inside the posting thread's own flush ([`refuse`]), and their delays'
+/// sum (ns).
+pub fn refused() -> (u64, u64) {
+    let units = REFUSED_UNITS.load(Relaxed);
+    (REFUSED.load(Relaxed), clock::units_to_ns(units))
+}
+
+/// Requests given a delay that never reached the provider: not delivered, dropped (their
+/// QP was destroyed while they were in the line) and refused; with their delays' sum (ns).
+/// They count as delayed nowhere.
 pub fn never_handed_over() -> (u64, u64) {
     let ((lost, lost_ns), (dropped, dropped_ns)) = (not_delivered(), dropped());
-    (lost + dropped, lost_ns.saturating_add(dropped_ns))
+    let (refused, refused_ns) = refused();
+    (
+        lost + dropped + refused,
+        lost_ns
+            .saturating_add(dropped_ns)
+            .saturating_add(refused_ns),
+    )
 }
 
 /// fork() child: no timer thread here (the state's mode is spin again); the parent's
 /// requests in the line are not the child's to post.
 pub fn after_fork_child() {
-    for parents in [&DIRECT, &NOT_DELIVERED, &NOT_DELIVERED_NS] {
+    for parents in [
+        &DIRECT,
+        &NOT_DELIVERED,
+        &NOT_DELIVERED_NS,
+        &REFUSED,
+        &REFUSED_UNITS,
+    ] {
         parents.store(0, Relaxed);
     }
     flusher::forget_after_fork();
@@ -297,6 +355,9 @@ pub fn stats_json() -> serde_json::Value {
         "posted_directly": DIRECT.load(Relaxed),
         "post_errors": post_errors,
         "dropped": dropped,
+        // Posted inside the thread's own hand-over (a signal handler's) when they would have
+        // had to wait for it: refused with ENOMEM, never delayed.
+        "refused": REFUSED.load(Relaxed),
         "in_line_now": in_line(),
         // Still in the line when the process ended: never reached the provider.
         "not_delivered": NOT_DELIVERED.load(Relaxed),
