@@ -609,3 +609,86 @@ fn a_caught_sigint_does_not_end_the_stats() {
     assert_eq!(s["ended_by"], "SIGINT", "{s}");
     assert_eq!(s["posts_total"], 100, "{s}");
 }
+
+/// A program that blocks a signal in its threads and takes it with `sigwait` (MPI programs'
+/// shutdown threads; Python's `signal.sigtimedwait`): a process-directed SIGTERM must reach
+/// that wait. The kernel gives it to any thread that does not block it; the shim's threads
+/// (the delay line's timer, live control, the injection window) used to be such threads, so
+/// the SIGTERM ran the shim's handler there and ended the program by the default action.
+/// They now start with every signal blocked.
+#[test]
+fn a_signal_the_program_waits_for_never_lands_on_a_shim_thread() {
+    let dir = scratch("sigwait");
+    let stats = dir.join("stats.json");
+    let script = r#"
+import ctypes, os, signal, time
+verbs = ctypes.CDLL("libibverbs.so.1")
+verbs.ibv_open_device.restype = ctypes.c_void_p
+verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
+verbs.ibv_open_device(None)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+def names():
+    return [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+# A thread names itself once it runs.
+for _ in range(200):
+    if sum(n.startswith("ibjitter-") for n in names()) >= 3:
+        break
+    time.sleep(0.01)
+for tid in sorted(os.listdir("/proc/self/task")):
+    name = open(f"/proc/self/task/{tid}/comm").read().strip()
+    blk = [l.split()[1] for l in open(f"/proc/self/task/{tid}/status") if l.startswith("SigBlk:")][0]
+    print("thread", name, blk, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+got = signal.sigtimedwait({signal.SIGTERM}, 5)
+print("sigwait got", got.si_signo if got else None, flush=True)
+"#;
+    let r = run(injected(Path::new("python3"))
+        .args(["-c", script])
+        .env("IBJITTER_STATS", &stats)
+        .env("IBJITTER_MODE", "line")
+        .env("IBJITTER_CONTROL", "1")
+        // The window's thread sleeps until then.
+        .env("IBJITTER_START", "3600s"));
+    let threads: Vec<(&str, u64)> = r
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("thread "))
+        .map(|l| {
+            let (name, blk) = l.split_once(' ').unwrap();
+            (name, u64::from_str_radix(blk, 16).unwrap())
+        })
+        .collect();
+    let shims: Vec<&(&str, u64)> = threads
+        .iter()
+        .filter(|t| t.0.starts_with("ibjitter-"))
+        .collect();
+    let names: Vec<&str> = shims.iter().map(|t| t.0).collect();
+    // (comm keeps 15 characters.)
+    for want in ["ibjitter-line", "ibjitter-contro", "ibjitter-window"] {
+        assert!(
+            names.contains(&want),
+            "{want} not running: {threads:?}\n{}",
+            r.stderr
+        );
+    }
+    // Every signal but glibc's two internal ones (SIGCANCEL 32, SIGSETXID 33) and the two
+    // the kernel never lets a thread block (SIGKILL 9, SIGSTOP 19).
+    let never = [9u32, 19, 32, 33]
+        .iter()
+        .fold(0u64, |m, s| m | 1 << (s - 1));
+    for (name, blk) in &shims {
+        assert_eq!(
+            blk | never,
+            u64::MAX,
+            "{name} leaves signals unblocked: {blk:#x}"
+        );
+    }
+    assert!(
+        r.status.success() && r.stdout.contains("sigwait got 15"),
+        "{} (signal {:?})\n{}{}",
+        r.status,
+        r.status.signal(),
+        r.stdout,
+        r.stderr
+    );
+}

@@ -6,7 +6,7 @@
 //! with the wall-clock time it was set ([`changes_at`]): the evidence that ranks agree.
 mod shared_schedule;
 
-use crate::sys::rng;
+use crate::sys::{rng, threads};
 use ibjitter_table::ENTRIES;
 use shared_schedule::Schedule;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
@@ -117,17 +117,15 @@ pub fn start() {
     }
     set_state(false, true);
     let mut rng = rng::stream(rng::seed(), EPISODES_SALT, 0);
-    let _ = std::thread::Builder::new()
-        .name("ibjitter-episodes".into())
-        .spawn(move || loop {
-            let congested_now = OFFSET.load(Relaxed) != 0;
-            let mean = if congested_now { congested } else { calm };
-            // Exponential: -mean ln(1 - u), u uniform in [0, 1).
-            let u = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
-            let dwell = -(mean as f64) * (1.0 - u).ln();
-            std::thread::sleep(std::time::Duration::from_nanos(dwell as u64));
-            set_state(!congested_now, false);
-        });
+    let _ = threads::spawn("ibjitter-episodes", move || loop {
+        let congested_now = OFFSET.load(Relaxed) != 0;
+        let mean = if congested_now { congested } else { calm };
+        // Exponential: -mean ln(1 - u), u uniform in [0, 1).
+        let u = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+        let dwell = -(mean as f64) * (1.0 - u).ln();
+        std::thread::sleep(std::time::Duration::from_nanos(dwell as u64));
+        set_state(!congested_now, false);
+    });
 }
 
 /// Sets the state of the shared schedule at once (the first posts already follow it), then
@@ -137,13 +135,11 @@ pub fn start() {
 /// replayed.
 fn start_shared(schedule: Schedule) {
     set_state(schedule.at(realtime_ns()).congested, true);
-    let _ = std::thread::Builder::new()
-        .name("ibjitter-episodes".into())
-        .spawn(move || loop {
-            let (congested, sleep_ns) = shared_step(&schedule, realtime_ns());
-            set_state(congested, false);
-            std::thread::sleep(std::time::Duration::from_nanos(sleep_ns));
-        });
+    let _ = threads::spawn("ibjitter-episodes", move || loop {
+        let (congested, sleep_ns) = shared_step(&schedule, realtime_ns());
+        set_state(congested, false);
+        std::thread::sleep(std::time::Duration::from_nanos(sleep_ns));
+    });
 }
 
 /// At wall-clock time `t`: the shared schedule's state, and how long to sleep (ns) before

@@ -3,6 +3,7 @@
 //! mode. Started when the process first uses verbs or UCP: programs that never do get no
 //! thread. A fork child keeps the mode it was forked with (it has no window thread).
 use crate::state;
+use crate::sys::threads;
 
 /// Starts the window thread if the settings have a window (at the process's first use,
 /// which runs once: [`crate::state::first_use`]).
@@ -17,16 +18,14 @@ pub fn start() {
             std::thread::sleep(at - now);
         }
     };
-    let _ = std::thread::Builder::new()
-        .name("ibjitter-window".into())
-        .spawn(move || {
-            if start > 0 {
-                until(start);
-                state::set_in_window(true);
-            }
-            if stop != u64::MAX {
-                until(stop);
-                state::set_in_window(false);
-            }
-        });
+    let _ = threads::spawn("ibjitter-window", move || {
+        if start > 0 {
+            until(start);
+            state::set_in_window(true);
+        }
+        if stop != u64::MAX {
+            until(stop);
+            state::set_in_window(false);
+        }
+    });
 }

@@ -9,7 +9,7 @@
 //! was forked with, and never removes its parent's file.
 use crate::runtime::live;
 use crate::state;
-use crate::sys::{clock, say};
+use crate::sys::{clock, say, threads};
 use ibjitter_control::{self as ctl, Command, Reply, Request, Server};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -25,9 +25,7 @@ pub fn arm() {
     match ctl::create(pid) {
         Ok((server, path)) => {
             let _ = PATH.set(path);
-            let _ = std::thread::Builder::new()
-                .name("ibjitter-control".into())
-                .spawn(move || serve(server));
+            let _ = threads::spawn("ibjitter-control", move || serve(server));
         }
         // arm() runs once: a plain warning (say's shared once-flag may be spent already).
         Err(e) => say::warn(&format!(

@@ -87,10 +87,7 @@ pub fn start() -> bool {
         ));
         return false;
     }
-    match std::thread::Builder::new()
-        .name("ibjitter-line".into())
-        .spawn(flusher::timer_thread)
-    {
+    match crate::sys::threads::spawn("ibjitter-line", flusher::timer_thread) {
         Ok(_) => true,
         Err(e) => {
             say::warn_once(&format!(

@@ -1,0 +1,31 @@
+//! The shim's own threads (the delay line's timer, live control, the injection window, the
+//! episodes' switch). Each starts with every signal blocked: a signal sent to the process
+//! (`kill`, Ctrl-C, a batch system's SIGTERM) goes to one of the program's threads that does
+//! not block it. A shim thread taking it would run the program's handler on a thread the
+//! program never made, or end the process by the default action while the program waited
+//! for it in `sigwait` in a thread of its own (a pattern of MPI programs and of Python's
+//! `signal.sigwait`). glibc leaves its own internal signals (cancellation, set*id) unblocked.
+use std::io;
+use std::thread::{Builder, JoinHandle};
+
+/// Spawns `f` on a thread named `name` whose signals are all blocked from its first
+/// instruction: blocked here, around the creation, as a new thread inherits its creator's
+/// mask, and restored after.
+pub fn spawn<F>(name: &str, f: F) -> io::Result<JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    // SAFETY: sigset_t values initialized by sigfillset; pthread_sigmask on the calling
+    // thread, with valid pointers.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut before) == 0;
+        let spawned = Builder::new().name(name.into()).spawn(f);
+        if blocked {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        }
+        spawned
+    }
+}
