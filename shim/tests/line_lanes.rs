@@ -35,7 +35,13 @@ unsafe extern "C" fn provider_post_send(
         // the full line has no slot for, and one it cannot copy behind its QP's requests.
         let full = post_rc(NESTED_QP.load(Relaxed) as *mut _, NESTED_ID, 0x5a);
         let behind = post_sges_rc(REST_QP.load(Relaxed) as *mut _, NESTED_ID, &[0x5a], 17);
-        let _ = NESTED_RC.set((full, behind));
+        // SAFETY: the child set it before its first post.
+        let destroy: unsafe extern "C" fn(*mut ibv_qp) -> c_int =
+            std::mem::transmute(DESTROY_QP.load(Relaxed));
+        // And destroys the QP being handed over (a handler calling exit, whose cleanup
+        // destroys QPs): it must neither wait for the hand-over nor free the QP under it.
+        let destroyed = destroy(qp);
+        let _ = NESTED_RC.set((full, behind, destroyed));
     }
     let mut cur = wr;
     let mut seen = SEEN.lock().unwrap();
@@ -67,7 +73,9 @@ const HANDLER_BYTE: u8 = 0xa5;
 static INTERRUPTED_QP: AtomicUsize = AtomicUsize::new(0);
 static NESTED_QP: AtomicUsize = AtomicUsize::new(0);
 static REST_QP: AtomicUsize = AtomicUsize::new(0);
-static NESTED_RC: std::sync::OnceLock<(c_int, c_int)> = std::sync::OnceLock::new();
+static NESTED_RC: std::sync::OnceLock<(c_int, c_int, c_int)> = std::sync::OnceLock::new();
+/// The shim's `ibv_destroy_qp`.
+static DESTROY_QP: AtomicUsize = AtomicUsize::new(0);
 const NESTED_ID: u64 = 1 << 41;
 
 /// An inline one-byte SEND (`wr_id` `id`, payload `byte`) posted through the patched
@@ -185,9 +193,10 @@ fn poll_until(ctx: *mut ibv_context, n: usize) {
 /// posted HANDLER_MIN) while another signals it every ~2 us; its handler posts one request
 /// on a second QP each time.
 /// "nested": fills the line (one request on a first QP, then 4,095 on a second); the
-/// provider's call that takes the first QP's request posts on a third QP from inside the
-/// hand-over (as a signal handler would), and records what that post returned; once all
-/// 4,096 reached the provider the thread posts on the third QP again.
+/// provider's call that takes the first QP's request posts on a third QP and a request of
+/// 17 scatter entries on the second from inside the hand-over (as a signal handler would),
+/// destroys the first, and records what each returned; once all 4,096 reached the provider
+/// the thread does the three again.
 fn child(how: &str) {
     let shim = load_child_shim();
     let mut fc = FakeContext::new(provider_post_send);
@@ -360,6 +369,7 @@ fn child(how: &str) {
             INTERRUPTED_QP.store(first, Relaxed);
             NESTED_QP.store(nested, Relaxed);
             REST_QP.store(rest, Relaxed);
+            DESTROY_QP.store(shim.destroy_qp as usize, Relaxed);
             // SAFETY: patched fake QPs of a live context.
             unsafe {
                 post_one(first as *mut _, 0, 0);
@@ -377,8 +387,11 @@ fn child(how: &str) {
                     post_sges_rc(rest as *mut _, NESTED_ID + 2, &[0x5a], 17),
                 ]
             };
-            let (full, behind) = *NESTED_RC.get().unwrap_or(&(-1, -1));
-            for rc in [full, behind, again[0], again[1]] {
+            let (full, behind, destroyed) = *NESTED_RC.get().unwrap_or(&(-1, -1, -1));
+            // Outside the hand-over, the destroy goes through.
+            // SAFETY: the stub's destroy does nothing; nothing of that QP is in the line.
+            let destroyed_after = unsafe { (shim.destroy_qp)(first as *mut _) };
+            for rc in [full, behind, again[0], again[1], destroyed, destroyed_after] {
                 posted.push((rc as u64, 0));
             }
             std::mem::forget(q);
@@ -662,7 +675,9 @@ fn a_signal_handler_that_posts_inside_a_post_loses_nothing() {
 /// line is full: it cannot wait for a slot, since only the hand-over it interrupted gives
 /// slots back. It is refused with ENOMEM (a full send queue) at once, counted and said at
 /// exit; the hand-over goes on, every other request arrives, and the program's post again
-/// outside it succeeds. Before, it waited for ever.
+/// outside it succeeds. Before, it waited for ever. So does a request the line cannot copy
+/// behind its QP's requests; and a destroy of the very QP being handed over fails with
+/// EBUSY (it waited for the hand-over for ever) and succeeds afterwards.
 #[test]
 fn a_post_inside_the_lines_own_hand_over_with_the_line_full_is_refused_not_hung() {
     if let Some(how) = scenario() {
@@ -675,13 +690,13 @@ fn a_post_inside_the_lines_own_hand_over_with_the_line_full_is_refused_not_hung(
         "500ms",
         "0us",
     );
-    let rc: Vec<u64> = (0..4)
+    let rc: Vec<u64> = (0..6)
         .map(|k| r["posted"][k][0].as_u64().unwrap())
         .collect();
-    let enomem = libc::ENOMEM as u64;
+    let (enomem, ebusy) = (libc::ENOMEM as u64, libc::EBUSY as u64);
     assert_eq!(
         rc,
-        [enomem, enomem, 0, 0],
+        [enomem, enomem, 0, 0, ebusy, 0],
         "the posts inside the hand-over, then after it: {stderr}"
     );
     let mut ids: Vec<u64> = seen_of(&r).iter().map(|x| x.1).collect();

@@ -116,7 +116,8 @@ pub unsafe extern "C" fn ibv_create_qp(
 }
 
 /// Interposed `ibv_destroy_qp@IBVERBS_1.1`: the QP's registry entry is released first (its
-/// address may come back for another QP).
+/// address may come back for another QP). `EBUSY` inside the delay line's own hand-over to
+/// it ([`line::may_destroy`]).
 ///
 /// # Safety
 /// Same contract as libibverbs' `ibv_destroy_qp`.
@@ -125,6 +126,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(real) = DESTROY_QP.get() else {
         return libc::ENOSYS;
     };
+    if !line::may_destroy(qp) {
+        return libc::EBUSY;
+    }
     registry::forget_qp(qp);
     select::qp_destroyed(qp);
     line::qp_destroyed(qp);

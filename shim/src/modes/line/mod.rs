@@ -272,6 +272,14 @@ pub unsafe fn qp_created(qp: *mut ibv_qp) {
     }
 }
 
+/// Whether `ibv_destroy_qp` may go on: not when the calling thread is itself inside a
+/// hand-over to that QP (a signal handler that interrupted it, e.g. one calling `exit` whose
+/// cleanup destroys QPs): the hand-over cannot finish while it waits, and the provider's
+/// call it interrupted would go on with a freed QP. The destroy then fails with `EBUSY`.
+pub fn may_destroy(qp: *mut ibv_qp) -> bool {
+    qp.is_null() || qps::posting_now() != qp || !flusher::flushing_here()
+}
+
 /// Before `ibv_destroy_qp`: the QP's requests still in the line are dropped, and a hand-over
 /// to it in progress finishes first.
 ///

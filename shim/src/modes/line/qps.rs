@@ -83,6 +83,8 @@ fn insert(key: usize) -> Option<&'static QpLine> {
 /// A fork child: a thread of the parent's that was making an entry is not in the child.
 pub fn forget_after_fork() {
     INSERTING.force_unlock();
+    // Nor one that was handing requests over (a destroy in the child would wait for it).
+    POSTING.store(null_mut(), SeqCst);
 }
 
 impl QpLine {
@@ -135,6 +137,11 @@ pub fn posting(qp: *mut ibv_qp) -> (Option<&'static QpLine>, Option<u32>) {
     POSTING.store(qp, SeqCst);
     let q = entry(qp, false);
     (q, q.map(|q| q.gen.load(SeqCst)))
+}
+
+/// The QP whose requests are being handed over now (null: none).
+pub fn posting_now() -> *mut ibv_qp {
+    POSTING.load(SeqCst)
 }
 
 pub fn done_posting() {
