@@ -31,31 +31,84 @@ unsafe extern "C" fn provider_post_send(
 ) -> c_int {
     let t = now_ns();
     if qp as usize == INTERRUPTED_QP.load(Relaxed) && NESTED_RC.get().is_none() {
-        // As if a signal handler ran here, inside the line's hand-over, and posted: a request
-        // the full line has no slot for, and one it cannot copy behind its QP's requests.
-        let full = post_rc(NESTED_QP.load(Relaxed) as *mut _, NESTED_ID, 0x5a);
-        let behind = post_sges_rc(REST_QP.load(Relaxed) as *mut _, NESTED_ID, &[0x5a], 17);
+        // As if a signal handler ran here, inside the line's hand-over, and posted: on a QP
+        // with nothing in the line; on one with requests in the full line, which has no slot
+        // for it; and one the line cannot copy, behind that QP's requests.
+        let in_place = post_rc(NESTED_QP.load(Relaxed) as *mut _, NESTED_ID, 0x5a);
+        let rest = REST_QP.load(Relaxed) as *mut _;
+        let full = post_rc(rest, NESTED_ID + 1, 0x5a);
+        let behind = post_sges_rc(rest, NESTED_ID + 2, &[0x5a], 17);
         // SAFETY: the child set it before its first post.
         let destroy: unsafe extern "C" fn(*mut ibv_qp) -> c_int =
             std::mem::transmute(DESTROY_QP.load(Relaxed));
         // And destroys the QP being handed over (a handler calling exit, whose cleanup
         // destroys QPs): it must neither wait for the hand-over nor free the QP under it.
         let destroyed = destroy(qp);
-        let _ = NESTED_RC.set((full, behind, destroyed));
+        let _ = NESTED_RC.set([in_place, full, behind, destroyed]);
     }
+    if IN_PROVIDER.get() {
+        // A signal handler's post that interrupted this thread inside this provider (which
+        // holds SEEN): as a real provider's post on another QP takes that QP's lock only,
+        // it records without SEEN, and without allocating.
+        let mut cur = wr;
+        while !cur.is_null() {
+            let w = &*cur;
+            let k = NESTED_N.fetch_add(1, Relaxed);
+            if let Some(e) = NESTED_SEEN.get(k) {
+                e[0].store(qp as u64, Relaxed);
+                e[1].store(w.wr_id, Relaxed);
+                e[2].store(first_byte(w) as u64, Relaxed);
+                e[3].store(t, Relaxed);
+            }
+            cur = w.next;
+        }
+        return 0;
+    }
+    IN_PROVIDER.set(true);
     let mut cur = wr;
     let mut seen = SEEN.lock().unwrap();
     while !cur.is_null() {
         let w = &*cur;
-        let byte = if w.num_sge > 0 {
-            *((*w.sg_list).addr as *const u8)
-        } else {
-            0
-        };
-        seen.push((qp as usize, w.wr_id, byte, t));
+        seen.push((qp as usize, w.wr_id, first_byte(w), t));
         cur = w.next;
     }
+    drop(seen);
+    IN_PROVIDER.set(false);
     0
+}
+
+unsafe fn first_byte(w: &ibv_send_wr) -> u8 {
+    if w.num_sge > 0 {
+        *((*w.sg_list).addr as *const u8)
+    } else {
+        0
+    }
+}
+
+thread_local! {
+    /// This thread is inside the fake provider's `post_send`, holding SEEN.
+    static IN_PROVIDER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+/// What the fake provider was handed inside its own call (a signal handler's post that
+/// interrupted it): (QP, wr_id, byte, when), in a fixed array.
+const NESTED_CAP: usize = 1 << 18;
+static NESTED_SEEN: [[AtomicU64; 4]; NESTED_CAP] =
+    [const { [const { AtomicU64::new(0) }; 4] }; NESTED_CAP];
+static NESTED_N: AtomicUsize = AtomicUsize::new(0);
+
+/// Everything the fake provider was handed: SEEN, then what it took inside its own calls.
+fn all_seen() -> Vec<(usize, u64, u8, u64)> {
+    let mut seen = SEEN.lock().unwrap().clone();
+    let n = NESTED_N.load(Relaxed);
+    assert!(
+        n <= NESTED_CAP,
+        "{n} requests taken inside the provider's own calls"
+    );
+    seen.extend(NESTED_SEEN[..n].iter().map(|e| {
+        let v = |i: usize| e[i].load(Relaxed);
+        (v(0) as usize, v(1), v(2) as u8, v(3))
+    }));
+    seen
 }
 
 /// Requests the "signal" scenario's posting thread posts at least, and its handler's posts
@@ -73,7 +126,7 @@ const HANDLER_BYTE: u8 = 0xa5;
 static INTERRUPTED_QP: AtomicUsize = AtomicUsize::new(0);
 static NESTED_QP: AtomicUsize = AtomicUsize::new(0);
 static REST_QP: AtomicUsize = AtomicUsize::new(0);
-static NESTED_RC: std::sync::OnceLock<(c_int, c_int, c_int)> = std::sync::OnceLock::new();
+static NESTED_RC: std::sync::OnceLock<[c_int; 4]> = std::sync::OnceLock::new();
 /// The shim's `ibv_destroy_qp`.
 static DESTROY_QP: AtomicUsize = AtomicUsize::new(0);
 const NESTED_ID: u64 = 1 << 41;
@@ -174,7 +227,8 @@ fn poll_until(ctx: *mut ibv_context, n: usize) {
     let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
     cq.context = ctx;
     let t0 = now_ns();
-    while SEEN.lock().unwrap().len() < n && now_ns() - t0 < 20_000_000_000 {
+    while SEEN.lock().unwrap().len() + NESTED_N.load(Relaxed) < n && now_ns() - t0 < 20_000_000_000
+    {
         // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
         unsafe {
             let f = (*ctx).ops.poll_cq.unwrap();
@@ -193,10 +247,10 @@ fn poll_until(ctx: *mut ibv_context, n: usize) {
 /// posted HANDLER_MIN) while another signals it every ~2 us; its handler posts one request
 /// on a second QP each time.
 /// "nested": fills the line (one request on a first QP, then 4,095 on a second); the
-/// provider's call that takes the first QP's request posts on a third QP and a request of
-/// 17 scatter entries on the second from inside the hand-over (as a signal handler would),
-/// destroys the first, and records what each returned; once all 4,096 reached the provider
-/// the thread does the three again.
+/// provider's call that takes the first QP's request posts on a third QP, on the second,
+/// and a request of 17 scatter entries on the second from inside the hand-over (as a
+/// signal handler would), destroys the first, and records what each returned; once all
+/// 4,096 reached the provider the thread does the last three again.
 fn child(how: &str) {
     let shim = load_child_shim();
     let mut fc = FakeContext::new(provider_post_send);
@@ -378,29 +432,28 @@ fn child(how: &str) {
                 }
             }
             poll_until(ctx as *mut _, 4096);
-            // The program tries both again, outside the hand-over (the second is posted
-            // directly, once its QP's requests have left: none may still be waited for).
-            // SAFETY: as above.
+            // The program tries the refused ones again, outside the hand-over (the second
+            // is posted directly, once its QP's requests have left: none may still be
+            // waited for), and the destroy.
+            // SAFETY: as above; the stub's destroy does nothing.
             let again = unsafe {
                 [
-                    post_rc(nested as *mut _, NESTED_ID + 1, 0x5a),
+                    post_rc(rest as *mut _, NESTED_ID + 1, 0x5a),
                     post_sges_rc(rest as *mut _, NESTED_ID + 2, &[0x5a], 17),
+                    (shim.destroy_qp)(first as *mut _),
                 ]
             };
-            let (full, behind, destroyed) = *NESTED_RC.get().unwrap_or(&(-1, -1, -1));
-            // Outside the hand-over, the destroy goes through.
-            // SAFETY: the stub's destroy does nothing; nothing of that QP is in the line.
-            let destroyed_after = unsafe { (shim.destroy_qp)(first as *mut _) };
-            for rc in [full, behind, again[0], again[1], destroyed, destroyed_after] {
+            let inside = *NESTED_RC.get().unwrap_or(&[-1; 4]);
+            for rc in inside.into_iter().chain(again) {
                 posted.push((rc as u64, 0));
             }
             std::mem::forget(q);
-            4098
+            4099
         }
         other => panic!("unknown scenario {other}"),
     };
     poll_until(ctx as *mut _, expect);
-    let seen = SEEN.lock().unwrap().clone();
+    let seen = all_seen();
     println!(
         "RESULT {}",
         serde_json::json!({ "posted": posted, "seen": seen })
@@ -654,30 +707,39 @@ fn a_signal_handler_that_posts_inside_a_post_loses_nothing() {
         "the handler ran {handled} times: {stderr}"
     );
     assert_eq!(seen.len() as u64, posts + handled, "{stderr}");
-    let (mut next_main, mut next_handler) = (0, 0);
-    for &(_, id, byte, _) in &seen {
+    let (mut next_main, mut handler) = (0, Vec::new());
+    for &(_, id, byte, t) in &seen {
         if id & HANDLER_ID != 0 {
-            assert_eq!((id & !HANDLER_ID, byte), (next_handler, HANDLER_BYTE));
-            next_handler += 1;
+            handler.push((t, id & !HANDLER_ID, byte));
         } else {
             assert_eq!((id, byte), (next_main, next_main as u8));
             next_main += 1;
         }
     }
+    // The handler's posts made inside its thread's own hand-over went to the provider in
+    // place, recorded apart: in order of their time, with the others.
+    handler.sort_by_key(|h| h.0);
+    for (k, &(_, id, byte)) in handler.iter().enumerate() {
+        assert_eq!((id, byte), (k as u64, HANDLER_BYTE));
+    }
     let line = &s["line"];
-    assert_eq!(line["deferred"], posts + handled, "{line}");
+    let in_place = line["posted_in_place"].as_u64().unwrap();
+    eprintln!("{in_place} of the handler's posts were made inside a hand-over (in place)");
+    assert_eq!(line["deferred"], posts + handled - in_place, "{line}");
     assert_eq!(line["dropped"], 0, "{line}");
     assert_eq!(line["not_delivered"], 0, "{line}");
 }
 
-/// A post made inside the line's own hand-over (a signal handler interrupting the thread
-/// that hands requests to the provider; here the provider's call itself posts) while the
-/// line is full: it cannot wait for a slot, since only the hand-over it interrupted gives
-/// slots back. It is refused with ENOMEM (a full send queue) at once, counted and said at
-/// exit; the hand-over goes on, every other request arrives, and the program's post again
-/// outside it succeeds. Before, it waited for ever. So does a request the line cannot copy
-/// behind its QP's requests; and a destroy of the very QP being handed over fails with
-/// EBUSY (it waited for the hand-over for ever) and succeeds afterwards.
+/// Posts made inside the line's own hand-over (a signal handler interrupting the thread
+/// that hands requests to the provider; here the provider's call itself posts), the line
+/// full. On a QP with nothing in the line: it waits its delay in place and reaches the
+/// provider before the handler returns (a handler may wait for its completion). On a QP
+/// with requests in the line: it cannot wait for a slot, since only the hand-over it
+/// interrupted gives slots back; it is refused with ENOMEM (a full send queue) at once,
+/// counted and said at exit, and the program's post again outside it succeeds. Before, it
+/// waited for ever. So does a request the line cannot copy behind its QP's requests; and a
+/// destroy of the very QP being handed over fails with EBUSY (it waited for the hand-over
+/// for ever) and succeeds afterwards.
 #[test]
 fn a_post_inside_the_lines_own_hand_over_with_the_line_full_is_refused_not_hung() {
     if let Some(how) = scenario() {
@@ -690,23 +752,32 @@ fn a_post_inside_the_lines_own_hand_over_with_the_line_full_is_refused_not_hung(
         "500ms",
         "0us",
     );
-    let rc: Vec<u64> = (0..6)
+    let rc: Vec<u64> = (0..7)
         .map(|k| r["posted"][k][0].as_u64().unwrap())
         .collect();
     let (enomem, ebusy) = (libc::ENOMEM as u64, libc::EBUSY as u64);
     assert_eq!(
         rc,
-        [enomem, enomem, 0, 0, ebusy, 0],
-        "the posts inside the hand-over, then after it: {stderr}"
+        [0, enomem, enomem, ebusy, 0, 0, 0],
+        "inside the hand-over: in place, full, behind, destroy; after it: the two again, \
+         the destroy: {stderr}"
     );
-    let mut ids: Vec<u64> = seen_of(&r).iter().map(|x| x.1).collect();
-    // The two retries are on two QPs: either may reach the provider first.
-    ids[4096..].sort();
-    let mut want: Vec<u64> = (0..4096).collect();
+    let seen = seen_of(&r);
+    let ids: Vec<u64> = seen.iter().map(|x| x.1).collect();
+    // The post in place reached the provider inside the call that took request 0 (which
+    // records after it), its own delay after that call began.
+    let mut want = vec![NESTED_ID];
+    want.extend(0..4096);
     want.extend([NESTED_ID + 1, NESTED_ID + 2]);
     assert_eq!(ids, want, "{stderr}");
+    assert!(
+        seen[0].3 >= seen[1].3 + waited(500_000_000),
+        "{:?}",
+        &seen[..2]
+    );
     let line = &s["line"];
     assert_eq!(line["refused"], 2, "{line}");
+    assert_eq!(line["posted_in_place"], 1, "{line}");
     assert_eq!(line["deferred"], 4097, "{line}");
     assert_eq!(line["posted_directly"], 1, "{line}");
     assert!(

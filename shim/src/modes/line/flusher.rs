@@ -230,6 +230,8 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
         release_line();
         return false;
     };
+    // Released after the line (its drop at the end): a handler's post meanwhile is nested.
+    let _nested_posts = lanes::hold_while_flushing();
     let mut given = now;
     loop {
         // SAFETY: FLUSHING is ours; each slot taken is the flusher's until given back.

@@ -150,6 +150,15 @@ pub struct LaneHold {
     restore: Option<u32>,
 }
 
+impl LaneHold {
+    /// The thread was already inside an entry or a flush of the line: this post is its
+    /// signal handler's.
+    #[inline]
+    pub fn nested(&self) -> bool {
+        self.restore.is_none()
+    }
+}
+
 impl Drop for LaneHold {
     #[inline]
     fn drop(&mut self) {
@@ -184,6 +193,26 @@ pub fn hold_my_lane() -> LaneHold {
     compiler_fence(SeqCst);
     LaneHold {
         lane: if word == NO_LANE { SHARED } else { word - 1 },
+        restore: Some(word),
+    }
+}
+
+/// Marks the calling thread as inside a flush of the line until the hold drops (its lane
+/// word held, no lane taken): a post its signal handler makes meanwhile finds itself
+/// [`LaneHold::nested`].
+#[inline]
+pub fn hold_while_flushing() -> LaneHold {
+    let word = rng::line_lane();
+    if word & HELD != 0 {
+        return LaneHold {
+            lane: SHARED,
+            restore: None,
+        };
+    }
+    rng::set_line_lane(word | HELD);
+    compiler_fence(SeqCst);
+    LaneHold {
+        lane: SHARED,
         restore: Some(word),
     }
 }

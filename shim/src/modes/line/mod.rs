@@ -20,10 +20,12 @@
 //!   last written by the flusher's core, come over meanwhile rather than at the fence.
 //!   A signal handler that posts on a thread it interrupted inside an entry takes the
 //!   shared way instead (a lane's rings have one writer). A post made inside the thread's
-//!   own flush (its handler's) cannot wait for what only that flush gives back: when the
-//!   line is full, or its request cannot be copied behind the QP's requests in the line,
-//!   it is refused with `ENOMEM` (a full send queue, which a program retries), counted
-//!   (`line.refused`) and said at exit. Not covered: on the interrupted post's own QP a
+//!   own flush (its handler's) would leave the line only once the handler returned: on a
+//!   QP with nothing in the line it waits in place and posts itself, as in spin mode
+//!   (`line.posted_in_place`); on another it enters the line, but cannot wait for what only
+//!   that flush gives back: when the line is full, or its request cannot be copied behind
+//!   the QP's requests in the line, it is refused with `ENOMEM` (a full send queue, which
+//!   a program retries), counted (`line.refused`) and said at exit. Not covered: on the interrupted post's own QP a
 //!   handler's request may leave before the interrupted one (the two posts overlap in
 //!   time).
 //! - **Hand-off** ([`flusher`]). Whoever flushes the line takes what entered into a heap
@@ -68,6 +70,9 @@ static DIRECT: AtomicU64 = AtomicU64::new(0);
 /// would have had to wait for it, and the sum of their own delays (clock units).
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 static REFUSED_UNITS: AtomicU64 = AtomicU64::new(0);
+/// Posts made inside the thread's own flush on a QP with nothing in the line, which waited
+/// in place ([`in_place`]).
+static IN_PLACE: AtomicU64 = AtomicU64::new(0);
 /// Requests still in the line when the process ended (never reached the provider), and the
 /// sum of their own delays (ns).
 static NOT_DELIVERED: AtomicU64 = AtomicU64::new(0);
@@ -122,6 +127,9 @@ pub unsafe fn post(
         return crate::registry::post_send_orig(qp, wr, bad);
     }
     let hold = lanes::hold_my_lane();
+    if hold.nested() && q.idle() && flusher::flushing_here() {
+        return in_place(qp, wr, bad, units);
+    }
     let lane = hold.lane;
     let gen = q.gen();
     let mut first_due = None;
@@ -183,6 +191,26 @@ fn wait_for_slot(line: &lanes::Line, lane: u32, entered_due: Option<u64>) -> Opt
         }
         std::hint::spin_loop();
     }
+}
+
+/// A post made inside the calling thread's own flush (its signal handler's) on a QP with
+/// nothing in the line waits its delay in place and goes to the provider itself, as in spin
+/// mode: entered into the line, it would leave only once the handler returned, and a
+/// handler that waits for its completion would wait for ever.
+#[cold]
+#[inline(never)]
+unsafe fn in_place(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+    units: u64,
+) -> c_int {
+    IN_PLACE.fetch_add(1, Relaxed);
+    let until = now_units().saturating_add(units);
+    while now_units() < until {
+        std::hint::spin_loop();
+    }
+    crate::registry::post_send_orig(qp, wr, bad)
 }
 
 /// Refuses `wr` and the rest of its chain as a full send queue does (`ENOMEM`, `*bad` at
@@ -344,6 +372,7 @@ pub fn after_fork_child() {
         &NOT_DELIVERED_NS,
         &REFUSED,
         &REFUSED_UNITS,
+        &IN_PLACE,
     ] {
         parents.store(0, Relaxed);
     }
@@ -363,6 +392,9 @@ pub fn stats_json() -> serde_json::Value {
         // Posted inside the thread's own hand-over (a signal handler's) when they would have
         // had to wait for it: refused with ENOMEM, never delayed.
         "refused": REFUSED.load(Relaxed),
+        // Posts made inside the thread's own hand-over on a QP with nothing in the line:
+        // they waited in place, as in spin mode, and went to the provider at once.
+        "posted_in_place": IN_PLACE.load(Relaxed),
         "in_line_now": in_line(),
         // Still in the line when the process ended: never reached the provider.
         "not_delivered": NOT_DELIVERED.load(Relaxed),
