@@ -23,9 +23,11 @@
 //!   own flush (its handler's) would leave the line only once the handler returned: on a
 //!   QP with nothing in the line it waits in place and posts itself, as in spin mode
 //!   (`line.posted_in_place`); on another it enters the line, but cannot wait for what only
-//!   that flush gives back: when the line is full, or its request cannot be copied behind
-//!   the QP's requests in the line, it is refused with `ENOMEM` (a full send queue, which
-//!   a program retries), counted (`line.refused`) and said at exit. Not covered: on the interrupted post's own QP a
+//!   that flush gives back: when the line is full it is refused with `ENOMEM` (a full send
+//!   queue, which a program retries), counted (`line.refused`) and said at exit. A
+//!   handler's request the line cannot copy, on a QP with requests in the line, is refused
+//!   so too, whatever it interrupted: it would wait for them, one of which may be the
+//!   interrupted entry's, not yet in. Not covered: on the interrupted post's own QP a
 //!   handler's request may leave before the interrupted one (the two posts overlap in
 //!   time).
 //! - **Hand-off** ([`flusher`]). Whoever flushes the line takes what entered into a heap
@@ -139,8 +141,10 @@ pub unsafe fn post(
             if let Some(d) = first_due {
                 flusher::announce(d);
             }
-            if !q.idle() && flusher::flushing_here() {
-                // Its turn comes after requests only the interrupted flush hands over.
+            if hold.nested() && !q.idle() {
+                // A handler's: its turn comes after requests only the code it interrupted
+                // can let go (a flush in progress, or an entry that took its due time and
+                // has not put its request in yet).
                 return refuse(cur, bad, units);
             }
             let (due, before) = q.next_due(now.saturating_add(units));
