@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
 static BUF: AtomicPtr<u32> = AtomicPtr::new(std::ptr::null_mut());
 static CAP: AtomicUsize = AtomicUsize::new(0);
 static NEXT: AtomicUsize = AtomicUsize::new(0);
+/// Draws made while another thread allocated the buffer (not waited for: see [`allocate`]).
+static MISSED: AtomicUsize = AtomicUsize::new(0);
 /// The buffer: not wanted, wanted (armed), being allocated, ready, or refused.
 static BUF_STATE: AtomicU8 = AtomicU8::new(NONE);
 const NONE: u8 = 0;
@@ -42,11 +44,11 @@ fn allocate() -> bool {
         Ok(_) => {}
         Err(READY) => return true,
         Err(ALLOCATING) => {
-            // Another thread's first draw is allocating: a bounded wait (one allocation call).
-            while BUF_STATE.load(Acquire) == ALLOCATING {
-                std::hint::spin_loop();
-            }
-            return BUF_STATE.load(Acquire) == READY;
+            // Another thread's first draw is allocating. Not waited for: that thread may be
+            // this one, interrupted by a signal handler that posts, or gone from a fork child
+            // (`reset`); this draw goes untraced, counted.
+            MISSED.fetch_add(1, Relaxed);
+            return false;
         }
         Err(_) => return false,
     }
@@ -89,6 +91,9 @@ pub fn record(thread: u32, index: usize) {
 /// fork() child: its own trace.
 pub fn reset() {
     NEXT.store(0, Relaxed);
+    MISSED.store(0, Relaxed);
+    // A parent thread was allocating the buffer: it is not in the child, which allocates anew.
+    let _ = BUF_STATE.compare_exchange(ALLOCATING, ARMED, AcqRel, Acquire);
 }
 
 /// Writes the trace to `path`: the delays are `table[index]`, in `unit`.
@@ -97,15 +102,22 @@ pub fn write(path: &str, table: &[u64], unit: &str) -> std::io::Result<()> {
     if buf.is_null() {
         return Ok(());
     }
-    let made = NEXT.load(Acquire);
-    let kept = made.min(CAP.load(Acquire));
+    let recorded = NEXT.load(Acquire);
+    let kept = recorded.min(CAP.load(Acquire));
+    let missed = MISSED.load(Acquire);
+    let made = recorded + missed;
     // SAFETY: the leaked buffer holds CAP >= kept records.
     let records = unsafe { std::slice::from_raw_parts(buf, kept) };
     // Never through a link, never blocking, only the process's own regular file.
     let mut out = std::io::BufWriter::new(crate::sys::out_file::create(path)?);
+    let first = if missed == 0 {
+        format!("the first {kept} kept")
+    } else {
+        format!("{kept} kept ({missed} made while the trace's buffer was being allocated are not)")
+    };
     writeln!(
         out,
-        "# ibjitter trace: {made} draws, the first {kept} kept; columns: thread index delay_{unit}"
+        "# ibjitter trace: {made} draws, {first}; columns: thread index delay_{unit}"
     )?;
     for &r in records {
         let index = (r & ((1 << INDEX_BITS) - 1)) as usize;
@@ -113,4 +125,37 @@ pub fn write(path: &str, table: &[u64], unit: &str) -> std::io::Result<()> {
         writeln!(out, "{} {index} {delay}", r >> INDEX_BITS)?;
     }
     out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A draw that finds the buffer being allocated (by another thread, by the code its
+    /// signal handler interrupted, or by a parent thread a fork child does not have) returns
+    /// at once, counted; a fork child allocates anew. It waited for the allocation before:
+    /// for ever in the last two cases.
+    #[test]
+    fn a_draw_during_the_buffers_allocation_does_not_wait_for_it() {
+        BUF_STATE.store(ALLOCATING, Release);
+        CAP.store(16, Release);
+        // On a thread of its own: a wait would hang it, not the test.
+        let (done, returned) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            record(1, 7);
+            let _ = done.send(());
+        });
+        returned
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the draw waited for the allocation");
+        assert_eq!(MISSED.load(Relaxed), 1);
+        assert_eq!(NEXT.load(Relaxed), 0);
+        reset();
+        assert_eq!(BUF_STATE.load(Acquire), ARMED);
+        record(1, 7);
+        assert_eq!(BUF_STATE.load(Acquire), READY);
+        assert_eq!(NEXT.load(Relaxed), 1);
+        // SAFETY: the buffer holds CAP records; the first was written.
+        assert_eq!(unsafe { *BUF.load(Acquire) }, (1 << INDEX_BITS) | 7);
+    }
 }
