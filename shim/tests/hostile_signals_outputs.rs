@@ -126,6 +126,15 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
 }
 
+/// The start of the Python programs below: libibverbs through ctypes (the stub's
+/// `ibv_open_device` returns its argument: no device, but the shim sees the process use
+/// verbs at the program's `verbs.ibv_open_device(None)`).
+const PY_VERBS: &str = r#"import ctypes
+verbs = ctypes.CDLL("libibverbs.so.1")
+verbs.ibv_open_device.restype = ctypes.c_void_p
+verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
+"#;
+
 fn warnings(stderr: &str) -> Vec<&str> {
     stderr
         .lines()
@@ -141,11 +150,10 @@ fn warnings(stderr: &str) -> Vec<&str> {
 fn python_keeps_its_ctrl_c_under_the_shim() {
     let dir = scratch("python");
     let stats = dir.join("stats.json");
-    let script = r#"
+    let script = &format!(
+        "{PY_VERBS}{}",
+        r#"
 import ctypes, os, signal, time
-verbs = ctypes.CDLL("libibverbs.so.1")
-verbs.ibv_open_device.restype = ctypes.c_void_p
-verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
 # The stub returns its argument: no device, but the shim sees the process use verbs.
 verbs.ibv_open_device(None)
 try:
@@ -156,7 +164,8 @@ except KeyboardInterrupt:
     print("caught KeyboardInterrupt", flush=True)
 finally:
     print("finally ran", flush=True)
-"#;
+"#
+    );
     let r = run(injected(Path::new("python3"))
         .args(["-c", script])
         .env("IBJITTER_STATS", &stats));
@@ -196,11 +205,10 @@ fn blocked_in_read(pid: u32, fd: u32) -> bool {
 fn python_ctrl_c_interrupts_a_blocking_read_under_the_shim() {
     let dir = scratch("python-read");
     let stats = dir.join("stats.json");
-    let script = r#"
+    let script = &format!(
+        "{PY_VERBS}{}",
+        r#"
 import ctypes, os
-verbs = ctypes.CDLL("libibverbs.so.1")
-verbs.ibv_open_device.restype = ctypes.c_void_p
-verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
 verbs.ibv_open_device(None)
 r, w = os.pipe()
 print("READING", r, flush=True)
@@ -209,7 +217,8 @@ try:
     print("read returned", flush=True)
 except KeyboardInterrupt:
     print("caught KeyboardInterrupt", flush=True)
-"#;
+"#
+    );
     let mut child = injected(Path::new("python3"))
         .args(["-c", script])
         .env("IBJITTER_STATS", &stats)
@@ -620,11 +629,10 @@ fn a_caught_sigint_does_not_end_the_stats() {
 fn a_signal_the_program_waits_for_never_lands_on_a_shim_thread() {
     let dir = scratch("sigwait");
     let stats = dir.join("stats.json");
-    let script = r#"
+    let script = &format!(
+        "{PY_VERBS}{}",
+        r#"
 import ctypes, os, signal, time
-verbs = ctypes.CDLL("libibverbs.so.1")
-verbs.ibv_open_device.restype = ctypes.c_void_p
-verbs.ibv_open_device.argtypes = [ctypes.c_void_p]
 verbs.ibv_open_device(None)
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 def names():
@@ -641,7 +649,8 @@ for tid in sorted(os.listdir("/proc/self/task")):
 os.kill(os.getpid(), signal.SIGTERM)
 got = signal.sigtimedwait({signal.SIGTERM}, 5)
 print("sigwait got", got.si_signo if got else None, flush=True)
-"#;
+"#
+    );
     let r = run(injected(Path::new("python3"))
         .args(["-c", script])
         .env("IBJITTER_STATS", &stats)
