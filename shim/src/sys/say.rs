@@ -28,18 +28,31 @@ pub fn show_startup_now() {
 
 /// Prints one line as it is (the coverage line at exit).
 pub fn line(msg: &str) {
-    let _ = std::io::stderr().write_all(format!("{msg}\n").as_bytes());
+    write_parts(&["", msg]);
 }
 
 /// Prints a warning (the few that are each said once by their callers).
 pub fn warn(msg: &str) {
-    let _ = std::io::stderr().write_all(format!("ibjitter: warning: {msg}\n").as_bytes());
+    write_parts(&["ibjitter: warning: ", msg]);
 }
 
 /// Prints a warning at most once per process.
 pub fn warn_once(msg: &str) {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if !WARNED.swap(true, Relaxed) {
-        let _ = std::io::stderr().write_all(format!("ibjitter: warning: {msg}\n").as_bytes());
+        write_parts(&["ibjitter: warning: ", msg]);
     }
+}
+
+/// `prefix`, `msg` and a newline in one `writev` to stderr: no allocation and no lock, so a
+/// warning said on a post path that a signal handler entered (or in a fork child whose
+/// parent held Rust's stderr lock) cannot deadlock; one call, so it does not interleave.
+fn write_parts([prefix, msg]: &[&str; 2]) {
+    let part = |s: &str| libc::iovec {
+        iov_base: s.as_ptr() as *mut libc::c_void,
+        iov_len: s.len(),
+    };
+    let parts = [part(prefix), part(msg), part("\n")];
+    // SAFETY: three valid buffers for their lengths; writev is async-signal-safe.
+    unsafe { libc::writev(2, parts.as_ptr(), parts.len() as libc::c_int) };
 }
