@@ -210,11 +210,15 @@ unsafe fn in_place(
     units: u64,
 ) -> c_int {
     IN_PLACE.fetch_add(1, Relaxed);
-    let until = now_units().saturating_add(units);
+    spin_until(now_units().saturating_add(units));
+    crate::registry::post_send_orig(qp, wr, bad)
+}
+
+/// Waits in place until the clock reads `until` (units).
+fn spin_until(until: u64) {
     while now_units() < until {
         std::hint::spin_loop();
     }
-    crate::registry::post_send_orig(qp, wr, bad)
 }
 
 /// Refuses `wr` and the rest of its chain as a full send queue does (`ENOMEM`, `*bad` at
@@ -256,7 +260,7 @@ unsafe fn direct(
          table: such requests wait in the posting thread, in order",
     );
     DIRECT.fetch_add(1, Relaxed);
-    let mut until = now_units().saturating_add(units);
+    let until = now_units().saturating_add(units);
     if let Some((q, before, due)) = after {
         let gen = q.gen();
         // The QP's earlier requests leave first (unless it is destroyed meanwhile).
@@ -264,17 +268,12 @@ unsafe fn direct(
             flusher::flush_if_due(None);
             std::hint::spin_loop();
         }
-        until = until.max(due);
-        while now_units() < until {
-            std::hint::spin_loop();
-        }
+        spin_until(until.max(due));
         let rc = crate::registry::post_send_orig(qp, wr, bad);
         q.handed(due);
         return rc;
     }
-    while now_units() < until {
-        std::hint::spin_loop();
-    }
+    spin_until(until);
     crate::registry::post_send_orig(qp, wr, bad)
 }
 
