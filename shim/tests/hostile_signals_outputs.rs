@@ -680,9 +680,10 @@ print("sigwait got", got.si_signo if got else None, flush=True)
             r.stderr
         );
     }
-    // Every signal but glibc's two internal ones (SIGCANCEL 32, SIGSETXID 33) and the two
-    // the kernel never lets a thread block (SIGKILL 9, SIGSTOP 19).
-    let never = [9u32, 19, 32, 33]
+    // Every signal but glibc's two internal ones (SIGCANCEL 32, SIGSETXID 33), the two the
+    // kernel never lets a thread block (SIGKILL 9, SIGSTOP 19), and the faults a thread
+    // raises on itself (SIGILL 4, SIGBUS 7, SIGFPE 8, SIGSEGV 11: the program's crash handler).
+    let never = [4u32, 7, 8, 9, 11, 19, 32, 33]
         .iter()
         .fold(0u64, |m, s| m | 1 << (s - 1));
     for (name, blk) in &shims {

@@ -154,6 +154,14 @@ pub fn this_thread() -> usize {
     tls::state() as usize
 }
 
+/// Sets `bits` in the calling thread's lane word at once (a handler cannot come between its
+/// read and its write); returns the word before.
+#[inline]
+pub fn mark_line_lane(bits: u32) -> u32 {
+    // SAFETY: as `line_lane`.
+    unsafe { AtomicU32::from_ptr(&raw mut (*tls::state()).line_lane).fetch_or(bits, Relaxed) }
+}
+
 /// Forgets the calling thread's stream; its next post takes a new thread index.
 pub fn reset_current_thread() {
     // SAFETY: the block is this thread's; nothing else holds a reference into it now.

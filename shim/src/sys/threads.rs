@@ -4,7 +4,8 @@
 //! not block it. A shim thread taking it would run the program's handler on a thread the
 //! program never made, or end the process by the default action while the program waited
 //! for it in `sigwait` in a thread of its own (a pattern of MPI programs and of Python's
-//! `signal.sigwait`). glibc leaves its own internal signals (cancellation, set*id) unblocked.
+//! `signal.sigwait`). glibc leaves its own internal signals (cancellation, set*id) unblocked;
+//! so does the shim the synchronous fault signals, which only the faulting thread gets.
 use std::io;
 use std::thread::{Builder, JoinHandle};
 
@@ -21,6 +22,11 @@ where
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut before: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
+        // A fault in a shim thread still reaches the program's crash handler (blocked, the
+        // kernel would kill the process with the default action instead).
+        for fault in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL] {
+            libc::sigdelset(&mut all, fault);
+        }
         let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut before) == 0;
         let spawned = Builder::new().name(name.into()).spawn(f);
         if blocked {

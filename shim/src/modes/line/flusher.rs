@@ -222,6 +222,9 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
     let Some(line) = lanes::line() else {
         return false;
     };
+    // Marked before the line is taken and released after it (its drop at the end): a
+    // handler's post while this thread holds the line always finds itself nested.
+    let _nested_posts = lanes::hold_while_flushing();
     if !take_line() {
         return false;
     }
@@ -230,8 +233,6 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
         release_line();
         return false;
     };
-    // Released after the line (its drop at the end): a handler's post meanwhile is nested.
-    let _nested_posts = lanes::hold_while_flushing();
     let mut given = now;
     loop {
         // SAFETY: FLUSHING is ours; each slot taken is the flusher's until given back.
@@ -771,6 +772,7 @@ pub fn forget_after_fork() {
 /// the line has no state or stayed busy.
 fn with_flusher<R>(f: impl FnOnce(&mut Flusher) -> R) -> Option<R> {
     for _ in 0..1000 {
+        let _nested_posts = lanes::hold_while_flushing();
         if take_line() {
             // SAFETY: FLUSHING is ours: so is the flusher's state.
             let r = unsafe { (*FLUSHER.0.get()).as_mut() }.map(f);

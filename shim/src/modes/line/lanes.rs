@@ -202,14 +202,15 @@ pub fn hold_my_lane() -> LaneHold {
 /// [`LaneHold::nested`].
 #[inline]
 pub fn hold_while_flushing() -> LaneHold {
-    let word = rng::line_lane();
+    // One read-modify-write (the flush path is cold): a handler taking the thread's first
+    // lane between a load and a store would lose it to this hold's restore.
+    let word = rng::mark_line_lane(HELD);
     if word & HELD != 0 {
         return LaneHold {
             lane: SHARED,
             restore: None,
         };
     }
-    rng::set_line_lane(word | HELD);
     compiler_fence(SeqCst);
     LaneHold {
         lane: SHARED,
