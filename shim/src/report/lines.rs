@@ -145,16 +145,12 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
     if snap.post_send + snap.wr_complete + snap.ucp == 0 || s.delays.is_none() || s.quiet {
         return None;
     }
-    // Requests the delay line never handed over were not delayed: they were lost (still in
-    // the line at exit) or dropped (their QP destroyed while they were in it).
-    let (never, never_ns) = line::never_handed_over();
+    // Posts the delay line never handed over were not delayed: they were lost (still in
+    // the line at exit), dropped (their QP destroyed while they were in it) or refused.
+    let (never, never_ns) = line::draws_never_given();
     let delayed = drawn.injected.saturating_sub(never);
     let sum = drawn.sum.saturating_sub(u128::from(never_ns));
-    let (lost, dropped, refused) = (
-        line::not_delivered().0,
-        line::dropped().0,
-        line::refused().0,
-    );
+    let (lost, dropped, refused) = (line::not_delivered(), line::dropped(), line::refused());
     let sum = match s.unit {
         config::Unit::Ns => format!("{:.3} ms", sum as f64 / 1e6),
         config::Unit::Loops => format!("{sum} loops"),
@@ -219,7 +215,7 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
             line_lateness_cause(&late),
         ));
     }
-    let (lost, _) = line::not_delivered();
+    let lost = line::not_delivered();
     if lost > 0 {
         said.push(format!(
             "{lost} requests were still in the delay line when the process ended and never \
@@ -227,7 +223,7 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
              line.not_delivered, not as delayed)"
         ));
     }
-    let (refused, _) = line::refused();
+    let refused = line::refused();
     if refused > 0 {
         said.push(format!(
             "{refused} requests were refused with ENOMEM: a signal handler posted them while \

@@ -312,8 +312,8 @@ fn write_stats(nothing_delayed: Option<String>) {
     doc["nothing_delayed"] = serde_json::json!(nothing_delayed);
     if state::line_mode() {
         doc["line"] = line::stats_json();
-        // Requests the line never handed over were not delayed.
-        let (lost, lost_ns) = line::never_handed_over();
+        // Posts the line never handed over were not delayed.
+        let (lost, lost_ns) = line::draws_never_given();
         if lost > 0 {
             let less = |v: &serde_json::Value, by: u64| v.as_u64().unwrap_or(0).saturating_sub(by);
             doc["delays_injected"] = less(&doc["delays_injected"], lost).into();

@@ -103,7 +103,9 @@ pub fn flushing_here() -> bool {
 static LEFT: AtomicU64 = AtomicU64::new(0);
 static POST_ERRORS: AtomicU64 = AtomicU64::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
-/// The dropped requests' own delays (ns, summed, saturating): drawn, never given.
+/// The draws the dropped requests carried, and their sum (ns, saturating): drawn, never
+/// given.
+static DROPPED_DRAWS: AtomicU64 = AtomicU64::new(0);
 static DROPPED_NS: AtomicU64 = AtomicU64::new(0);
 pub static BY_PROGRAM: AtomicU64 = AtomicU64::new(0);
 pub static BY_TIMER: AtomicU64 = AtomicU64::new(0);
@@ -658,7 +660,10 @@ unsafe fn post_list(
     for &i in slots {
         let s = line.pool.slot(i);
         if Some(s.gen) != gen {
-            add(&DROPPED_NS, units_to_ns(s.units));
+            if s.units > 0 {
+                add(&DROPPED_DRAWS, 1);
+                add(&DROPPED_NS, units_to_ns(s.units));
+            }
             continue;
         }
         s.wr.next = null_mut();
@@ -746,6 +751,7 @@ pub fn forget_after_fork() {
         &LAST_OUT,
         &POST_ERRORS,
         &DROPPED,
+        &DROPPED_DRAWS,
         &DROPPED_NS,
         &BY_PROGRAM,
         &BY_TIMER,
@@ -784,21 +790,27 @@ fn with_flusher<R>(f: impl FnOnce(&mut Flusher) -> R) -> Option<R> {
     None
 }
 
-/// The sum of the own delays (ns) of the requests still in the line.
-pub fn undelivered_ns() -> u64 {
-    let Some(line) = lanes::line() else { return 0 };
+/// The draws the requests still in the line carry, and their sum (ns).
+pub fn undelivered_draws() -> (u64, u64) {
+    let Some(line) = lanes::line() else {
+        return (0, 0);
+    };
     with_flusher(|f| {
-        let mut sum = 0u64;
+        let (mut draws, mut sum) = (0u64, 0u64);
         // SAFETY: the flusher's state is ours, and so are the slots it and the ways hold.
         unsafe {
             line.take_entered(|i| f.heap.push(std::cmp::Reverse((line.pool.slot(i).due, i))));
             for r in f.heap.iter() {
-                sum = sum.saturating_add(units_to_ns(line.pool.slot(r.0 .1).units));
+                let units = line.pool.slot(r.0 .1).units;
+                if units > 0 {
+                    draws += 1;
+                    sum = sum.saturating_add(units_to_ns(units));
+                }
             }
         }
-        sum
+        (draws, sum)
     })
-    .unwrap_or(0)
+    .unwrap_or((0, 0))
 }
 
 /// How late requests were handed over (ns after their due time): (count, p50, p99, max).
@@ -844,10 +856,14 @@ pub fn errors() -> (u64, u64) {
     (POST_ERRORS.load(Relaxed), DROPPED.load(Relaxed))
 }
 
-/// Requests dropped (their QP was destroyed while they were in the line) and the sum of
-/// their own delays (ns).
-pub fn dropped() -> (u64, u64) {
-    (DROPPED.load(Acquire), DROPPED_NS.load(Acquire))
+/// Requests dropped (their QP was destroyed while they were in the line).
+pub fn dropped() -> u64 {
+    DROPPED.load(Acquire)
+}
+
+/// The draws the dropped requests carried, and their sum (ns).
+pub fn dropped_draws() -> (u64, u64) {
+    (DROPPED_DRAWS.load(Acquire), DROPPED_NS.load(Acquire))
 }
 
 #[cfg(test)]

@@ -69,15 +69,18 @@ pub use flusher::{in_line, lateness, provider_busy, provider_call_times};
 /// Requests posted directly (the slot cannot hold them, or the QP table is full).
 static DIRECT: AtomicU64 = AtomicU64::new(0);
 /// Requests refused (`ENOMEM`) because they were posted inside the thread's own flush and
-/// would have had to wait for it, and the sum of their own delays (clock units).
+/// would have had to wait for it; the draws lost with them (a post's, when its chain's first
+/// request was refused) and their sum (clock units).
 static REFUSED: AtomicU64 = AtomicU64::new(0);
+static REFUSED_DRAWS: AtomicU64 = AtomicU64::new(0);
 static REFUSED_UNITS: AtomicU64 = AtomicU64::new(0);
 /// Posts made inside the thread's own flush on a QP with nothing in the line, which waited
 /// in place ([`in_place`]).
 static IN_PLACE: AtomicU64 = AtomicU64::new(0);
-/// Requests still in the line when the process ended (never reached the provider), and the
-/// sum of their own delays (ns).
+/// Requests still in the line when the process ended (never reached the provider), the
+/// draws they carried and their sum (ns).
 static NOT_DELIVERED: AtomicU64 = AtomicU64::new(0);
+static NOT_DELIVERED_DRAWS: AtomicU64 = AtomicU64::new(0);
 static NOT_DELIVERED_NS: AtomicU64 = AtomicU64::new(0);
 
 /// Allocates the pool and starts the timer thread (at the process's first use, which runs
@@ -145,7 +148,7 @@ pub unsafe fn post(
                 // A handler's: its turn comes after requests only the code it interrupted
                 // can let go (a flush in progress, or an entry that took its due time and
                 // has not put its request in yet).
-                return refuse(cur, bad, units);
+                return refuse(cur, bad, carried(cur, wr, units));
             }
             let (due, before) = q.next_due(now.saturating_add(units));
             return direct(qp, cur, bad, 0, Some((q, before, due)));
@@ -154,7 +157,7 @@ pub unsafe fn post(
             Some(i) => i,
             None => match wait_for_slot(line, lane, first_due) {
                 Some(i) => i,
-                None => return refuse(cur, bad, units),
+                None => return refuse(cur, bad, carried(cur, wr, units)),
             },
         };
         let (due, _) = q.next_due(now.saturating_add(units));
@@ -164,7 +167,7 @@ pub unsafe fn post(
         s.gen = gen;
         s.lane = lane;
         s.due = due;
-        s.units = units;
+        s.units = carried(cur, wr, units);
         line.enter(lane, i);
         first_due.get_or_insert(due);
         cur = (*cur).next;
@@ -173,6 +176,18 @@ pub unsafe fn post(
         flusher::announce(d);
     }
     0
+}
+
+/// The draw request `cur` of the chain `wr` carries: the post's on its first request, none
+/// on the rest (the stats count a post's draw once, and so must what subtracts the draws of
+/// requests never handed over).
+#[inline(always)]
+fn carried(cur: *mut ibv_send_wr, wr: *mut ibv_send_wr, units: u64) -> u64 {
+    if cur == wr {
+        units
+    } else {
+        0
+    }
 }
 
 /// No slot is free: the wire is full. Hands over what is due (announcing this call's own
@@ -223,7 +238,8 @@ fn spin_until(until: u64) {
 
 /// Refuses `wr` and the rest of its chain as a full send queue does (`ENOMEM`, `*bad` at
 /// `wr`; those before it are in the line): a post inside the thread's own flush that would
-/// have to wait for it. Counted; said at exit. Async-signal-safe: atomics only.
+/// have to wait for it. `units`: the draw `wr` carries ([`carried`]). Counted; said at exit.
+/// Async-signal-safe: atomics only.
 #[cold]
 #[inline(never)]
 unsafe fn refuse(wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr, units: u64) -> c_int {
@@ -234,7 +250,10 @@ unsafe fn refuse(wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr, units: u64) -
         cur = (*cur).next;
     }
     REFUSED.fetch_add(n, Relaxed);
-    REFUSED_UNITS.fetch_add(units.saturating_mul(n), Relaxed);
+    if units > 0 {
+        REFUSED_DRAWS.fetch_add(1, Relaxed);
+        REFUSED_UNITS.fetch_add(units, Relaxed);
+    }
     if !bad.is_null() {
         *bad = wr;
     }
@@ -333,34 +352,36 @@ pub fn drain(limit_ns: u64) -> u64 {
     let left = in_line();
     NOT_DELIVERED.store(left, Relaxed);
     if left > 0 {
-        NOT_DELIVERED_NS.store(flusher::undelivered_ns(), Relaxed);
+        let (draws, ns) = flusher::undelivered_draws();
+        NOT_DELIVERED_DRAWS.store(draws, Relaxed);
+        NOT_DELIVERED_NS.store(ns, Relaxed);
     }
     left
 }
 
-/// Requests never handed over (still in the line at exit) and their delays' sum (ns).
-pub fn not_delivered() -> (u64, u64) {
-    (NOT_DELIVERED.load(Relaxed), NOT_DELIVERED_NS.load(Relaxed))
+/// Requests never handed over (still in the line at exit).
+pub fn not_delivered() -> u64 {
+    NOT_DELIVERED.load(Relaxed)
 }
 
 pub use flusher::dropped;
 
-/// Requests refused inside the posting thread's own flush ([`refuse`]), and their delays'
-/// sum (ns).
-pub fn refused() -> (u64, u64) {
-    let units = REFUSED_UNITS.load(Relaxed);
-    (REFUSED.load(Relaxed), clock::units_to_ns(units))
+/// Requests refused inside the posting thread's own flush ([`refuse`]).
+pub fn refused() -> u64 {
+    REFUSED.load(Relaxed)
 }
 
-/// Requests given a delay that never reached the provider: not delivered, dropped (their
-/// QP was destroyed while they were in the line) and refused; with their delays' sum (ns).
-/// They count as delayed nowhere.
-pub fn never_handed_over() -> (u64, u64) {
-    let ((lost, lost_ns), (dropped, dropped_ns)) = (not_delivered(), dropped());
-    let (refused, refused_ns) = refused();
+/// The draws whose post never reached the provider (a chain's first request not delivered,
+/// dropped with its QP, or refused), and their sum (ns): they count as delayed nowhere. In
+/// draws, as the stats count them (one a post, or one a request under `IBJITTER_PER=wr`),
+/// not in requests: a chain of four under one draw is one delay not given, not four.
+pub fn draws_never_given() -> (u64, u64) {
+    let (dropped, dropped_ns) = flusher::dropped_draws();
+    let refused_ns = clock::units_to_ns(REFUSED_UNITS.load(Relaxed));
     (
-        lost + dropped + refused,
-        lost_ns
+        NOT_DELIVERED_DRAWS.load(Relaxed) + dropped + REFUSED_DRAWS.load(Relaxed),
+        NOT_DELIVERED_NS
+            .load(Relaxed)
             .saturating_add(dropped_ns)
             .saturating_add(refused_ns),
     )
@@ -372,8 +393,10 @@ pub fn after_fork_child() {
     for parents in [
         &DIRECT,
         &NOT_DELIVERED,
+        &NOT_DELIVERED_DRAWS,
         &NOT_DELIVERED_NS,
         &REFUSED,
+        &REFUSED_DRAWS,
         &REFUSED_UNITS,
         &IN_PLACE,
     ] {

@@ -23,8 +23,9 @@ pub struct Slot {
     pub lane: u32,
     /// Due time in clock units (unique per QP: requests of a QP leave in its order).
     pub due: u64,
-    /// The request's own drawn delay (clock units): what it was not given if it is never
-    /// handed over.
+    /// The draw this request carries (clock units): its post's on the chain's first
+    /// request, 0 on the others (under `IBJITTER_PER=post` a chain shares one draw, which
+    /// the stats count once). What was not given if it is never handed over.
     pub units: u64,
     pub wr: ibv_send_wr,
     pub sge: [ibv_sge; MAX_SGE],
