@@ -767,3 +767,88 @@ fn requests_of_a_program_gone_quiet_leave_on_time() {
     assert!(alive >= 80_000_000, "{t}");
     assert!(wakeups >= 20 && cpu > 0 && cpu <= alive, "{t}");
 }
+
+/// The "direct" child, its timer thread starved (a full node): posts request 0 on one QP,
+/// is busy 100 us, posts request 1 of 17 scatter entries (more than a slot holds: it waits
+/// its delay in the posting thread) on a second QP, then is busy 20 ms without a call into
+/// the shim before it polls until both were seen. Emits when each was posted and when the
+/// second post returned.
+fn direct_child() {
+    let shim = load_child_shim();
+    let mut fc = FakeContext::new(provider_post_send);
+    fc.set_poll_cq(empty_poll_cq);
+    let (ctx, _q, qp) = open_and_create_qp(&shim, &mut fc);
+    let mut q2 = fake_qp(ctx);
+    let q2x: *mut ibv_qp_ex = &mut *q2;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp2 = unsafe { (shim.create_qp)(q2x as *mut _, std::ptr::null_mut()) };
+    starve_the_timer_thread();
+    let byte = [7u8; 8];
+    let mut sge = byte_sge(&byte);
+    let mut first = inline_send(0, &mut sge);
+    let mut many = [byte_sge(&byte); 17];
+    let mut second = inline_send(1, &mut many[0]);
+    second.num_sge = 17;
+    second.send_flags = 0;
+    let t0 = now_ns();
+    post_send(qp, &mut first);
+    busy_until(now_ns() + 100_000);
+    let t1 = now_ns();
+    post_send(qp2, &mut second);
+    let returned = now_ns();
+    busy_until(now_ns() + 20_000_000);
+    let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    cq.context = ctx;
+    let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
+    let since = now_ns();
+    while !all_seen_or_timed_out(2, since) {
+        // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
+        unsafe { (*ctx).ops.poll_cq.unwrap()(&mut *cq, 4, wc.as_mut_ptr()) };
+    }
+    let seen = SEEN.lock().unwrap().clone();
+    println!(
+        "RESULT {}",
+        serde_json::json!({ "posted": [t0, t1], "returned": returned, "seen": seen })
+    );
+}
+
+/// On a full node, a request the line cannot copy waits its delay in the posting thread;
+/// what falls due meanwhile on other QPs leaves from that wait, not at the program's next
+/// call (the timer thread gets no core while the thread spins).
+#[test]
+fn requests_due_while_a_post_waits_in_place_leave_from_that_wait() {
+    if scenario().is_some() {
+        return direct_child();
+    }
+    let (r, stderr, s) = {
+        let _one_at_a_time = FULL_NODE.lock().unwrap_or_else(|e| e.into_inner());
+        run(
+            "requests_due_while_a_post_waits_in_place_leave_from_that_wait",
+            "direct",
+            &[("IBJITTER_DELAY", "300us")],
+        )
+    };
+    let posted: Vec<u64> = serde_json::from_value(r["posted"].clone()).unwrap();
+    let returned = r["returned"].as_u64().unwrap();
+    let mut seen: Vec<(u64, u64)> = serde_json::from_value(r["seen"].clone()).unwrap();
+    eprintln!(
+        "posted {posted:?}, second returned {returned}, seen {seen:?}; {}",
+        s["line"]
+    );
+    // By request: before, request 0 reached the provider after request 1.
+    seen.sort();
+    assert_eq!(
+        seen.iter().map(|x| x.0).collect::<Vec<_>>(),
+        [0, 1],
+        "{stderr}"
+    );
+    assert_eq!(s["line"]["posted_directly"], 1, "{}", s["line"]);
+    assert!(seen[0].1 - posted[0] >= 300_000, "request 0 left early");
+    assert!(seen[1].1 - posted[1] >= 300_000, "request 1 left early");
+    assert!(
+        seen[0].1 < returned,
+        "request 0 (due {} ns before the wait ended) left {} ns after it",
+        posted[1] - posted[0],
+        seen[0].1 - returned
+    );
+}

@@ -10,7 +10,8 @@
 //!   buffer as soon as the post returns). A request the slot cannot hold (more than
 //!   [`slots::MAX_SGE`] entries, more than [`slots::INLINE_BYTES`] inline bytes,
 //!   memory-window and TSO opcodes) is posted directly, in order: the post waits until the
-//!   QP's earlier requests have left the line, then for its own delay. When no slot is free
+//!   QP's earlier requests have left the line, then for its own delay, handing over what
+//!   falls due meanwhile. When no slot is free
 //!   the post waits for one (a full wire queue), handing over what is due meanwhile.
 //! - **Entry** ([`lanes`]). A posting thread has a lane of its own: a slot comes off its way
 //!   back and goes in by its way in, each a ring with one writer and one reader. The entry
@@ -287,13 +288,28 @@ unsafe fn direct(
             flusher::flush_if_due(None);
             std::hint::spin_loop();
         }
-        spin_until(until.max(due));
+        wait_handing_over(until.max(due));
         let rc = crate::registry::post_send_orig(qp, wr, bad);
         q.handed(due);
         return rc;
     }
-    spin_until(until);
+    wait_handing_over(until);
     crate::registry::post_send_orig(qp, wr, bad)
+}
+
+/// Waits in place until the clock reads `until` (units), handing over what falls due
+/// meanwhile: on a full node the timer thread gets no core while this thread spins, and
+/// other QPs' requests would wait for the program's next call. Nothing of this request's
+/// QP falls due before `until` (its later requests are due after it).
+fn wait_handing_over(until: u64) {
+    loop {
+        let now = now_units();
+        if now >= until {
+            return;
+        }
+        flusher::flush_if_due(Some(now));
+        std::hint::spin_loop();
+    }
 }
 
 /// Hands over what is due, unless nothing is, or another thread is at it: what the
