@@ -161,6 +161,9 @@ mod tests {
         assert_eq!(rate("10k"), Ok(10_000.0));
         assert!(rate("-1").is_err());
         assert_eq!(duration("10ms"), Ok(Duration::from_millis(10)));
+        // `ibjitter run -D 24h`: a day's run as a user writes it.
+        assert_eq!(duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(duration("90min"), Ok(Duration::from_secs(5_400)));
         assert!(duration("5").unwrap_err().contains("unit"));
         assert!(duration("0s").is_err());
         assert!(duration("0.1ns").unwrap_err().contains("at least 1ns"));

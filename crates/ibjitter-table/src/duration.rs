@@ -1,4 +1,5 @@
-//! Durations with units, as the CLI and sample files give them: `6.1us`, `250 ns`, `1.5ms`.
+//! Durations with units, as the CLI and sample files give them: `6.1us`, `250 ns`, `1.5ms`,
+//! `24h`.
 //!
 //! Everything inside the library is in nanoseconds (`f64`); this module turns text into
 //! nanoseconds and nanoseconds back into text for table headers.
@@ -13,6 +14,9 @@ pub enum Unit {
     Us,
     Ms,
     S,
+    /// Minutes and hours: a 24-hour run is `24h`, not `86400s`.
+    Min,
+    H,
 }
 
 impl Unit {
@@ -23,10 +27,13 @@ impl Unit {
             Unit::Us => 1e3,
             Unit::Ms => 1e6,
             Unit::S => 1e9,
+            Unit::Min => 60e9,
+            Unit::H => 3600e9,
         }
     }
 
-    /// Recognizes `ns`, `us`/`µs`/`μs`/`usec`, `ms`/`msec`, `s`/`sec` (case-insensitive ASCII).
+    /// Recognizes `ns`, `us`/`µs`/`μs`/`usec`, `ms`/`msec`, `s`/`sec`, `min`, `h`/`hour`
+    /// (case-insensitive ASCII). Not `m`: minutes or milliseconds, the reader cannot tell.
     pub fn parse(text: &str) -> Option<Unit> {
         let t = text.trim();
         // Both the micro sign (U+00B5) and Greek small mu (U+03BC) are in use.
@@ -36,6 +43,8 @@ impl Unit {
             "us" | "usec" => Some(Unit::Us),
             "ms" | "msec" => Some(Unit::Ms),
             "s" | "sec" => Some(Unit::S),
+            "min" | "mins" => Some(Unit::Min),
+            "h" | "hour" | "hours" => Some(Unit::H),
             _ => None,
         }
     }
@@ -48,6 +57,8 @@ impl fmt::Display for Unit {
             Unit::Us => "us",
             Unit::Ms => "ms",
             Unit::S => "s",
+            Unit::Min => "min",
+            Unit::H => "h",
         })
     }
 }
@@ -55,7 +66,11 @@ impl fmt::Display for Unit {
 impl FromStr for Unit {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Unit::parse(s).ok_or_else(|| format!("expected a unit (ns, us, µs, ms, s), found {s:?}"))
+        if s.trim().eq_ignore_ascii_case("m") {
+            return Err("unit \"m\" could be minutes or milliseconds: write min or ms".into());
+        }
+        Unit::parse(s)
+            .ok_or_else(|| format!("expected a unit (ns, us, µs, ms, s, min, h), found {s:?}"))
     }
 }
 
@@ -150,6 +165,9 @@ mod tests {
         assert_eq!(parse_duration("2s").unwrap(), 2e9);
         assert_eq!(parse_duration("1e3us").unwrap(), 1e6);
         assert_eq!(parse_duration("-2us").unwrap(), -2000.0);
+        assert_eq!(parse_duration("24h").unwrap(), 86_400e9);
+        assert_eq!(parse_duration("1.5 min").unwrap(), 90e9);
+        assert_eq!(parse_duration("2HOURS").unwrap(), 7200e9);
     }
 
     #[test]
@@ -163,6 +181,7 @@ mod tests {
             .unwrap_err()
             .contains("expected a number"));
         assert!(parse_duration("1e400ms").is_err());
+        assert!(parse_duration("5m").unwrap_err().contains("min or ms"));
     }
 
     #[test]
