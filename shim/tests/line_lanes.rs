@@ -805,7 +805,7 @@ fn a_post_inside_the_lines_own_hand_over_with_the_line_full_is_refused_not_hung(
     assert_eq!(line["deferred"], 4097, "{line}");
     assert_eq!(line["posted_directly"], 1, "{line}");
     assert!(
-        stderr.contains("; refused 2 (posted inside the delay line's own hand-over")
+        stderr.contains("; refused 2 (ENOMEM: posted by a signal handler inside the delay line")
             && stderr.contains("2 requests were refused with ENOMEM"),
         "{stderr}"
     );

@@ -272,7 +272,9 @@ mod tests {
         // IBJITTER_START=1h (a job that settles for an hour first), IBJITTER_DELAY=1min.
         assert_eq!(parse_duration("1h", Unit::Ns), Ok(3.6e12));
         assert_eq!(parse_duration("1min", Unit::Ns), Ok(60e9));
-        assert!(parse_duration("1m", Unit::Ns).unwrap_err().contains("min or ms"));
+        assert!(parse_duration("1m", Unit::Ns)
+            .unwrap_err()
+            .contains("min or ms"));
         assert!(parse_duration("1e400ms", Unit::Ns).is_err());
         assert!(parse_duration("inf", Unit::Ns).is_err());
         assert!(parse_duration("-1", Unit::Loops).is_err());

@@ -179,8 +179,8 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
         }
         if refused > 0 {
             line += &format!(
-                "; refused {refused} (posted inside the delay line's own hand-over, by a \
-                 signal handler, with the line full: ENOMEM)"
+                "; refused {refused} (ENOMEM: posted by a signal handler inside the delay \
+                 line's own work, which they would have had to wait for)"
             );
         }
     }
@@ -227,8 +227,9 @@ pub fn line_lateness_warning(s: &Settings) -> Option<String> {
     if refused > 0 {
         said.push(format!(
             "{refused} requests were refused with ENOMEM: a signal handler posted them while \
-             its thread was handing the delay line over, and the line was full (or the QP's \
-             earlier requests were still in it), so they could not wait (line.refused in the \
+             its thread was inside the delay line's own work (handing it over, or a post \
+             into it), and they would have had to wait for that work: the line full, or a \
+             request the line cannot copy behind the QP's earlier ones (line.refused in the \
              stats; the program saw a full send queue)"
         ));
     }
