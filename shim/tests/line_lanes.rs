@@ -131,6 +131,37 @@ static NESTED_RC: std::sync::OnceLock<[c_int; 4]> = std::sync::OnceLock::new();
 static DESTROY_QP: AtomicUsize = AtomicUsize::new(0);
 const NESTED_ID: u64 = 1 << 41;
 
+/// The "fault" scenario: the QP, the page the interrupted post's payload is on, and what
+/// the handler's two posts returned.
+static FAULT_QP: AtomicUsize = AtomicUsize::new(0);
+static FAULT_PAGE: AtomicUsize = AtomicUsize::new(0);
+static FAULT_RC: std::sync::OnceLock<[c_int; 2]> = std::sync::OnceLock::new();
+const FAULT_ID: u64 = 1 << 42;
+const PAGE: usize = 4096;
+
+/// The "fault" scenario's SIGSEGV handler, run inside the shim's copy of the payload (an
+/// entry that has taken its due time and holds its lane): posts a request the line cannot
+/// copy, then an inline one, on the same QP; then lets the copy go on.
+extern "C" fn post_from_fault(_sig: c_int, _info: *mut libc::siginfo_t, _uc: *mut libc::c_void) {
+    let qp = FAULT_QP.load(Relaxed) as *mut ibv_qp;
+    if FAULT_RC.get().is_none() {
+        // SAFETY: a patched fake QP of a live context.
+        let rc = unsafe {
+            [
+                post_sges_rc(qp, FAULT_ID + 1, &[0x11], 17),
+                post_rc(qp, FAULT_ID + 2, 0x22),
+            ]
+        };
+        let _ = FAULT_RC.set(rc);
+    }
+    let page = FAULT_PAGE.load(Relaxed) as *mut libc::c_void;
+    // SAFETY: the scenario's own page.
+    assert_eq!(
+        unsafe { libc::mprotect(page, PAGE, libc::PROT_READ | libc::PROT_WRITE) },
+        0
+    );
+}
+
 /// An inline one-byte SEND (`wr_id` `id`, payload `byte`) posted through the patched
 /// context's `post_send`, without allocating: what a signal handler may do.
 unsafe fn post_one(qp: *mut ibv_qp, id: u64, byte: u8) {
@@ -252,6 +283,9 @@ fn poll_until(ctx: *mut ibv_context, n: usize) {
 /// and a request of 17 scatter entries on the second from inside the hand-over (as a
 /// signal handler would), destroys the first, and records what each returned; once all
 /// 4,096 reached the provider the thread does the last three again.
+/// "fault": posts an inline request whose payload page faults, so its SIGSEGV handler runs
+/// inside the shim's entry and posts on the same QP (see [`post_from_fault`]); then posts
+/// the refused request again.
 fn child(how: &str) {
     let shim = load_child_shim();
     let mut fc = FakeContext::new(provider_post_send);
@@ -471,6 +505,48 @@ fn child(how: &str) {
             }
             std::mem::forget(q);
             4099
+        }
+        "fault" => {
+            let mut q = fake_qp(ctx as *mut _);
+            let qp = new_qp(&mut q);
+            FAULT_QP.store(qp, Relaxed);
+            // SAFETY: an anonymous page of our own, then our own SIGSEGV handler.
+            let page = unsafe {
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    PAGE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                assert_ne!(p, libc::MAP_FAILED);
+                *(p as *mut u8) = 0x33;
+                assert_eq!(libc::mprotect(p, PAGE, libc::PROT_NONE), 0);
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = post_from_fault as *const () as usize;
+                sa.sa_flags = libc::SA_SIGINFO;
+                assert_eq!(libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut()), 0);
+                p
+            };
+            FAULT_PAGE.store(page as usize, Relaxed);
+            let mut sge = ibv_sge {
+                addr: page as u64,
+                length: 1,
+                lkey: 0,
+            };
+            let mut wr = send_wr(FAULT_ID, std::slice::from_mut(&mut sge), true);
+            let (qp, mut bad) = (qp as *mut ibv_qp, std::ptr::null_mut());
+            // SAFETY: as above; the shim's copy of the payload faults once.
+            let first = unsafe { (*(*qp).context).ops.post_send.unwrap()(qp, &mut wr, &mut bad) };
+            // The program posts the refused one again, outside the entry.
+            // SAFETY: as above.
+            let again = unsafe { post_sges_rc(qp, FAULT_ID + 3, &[0x44], 17) };
+            let inside = *FAULT_RC.get().unwrap_or(&[-1; 2]);
+            for rc in [first, inside[0], inside[1], again] {
+                posted.push((rc as u64, 0));
+            }
+            3
         }
         other => panic!("unknown scenario {other}"),
     };
@@ -807,6 +883,45 @@ fn a_post_inside_the_lines_own_hand_over_with_the_line_full_is_refused_not_hung(
     assert!(
         stderr.contains("; refused 2 (ENOMEM: posted by a signal handler inside the delay line")
             && stderr.contains("2 requests were refused with ENOMEM"),
+        "{stderr}"
+    );
+}
+
+/// A signal handler that interrupted a post into the line after it took its due time (here
+/// a SIGSEGV in the copy of its payload) posts on the same QP: a request the line cannot
+/// copy would wait for the interrupted request, which goes in only once the handler
+/// returns; it is refused with ENOMEM, as a full send queue, counted and said. The handler's
+/// inline request enters and leaves after the interrupted one; the program's retry of the
+/// refused request succeeds, in order.
+#[test]
+fn a_handlers_uncopyable_request_behind_the_post_it_interrupted_is_refused_not_hung() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "a_handlers_uncopyable_request_behind_the_post_it_interrupted_is_refused_not_hung",
+        "fault",
+        "2ms",
+        "0us",
+    );
+    let rc: Vec<u64> = (0..4)
+        .map(|k| r["posted"][k][0].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        rc,
+        [0, libc::ENOMEM as u64, 0, 0],
+        "the interrupted post, the handler's uncopyable and inline ones, the retry: {stderr}"
+    );
+    let ids: Vec<(u64, u8)> = seen_of(&r).iter().map(|x| (x.1, x.2)).collect();
+    assert_eq!(
+        ids,
+        [(FAULT_ID, 0x33), (FAULT_ID + 2, 0x22), (FAULT_ID + 3, 0x44)],
+        "{stderr}"
+    );
+    let line = &s["line"];
+    assert_eq!(line["refused"], 1, "{line}");
+    assert!(
+        stderr.contains("1 requests were refused with ENOMEM"),
         "{stderr}"
     );
 }
