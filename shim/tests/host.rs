@@ -734,7 +734,7 @@ fn forked_child_without_pid_in_the_stats_path_keeps_the_parents_file() {
         .iter()
         .find(|v| v["posts_total"] == 30)
         .expect("child's stats");
-    let child_file = dir.join(format!("stats.{}.json", child["pid"]));
+    let child_file = dir.join(format!("stats.{}.{}.json", host_name(), child["pid"]));
     assert!(child_file.exists(), "{}", child_file.display());
 }
 
@@ -1123,7 +1123,8 @@ fn exec_descendants_without_pid_in_the_path_write_their_own_files() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).unwrap()).unwrap();
     let other = s.iter().find(|v| v["pid"] != owner["pid"]).unwrap();
     assert!(
-        dir.join(format!("stats.{}.json", other["pid"])).exists(),
+        dir.join(format!("stats.{}.{}.json", host_name(), other["pid"]))
+            .exists(),
         "{s:?}"
     );
     for v in &s {

@@ -49,9 +49,10 @@ impl Runner {
             .join(format!("{:04}-{}.{what}", slot.index, config.name))
     }
 
-    /// The injector's stats files of run `index` (`%p`: one per process that loaded it).
+    /// The injector's stats files of run `index` (`%h.%p`: one per process that loaded it,
+    /// on whichever node: ranks of different nodes can have the same pid).
     fn stats_pattern(&self, index: usize) -> PathBuf {
-        self.runs_dir.join(format!("{index:04}.stats.%p.json"))
+        self.runs_dir.join(format!("{index:04}.stats.%h.%p.json"))
     }
 
     /// Removes the injector's stats files of run `from` and every later one: none of them is

@@ -126,24 +126,67 @@ pub fn path_for(pattern: &str) -> String {
     expand_path(pattern, !crate::state::owns_stats_path())
 }
 
-/// `%p` in the stats path → pid. Without `%p`, a process that does not own the path (a forked
-/// child, an exec'd descendant of the owner) would overwrite the owner's file: it writes
-/// `NAME.<pid>.EXT` (or `NAME.<pid>`) beside it instead.
+/// `%p` in the stats path → pid, `%h` → the host's name. Without `%p`, a process that does
+/// not own the path (a forked child, an exec'd descendant of the owner, a launcher's rank)
+/// would overwrite the owner's file: it writes `NAME.<host>.<pid>.EXT` (or
+/// `NAME.<host>.<pid>`) beside it instead. The host is in that name because ranks on
+/// different nodes writing to a shared directory can have the same pid.
 pub fn expand_path(pattern: &str, not_owner: bool) -> String {
-    let pid = std::process::id().to_string();
+    expand_path_for(pattern, not_owner, std::process::id(), &host_name())
+}
+
+fn expand_path_for(pattern: &str, not_owner: bool, pid: u32, host: &str) -> String {
+    let pid = pid.to_string();
+    let pattern = pattern.replace("%h", host);
     if pattern.contains("%p") || !not_owner {
         return pattern.replace("%p", &pid);
     }
-    let path = std::path::Path::new(pattern);
+    let path = std::path::Path::new(&pattern);
     match (path.file_stem(), path.extension()) {
         (Some(stem), Some(ext)) => path
             .with_file_name(format!(
-                "{}.{pid}.{}",
+                "{}.{host}.{pid}.{}",
                 stem.to_string_lossy(),
                 ext.to_string_lossy()
             ))
             .display()
             .to_string(),
-        _ => format!("{pattern}.{pid}"),
+        _ => format!("{pattern}.{host}.{pid}"),
+    }
+}
+
+/// This host's name as a file name part (`gethostname`; a `/` or an empty name, which a
+/// file name cannot carry, becomes `_` or `unknown-host`).
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer and its length; gethostname NUL-terminates within it (or truncates).
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    let name = if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).replace('/', "_")
+    } else {
+        String::new()
+    };
+    if name.is_empty() || name == "." || name == ".." {
+        "unknown-host".into()
+    } else {
+        name
+    }
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::expand_path_for;
+
+    #[test]
+    fn ranks_and_children_name_their_files_by_host_and_pid() {
+        let e = |p: &str, not_owner: bool| expand_path_for(p, not_owner, 42, "node7");
+        assert_eq!(e("/d/s.json", false), "/d/s.json");
+        assert_eq!(e("/d/s.json", true), "/d/s.node7.42.json");
+        assert_eq!(e("/d/stats", true), "/d/stats.node7.42");
+        assert_eq!(e("/d/s.%p.json", true), "/d/s.42.json");
+        assert_eq!(e("/d/s.%h.%p.json", false), "/d/s.node7.42.json");
+        // %h alone is not unique on a host: a process not owning the path adds both.
+        assert_eq!(e("/d/%h.json", true), "/d/node7.node7.42.json");
     }
 }

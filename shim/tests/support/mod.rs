@@ -394,3 +394,16 @@ pub fn load_child_shim() -> Shim {
         Path::new(&std::env::var("IBJITTER_TEST_STUB").unwrap()),
     )
 }
+
+/// This host's name, as the shim puts it in the stats file of a process that does not own a
+/// `%p`-less path (`NAME.<host>.<pid>.json`).
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer and its length.
+    assert_eq!(
+        unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) },
+        0
+    );
+    let end = buf.iter().position(|&b| b == 0).unwrap();
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
