@@ -702,3 +702,64 @@ print("sigwait got", got.si_signo if got else None, flush=True)
         r.stderr
     );
 }
+
+/// Runs `cmd` with stderr a pipe whose reader is already gone (a harness that closed it, a
+/// logger that died), at most 10 s: its exit status and stdout.
+fn run_with_stderr_unread(cmd: &mut Command) -> (ExitStatus, String) {
+    let mut fds = [0; 2];
+    // SAFETY: a pipe of our own; its read end closed at once.
+    let write_end = unsafe {
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0);
+        libc::close(fds[0]);
+        <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[1])
+    };
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(write_end))
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{cmd:?} hung");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    (status, stdout)
+}
+
+/// A program whose stderr is a pipe nobody reads, and which never writes there itself, is
+/// not killed by the shim's start-up line, exit line or signal-time warning (SIGPIPE's
+/// default action): it ends as it would without the shim, with its stats written. Before,
+/// it died of SIGPIPE at its device open.
+#[test]
+fn a_stderr_nobody_reads_never_kills_the_program() {
+    let dir = scratch("stderr-unread");
+    let stats = dir.join("stats.json");
+    let (status, stdout) =
+        run_with_stderr_unread(driver(0, 10, "exit").env("IBJITTER_STATS", &stats));
+    assert!(status.success(), "{status:?}, stdout {stdout:?}");
+    assert!(stdout.contains("posted 10"), "{stdout}");
+    assert_eq!(read_json(&stats)["posts_total"], 10);
+    // Ended by SIGTERM with a stats path the signal-time writer refuses (a FIFO): its
+    // warning goes to the unread pipe, and the program still ends by SIGTERM, not SIGPIPE.
+    let fifo = dir.join("fifo.json");
+    mkfifo(&fifo);
+    let (status, stdout) =
+        run_with_stderr_unread(driver(0, 10, "term").env("IBJITTER_STATS", &fifo));
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGTERM),
+        "{status:?}, {stdout:?}"
+    );
+    assert!(stdout.contains("posted 10"), "{stdout}");
+}

@@ -320,9 +320,16 @@ impl Out {
     fn flush(&mut self) {
         let mut done = 0;
         while done < self.len {
-            // SAFETY: writes initialized bytes of our buffer.
-            let n =
-                unsafe { libc::write(self.fd, self.buf[done..].as_ptr().cast(), self.len - done) };
+            let n = if self.fd == libc::STDERR_FILENO {
+                // Never SIGPIPE: the warning's stderr may be a pipe nobody reads.
+                crate::sys::say::write_to_stderr(&[libc::iovec {
+                    iov_base: self.buf[done..].as_mut_ptr().cast(),
+                    iov_len: self.len - done,
+                }])
+            } else {
+                // SAFETY: writes initialized bytes of our buffer.
+                unsafe { libc::write(self.fd, self.buf[done..].as_ptr().cast(), self.len - done) }
+            };
             if n <= 0 {
                 break;
             }

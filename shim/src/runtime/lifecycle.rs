@@ -409,6 +409,8 @@ pub fn at_immediate_exit(call: &str) {
         msg[len..len + k].copy_from_slice(&part[..k]);
         len += k;
     }
-    // SAFETY: a valid buffer of `len` bytes; write(2) is async-signal-safe.
-    unsafe { libc::write(2, msg.as_ptr().cast(), len) };
+    say::write_to_stderr(&[libc::iovec {
+        iov_base: msg.as_mut_ptr().cast(),
+        iov_len: len,
+    }]);
 }
