@@ -17,7 +17,16 @@ pub fn check() -> Vec<Check> {
         std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
-    let mut out = vec![tsc_check(cfg!(target_arch = "x86_64"), &flags, &source)];
+    let available = std::fs::read_to_string(
+        "/sys/devices/system/clocksource/clocksource0/available_clocksource",
+    )
+    .ok();
+    let mut out = vec![tsc_check(
+        cfg!(target_arch = "x86_64"),
+        &flags,
+        &source,
+        available.as_deref(),
+    )];
     match calibrate() {
         Some(rates) => {
             out.push(calibration_check(&rates));
@@ -46,8 +55,10 @@ pub fn cpu_flags(cpuinfo: &str) -> Option<String> {
 
 /// An invariant TSC is what lets the injector spin on rdtsc: `constant_tsc` (fixed rate) and
 /// `nonstop_tsc` (runs in deep C-states). Without it the injector waits on CLOCK_MONOTONIC
-/// (vDSO), which is slower to read but still correct.
-pub fn tsc_check(x86: bool, flags: &str, clocksource: &str) -> Check {
+/// (vDSO), which is slower to read but still correct. A TSC the kernel marked unstable has
+/// left its available clocksources (`available`, when sysfs says): the injector does not use
+/// it either.
+pub fn tsc_check(x86: bool, flags: &str, clocksource: &str, available: Option<&str>) -> Check {
     let has = |f: &str| flags.split_whitespace().any(|w| w == f);
     let data = json!({
         "constant_tsc": has("constant_tsc"), "nonstop_tsc": has("nonstop_tsc"),
@@ -77,6 +88,20 @@ pub fn tsc_check(x86: bool, flags: &str, clocksource: &str) -> Check {
                  the injector waits on CLOCK_MONOTONIC"
             ))
             .advice("delays stay correct but each clock read costs more; prefer bare-metal nodes");
+    }
+    if clocksource != "tsc" && available.is_some_and(|a| !a.split_whitespace().any(|c| c == "tsc"))
+    {
+        return c
+            .verdict(Verdict::Warn)
+            .detail(format!(
+                "invariant TSC{vm}, but the kernel rejected it ({src}; tsc is not among its \
+                 available clocksources: marked unstable): the injector waits on \
+                 CLOCK_MONOTONIC"
+            ))
+            .advice(
+                "check `dmesg | grep -i tsc`: CPUs whose TSCs are out of step make waits \
+                 timed on the TSC wrong on a thread that migrates",
+            );
     }
     if clocksource != "tsc" {
         return c
@@ -214,20 +239,34 @@ mod tests {
     #[test]
     fn an_invariant_tsc_needs_both_flags_and_the_kernel_on_it() {
         let both = "fpu tsc constant_tsc nonstop_tsc rdtscp";
-        assert_eq!(tsc_check(true, both, "tsc").verdict, Verdict::Ok);
-        let one = tsc_check(true, "fpu tsc constant_tsc", "tsc");
+        assert_eq!(tsc_check(true, both, "tsc", None).verdict, Verdict::Ok);
+        let one = tsc_check(true, "fpu tsc constant_tsc", "tsc", None);
         assert_eq!(one.verdict, Verdict::Warn);
         assert!(one.detail.contains("CLOCK_MONOTONIC"), "{}", one.detail);
-        let vm = tsc_check(true, &format!("{both} hypervisor"), "kvm-clock");
+        let vm = tsc_check(
+            true,
+            &format!("{both} hypervisor"),
+            "kvm-clock",
+            Some("kvm-clock tsc"),
+        );
         assert_eq!(vm.verdict, Verdict::Warn);
         assert!(vm.detail.contains("kvm-clock"), "{}", vm.detail);
+        assert!(!vm.detail.contains("rejected"), "{}", vm.detail);
+        // Marked unstable: out of the available clocksources, the flags unchanged.
+        let unstable = tsc_check(true, both, "hpet", Some("hpet acpi_pm\n"));
+        assert_eq!(unstable.verdict, Verdict::Warn);
+        assert!(
+            unstable.detail.contains("rejected") && unstable.detail.contains("CLOCK_MONOTONIC"),
+            "{}",
+            unstable.detail
+        );
         // "constant_tsc" must be a whole word, not a part of another flag.
         assert_eq!(
-            tsc_check(true, "xconstant_tsc nonstop_tsc", "tsc").verdict,
+            tsc_check(true, "xconstant_tsc nonstop_tsc", "tsc", None).verdict,
             Verdict::Warn
         );
         assert_eq!(
-            tsc_check(false, both, "arch_sys_counter").verdict,
+            tsc_check(false, both, "arch_sys_counter", None).verdict,
             Verdict::Warn
         );
     }

@@ -180,28 +180,43 @@ fn spin_loops(n: u64) {
 }
 
 /// Whether the TSC can stand in for CLOCK_MONOTONIC: the kernel uses it as its clocksource,
-/// or the CPU declares it constant and non-stop.
+/// or the CPU declares it constant and non-stop and the kernel has not rejected it.
 pub fn tsc_trusted() -> bool {
     if !cfg!(target_arch = "x86_64") {
         return false;
     }
-    let cs =
-        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
-            .unwrap_or_default();
-    if cs.trim() == "tsc" {
+    let dir = "/sys/devices/system/clocksource/clocksource0";
+    let current = std::fs::read_to_string(format!("{dir}/current_clocksource")).unwrap_or_default();
+    let available = std::fs::read_to_string(format!("{dir}/available_clocksource")).ok();
+    tsc_trusted_by(&current, available.as_deref(), cpu_flags().as_deref())
+}
+
+/// The `flags` line of /proc/cpuinfo.
+fn cpu_flags() -> Option<String> {
+    use std::io::BufRead;
+    let f = std::fs::File::open("/proc/cpuinfo").ok()?;
+    std::io::BufReader::new(f)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("flags"))
+}
+
+/// [`tsc_trusted`] from what the kernel and the CPU say. A TSC the kernel marked unstable
+/// (its clocksource watchdog saw it drift, or `tsc=unstable`: CPUs whose TSCs are not in
+/// step, on large multi-socket machines) leaves `available_clocksource`, while the CPU's
+/// flags stay: waits timed on it would end early on a thread that migrates to a CPU whose
+/// TSC is behind, and the line's due times would be compared across CPUs out of step.
+fn tsc_trusted_by(current: &str, available: Option<&str>, flags: Option<&str>) -> bool {
+    if current.trim() == "tsc" {
         return true;
     }
-    use std::io::BufRead;
-    let Ok(f) = std::fs::File::open("/proc/cpuinfo") else {
+    if available.is_some_and(|a| !a.split_whitespace().any(|c| c == "tsc")) {
         return false;
-    };
-    for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
-        if line.starts_with("flags") {
-            let has = |flag: &str| line.split_whitespace().any(|w| w == flag);
-            return has("constant_tsc") && has("nonstop_tsc");
-        }
     }
-    false
+    flags.is_some_and(|line| {
+        let has = |flag: &str| line.split_whitespace().any(|w| w == flag);
+        has("constant_tsc") && has("nonstop_tsc")
+    })
 }
 
 /// One (tsc, ns) pair, bracketed by two TSC reads; the tightest of a few tries.
@@ -261,5 +276,27 @@ pub fn ns_to_units(ns: u64, kind: WaitKind) -> u64 {
     match (kind, tsc_per_ns()) {
         (WaitKind::Tsc, Some(f)) => (ns as f64 * f).round() as u64,
         _ => ns,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tsc_the_kernel_rejected_is_not_trusted() {
+        let flags = Some("flags\t\t: fpu tsc constant_tsc nonstop_tsc rdtscp");
+        assert!(tsc_trusted_by("tsc\n", Some("tsc hpet\n"), None));
+        // A guest on kvm-clock with a stable TSC (the bench's).
+        assert!(tsc_trusted_by(
+            "kvm-clock\n",
+            Some("kvm-clock tsc acpi_pm\n"),
+            flags
+        ));
+        // Marked unstable: gone from the available clocksources, the flags unchanged.
+        assert!(!tsc_trusted_by("hpet\n", Some("hpet acpi_pm\n"), flags));
+        // No sysfs (a container without it): the flags decide.
+        assert!(tsc_trusted_by("", None, flags));
+        assert!(!tsc_trusted_by("", None, Some("flags : fpu tsc")));
     }
 }
