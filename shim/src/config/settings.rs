@@ -135,14 +135,34 @@ pub struct Window {
     pub stop_ns: Option<u64>,
 }
 
-/// Set in each rank by MPI launchers and Slurm: the process's rank (the first one set).
-pub const LAUNCHER_RANK_VARS: [&str; 5] = [
+/// Set in each rank by MPI launchers, torchrun and Slurm: the process's rank (the first one
+/// set, [`launcher_rank`]). The innermost launcher's comes first: torchrun's workers inherit
+/// the `SLURM_PROCID` of the srun task that started torchrun (every worker of a node the
+/// same), and the ranks of an mpirun in a Slurm batch script inherit its `SLURM_PROCID=0`;
+/// so torchrun's `RANK` is read first (only with `TORCHELASTIC_RUN_ID`, which says torchrun
+/// set it: `RANK` alone is too common a name) and `SLURM_PROCID` last.
+pub const LAUNCHER_RANK_VARS: [&str; 6] = [
+    "RANK",
     "OMPI_COMM_WORLD_RANK",
     "PMI_RANK",
     "PMIX_RANK",
-    "SLURM_PROCID",
     "MV2_COMM_WORLD_RANK",
+    "SLURM_PROCID",
 ];
+
+/// The names of [`LAUNCHER_RANK_VARS`] as a message says them.
+pub const LAUNCHER_RANK_NAMES: &str =
+    "torchrun's RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, MV2_COMM_WORLD_RANK, SLURM_PROCID";
+
+/// The launcher's rank variable set in this process, and its value (see
+/// [`LAUNCHER_RANK_VARS`]).
+pub fn launcher_rank(var: impl Fn(&str) -> Option<String>) -> Option<(&'static str, String)> {
+    let torchrun = var("TORCHELASTIC_RUN_ID").is_some();
+    LAUNCHER_RANK_VARS
+        .iter()
+        .filter(|k| **k != "RANK" || torchrun)
+        .find_map(|k| var(k).map(|r| (*k, r)))
+}
 
 /// Draws `IBJITTER_TRACE` keeps by default (4 bytes each), and at most: 16 Mi draws, 64 MiB
 /// of address space (a shim in every process of a job must not ask for a gigabyte; a longer
@@ -166,12 +186,9 @@ impl Reader<'_> {
         self.problems.push(p.into());
     }
 
-    /// The launcher's rank variable set in this process, if any (the first of
-    /// [`LAUNCHER_RANK_VARS`]).
+    /// The launcher's rank variable set in this process, if any ([`launcher_rank`]).
     fn rank_var(&self) -> Option<(&'static str, String)> {
-        LAUNCHER_RANK_VARS
-            .iter()
-            .find_map(|k| (self.var)(k).map(|r| (*k, r)))
+        launcher_rank(self.var)
     }
 }
 
@@ -341,6 +358,13 @@ impl Settings {
                     quoted(&rank)
                 )),
             }
+        } else {
+            // Not a rank (a single process, a launcher's own process): its sequence is the
+            // seed's, as every other such process's. Said in the start-up line.
+            self.seed_source = format!(
+                "{} (IBJITTER_SEED_PER_RANK=1, but no rank variable is set: {LAUNCHER_RANK_NAMES})",
+                self.seed_source
+            );
         }
     }
 
@@ -519,9 +543,9 @@ impl Settings {
                 ))
             }
             None => r.problem(format!(
-                "IBJITTER_RANKS={} but no rank variable ({}) is set: is this an MPI or Slurm rank?",
+                "IBJITTER_RANKS={} but no rank variable ({LAUNCHER_RANK_NAMES}) is set: is this \
+                 an MPI, torchrun or Slurm rank?",
                 shown(v.trim()),
-                LAUNCHER_RANK_VARS.join(", ")
             )),
         }
     }
@@ -868,10 +892,54 @@ mod tests {
         assert_eq!((s.seed, s.warning), (103, None));
         assert_eq!(s.job_seed, 100, "the rank's seed; the job's stays shared");
         assert_eq!(s.seed_source, "IBJITTER_SEED + rank 3 (PMI_RANK)");
-        // One process, no launcher: the seed as given.
-        assert_eq!(with(&[("IBJITTER_SEED_PER_RANK", "1")]).seed, 100);
+        // One process, no launcher: the seed as given, and the start-up line says why.
+        let alone = with(&[("IBJITTER_SEED_PER_RANK", "1")]);
+        assert_eq!((alone.seed, alone.warning), (100, None));
+        assert!(
+            alone.seed_source.contains("no rank variable is set"),
+            "{}",
+            alone.seed_source
+        );
         let bad = with(&[("IBJITTER_SEED_PER_RANK", "perhaps")]);
         assert!(bad.warning.unwrap().contains("expected 0 or 1"));
+    }
+
+    /// `srun torchrun`: every worker of a node inherits the srun task's SLURM_PROCID; its own
+    /// rank is torchrun's RANK. An mpirun's ranks in a batch script inherit SLURM_PROCID=0.
+    #[test]
+    fn the_innermost_launchers_rank_wins() {
+        let per_rank = |extra: &[(&str, &str)]| {
+            let mut v = vec![
+                ("IBJITTER_DELAY", "10us"),
+                ("IBJITTER_SEED", "100"),
+                ("IBJITTER_SEED_PER_RANK", "1"),
+            ];
+            v.extend_from_slice(extra);
+            settings(&v)
+        };
+        let torch = [
+            ("SLURM_PROCID", "0"),
+            ("TORCHELASTIC_RUN_ID", "j1"),
+            ("LOCAL_RANK", "1"),
+        ];
+        let s = per_rank(&[torch.as_slice(), &[("RANK", "9")]].concat());
+        assert_eq!(
+            (s.seed, s.seed_source.as_str()),
+            (109, "IBJITTER_SEED + rank 9 (RANK)")
+        );
+        // RANK without torchrun's mark is not taken for a rank.
+        assert_eq!(per_rank(&[("SLURM_PROCID", "2"), ("RANK", "9")]).seed, 102);
+        assert_eq!(
+            per_rank(&[("SLURM_PROCID", "0"), ("MV2_COMM_WORLD_RANK", "5")]).seed,
+            105
+        );
+        // IBJITTER_RANKS=0 leaves torchrun's worker 1 out, whatever SLURM_PROCID says.
+        let mut v = vec![("IBJITTER_DELAY", "10us"), ("IBJITTER_RANKS", "0")];
+        v.extend_from_slice(&torch);
+        v.push(("RANK", "1"));
+        let s = settings(&v);
+        assert!(s.delays.is_none(), "{:?}", s.not_this_process);
+        assert!(s.not_this_process.unwrap().contains("rank 1 (RANK)"));
     }
 
     #[test]

@@ -159,10 +159,7 @@ fn claim_stats_path() {
         _ => return,
     }
     // Ranks of a launcher are siblings: none inherits another's claim.
-    if config::LAUNCHER_RANK_VARS
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-    {
+    if config::launcher_rank(|k| std::env::var(k).ok()).is_some() {
         state::stats_path_not_owned();
         return;
     }
