@@ -385,3 +385,42 @@ fn another_users_control_directory_is_refused_by_the_process() {
         .collect();
     assert!(inside.is_empty(), "{inside:?}");
 }
+
+/// Processes killed (SIGKILL, a job cancelled) never remove their control file; the next
+/// process that starts live control removes those whose process is gone, and leaves a live
+/// process's file alone (it still answers). Before, the files stayed for ever.
+#[test]
+fn files_of_killed_processes_are_removed_by_the_next_one() {
+    const NAME: &str = "files_of_killed_processes_are_removed_by_the_next_one";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "4m");
+    }
+    let (mut live, live_pid) = spawn_child(NAME, "hold", 5000);
+    // All started before any is killed: each one's start sweeps the others' files.
+    let children: Vec<(Child, u32)> = (0..10).map(|_| spawn_child(NAME, "hold", 5000)).collect();
+    // An answer means its control thread is serving: its sweep, which comes first, is done.
+    for (_, pid) in &children {
+        ctl::send(*pid, Request::Status, "", Duration::from_secs(5)).unwrap();
+    }
+    let mut killed = Vec::new();
+    for (mut c, pid) in children {
+        c.kill().unwrap();
+        let _ = c.wait();
+        killed.push(pid);
+    }
+    for pid in &killed {
+        assert!(ctl::path(*pid).exists(), "a killed process's file stays");
+    }
+    let (next, next_pid) = spawn_child(NAME, "hold", 300);
+    let (status, _, lines) = finish(next);
+    assert!(status.success(), "{lines:?}");
+    let left: Vec<u32> = ctl::listed();
+    assert_eq!(left, [live_pid], "killed {killed:?}, the next {next_pid}");
+    let a = ctl::send(live_pid, Request::Status, "", Duration::from_secs(2));
+    live.kill().unwrap();
+    let _ = live.wait();
+    assert!(a.is_ok(), "the live process still answers: {a:?}");
+}

@@ -589,6 +589,38 @@ pub fn listed() -> Vec<u32> {
     v
 }
 
+/// Removes the files of this user's processes that are gone, as this pid namespace proves
+/// (at most `limit`, so the cost stays bounded); returns how many. A process that ended by a
+/// signal's default action, SIGKILL or `_exit` (a job cancelled, a time limit) never removes
+/// its own: without this, such files gathered on a node for ever. One `kill(pid, 0)` tells a
+/// live process of this namespace from the rest at once; a file is removed only when its
+/// segment says it was made in this namespace by a process that is not there any more. The
+/// directory is not checked here: [`create`] just did.
+pub fn remove_stale(limit: usize) -> usize {
+    let mut removed = 0;
+    for pid in listed() {
+        if removed >= limit {
+            break;
+        }
+        let Ok(p) = libc::pid_t::try_from(pid) else {
+            continue;
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        if p <= 0 || unsafe { libc::kill(p, 0) } == 0 {
+            continue;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
+            continue;
+        }
+        if let Err(OpenError::Stale) = open_path(&path(pid), pid) {
+            if std::fs::remove_file(path(pid)).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
 /// What one process answered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {

@@ -35,7 +35,13 @@ pub fn arm() {
     }
 }
 
+/// Files of processes gone (killed, cancelled, `_exit`ed) that one process start removes at
+/// most: a bounded cost, and each start thins what is left.
+const STALE_SWEPT: usize = 64;
+
 fn serve(server: Server) {
+    // On this thread, not the program's: its device open does not wait for it.
+    ctl::remove_stale(STALE_SWEPT);
     // A same-user process may truncate or overwrite the file: the server reads and writes it
     // by offset (never through a mapping, which would fault), ignores it until it is whole
     // again, and says so once.
