@@ -238,13 +238,20 @@ impl Runner {
         // Draws show the injector in place where no delay came out non-zero: under a
         // zero-delay table, or a few sends under a table whose smallest entries are 0.
         let mut draws = 0;
+        let mut notes = Vec::new();
         if config.perturbation.injects() {
             let got = injected(&self.runs_dir, slot.index);
             row.delayed = got.delayed;
             row.injected_mean_us = got.mean_us;
             draws = got.draws;
+            if let Some(first) = got.unreadable.first() {
+                notes.push(format!(
+                    "{} of the injector's stats files could not be read, and the delays \
+                     counted leave them out (first: {first})",
+                    got.unreadable.len()
+                ));
+            }
         }
-        let mut notes = Vec::new();
         if !status.success() {
             notes.push(format!("the program failed; output in {}", log.display()));
         } else if !row.metric.is_finite() {
@@ -354,7 +361,7 @@ fn describe(status: ExitStatus) -> String {
 }
 
 /// What the injector reports it did in one run, over every process's stats file.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Injected {
     /// Sends delayed (by a non-zero delay).
     pub delayed: u64,
@@ -362,17 +369,22 @@ pub struct Injected {
     pub mean_us: f64,
     /// Delays drawn, zero ones included.
     pub draws: u64,
+    /// Stats files of the run that could not be read or are not whole JSON (a process killed
+    /// while writing it, a full disk), and why: the counts above leave them out.
+    pub unreadable: Vec<String>,
 }
 
 /// What the stats files of run `index` say was injected.
 pub fn injected(runs_dir: &Path, index: usize) -> Injected {
     let prefix = format!("{index:04}.stats.");
     let (mut delayed, mut sum_us, mut draws) = (0u64, 0.0f64, 0u64);
+    let mut unreadable = Vec::new();
     let Ok(entries) = std::fs::read_dir(runs_dir) else {
         return Injected {
             delayed: 0,
             mean_us: f64::NAN,
             draws: 0,
+            unreadable,
         };
     };
     for e in entries.flatten() {
@@ -380,15 +392,23 @@ pub fn injected(runs_dir: &Path, index: usize) -> Injected {
         if !(name.starts_with(&prefix) && name.ends_with(".json")) {
             continue;
         }
-        let Ok(text) = crate::table::input::read_text(
+        let text = match crate::table::input::read_text(
             &e.path(),
             "the injector's stats",
             crate::table::input::LIMITS,
-        ) else {
-            continue;
+        ) {
+            Ok(t) => t,
+            Err(why) => {
+                unreadable.push(format!("{name}: {why}"));
+                continue;
+            }
         };
-        let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text) else {
-            continue;
+        let doc = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(d) => d,
+            Err(why) => {
+                unreadable.push(format!("{name}: not whole JSON ({why})"));
+                continue;
+            }
         };
         delayed += doc["delays_injected"].as_u64().unwrap_or(0);
         draws += doc["draws"].as_u64().unwrap_or(0);
@@ -405,10 +425,12 @@ pub fn injected(runs_dir: &Path, index: usize) -> Injected {
     } else {
         f64::NAN
     };
+    unreadable.sort();
     Injected {
         delayed,
         mean_us,
         draws,
+        unreadable,
     }
 }
 
@@ -482,7 +504,21 @@ mod tests {
         let got = injected(&dir, 3);
         assert_eq!((got.delayed, got.draws), (40, 12));
         assert!((got.mean_us - 5.0).abs() < 1e-9, "{got:?}");
+        assert!(got.unreadable.is_empty(), "{got:?}");
         assert_eq!(injected(&dir, 5).delayed, 0);
+        // A file cut short (its process killed while writing it, a full disk) is named.
+        std::fs::write(
+            dir.join("0003.stats.14.json"),
+            r#"{"unit":"ns","delays_inj"#,
+        )
+        .unwrap();
+        let got = injected(&dir, 3);
+        assert_eq!(got.delayed, 40);
+        assert_eq!(got.unreadable.len(), 1, "{got:?}");
+        assert!(
+            got.unreadable[0].starts_with("0003.stats.14.json: not whole JSON"),
+            "{got:?}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
