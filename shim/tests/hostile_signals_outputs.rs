@@ -763,3 +763,50 @@ fn a_stderr_nobody_reads_never_kills_the_program() {
     );
     assert!(stdout.contains("posted 10"), "{stdout}");
 }
+
+/// `driver(0, posts, end)` run by `sh` under `ulimit -f 1` (a file-size limit of 512 or 1024
+/// bytes, less than a stats file) and no core files.
+fn under_file_size_limit(posts: u64, end: &str) -> Command {
+    let b = built();
+    let mut cmd = injected(Path::new("sh"));
+    cmd.args(["-c", "ulimit -c 0; ulimit -f 1; exec \"$@\"", "sh"])
+        .arg(&b.driver)
+        .args(["0", &posts.to_string(), end]);
+    cmd
+}
+
+/// Past the file-size limit (`ulimit -f`), the stats file is not written: the program ends as
+/// it would without the shim (not killed by SIGXFSZ, whose default action ends a process
+/// that writes past it), one warning says so, and the file is left empty rather than cut
+/// short (a reader would take a prefix for a whole document). At exit, and at a signal.
+#[test]
+fn a_file_size_limit_leaves_the_stats_empty_and_said_never_a_killed_program() {
+    let dir = scratch("file-size-limit");
+    let stats = dir.join("exit.json");
+    let r = run(under_file_size_limit(1000, "exit").env("IBJITTER_STATS", &stats));
+    assert!(r.status.success(), "{:?}: {}", r.status, r.stderr);
+    assert!(r.stdout.contains("posted 1000"), "{}", r.stdout);
+    let w = warnings(&r.stderr);
+    assert!(
+        w.len() == 1 && w[0].contains("cannot write stats file") && w[0].contains("left empty"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::metadata(&stats).unwrap().len(), 0);
+    let stats = dir.join("term.json");
+    let r = run(under_file_size_limit(1000, "term").env("IBJITTER_STATS", &stats));
+    assert_eq!(
+        r.status.signal(),
+        Some(libc::SIGTERM),
+        "{:?}: {}",
+        r.status,
+        r.stderr
+    );
+    let w = warnings(&r.stderr);
+    assert!(
+        w.len() == 1 && w[0].contains("(at a signal)") && w[0].contains("left empty"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::metadata(&stats).unwrap().len(), 0);
+}

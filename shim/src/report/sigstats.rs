@@ -256,7 +256,8 @@ fn write_at_signal(sig: c_int, ends: bool) {
         if ends {
             FINAL.store(true, SeqCst);
         }
-        write_document(sig);
+        // Past `ulimit -f` the write fails (EFBIG) instead of SIGXFSZ killing the process.
+        crate::sys::quiet::without(libc::SIGXFSZ, || write_document(sig));
     }
     WRITER.store(0, SeqCst);
 }
@@ -275,6 +276,8 @@ struct Out {
     fd: c_int,
     buf: &'static mut [u8; 4096],
     len: usize,
+    /// The errno of the first write that failed (0: none); nothing is written after it.
+    failed: c_int,
 }
 
 impl Out {
@@ -285,6 +288,7 @@ impl Out {
             fd,
             buf: &mut *OUT_BUF.0.get(),
             len: 0,
+            failed: 0,
         }
     }
 
@@ -318,6 +322,10 @@ impl Out {
     }
 
     fn flush(&mut self) {
+        if self.failed != 0 {
+            self.len = 0;
+            return;
+        }
         let mut done = 0;
         while done < self.len {
             let n = if self.fd == libc::STDERR_FILENO {
@@ -331,6 +339,11 @@ impl Out {
                 unsafe { libc::write(self.fd, self.buf[done..].as_ptr().cast(), self.len - done) }
             };
             if n <= 0 {
+                if self.failed == 0 {
+                    // SAFETY: errno is thread-local and always readable.
+                    let e = unsafe { *libc::__errno_location() };
+                    self.failed = if n == 0 || e == 0 { libc::EIO } else { e };
+                }
                 break;
             }
             done += n as usize;
@@ -412,8 +425,17 @@ fn write_document(sig: c_int) {
     }
     o.s("\n}\n");
     o.flush();
+    let failed = o.failed;
+    if failed != 0 {
+        // Empty rather than cut short: a reader would take a prefix for a whole document.
+        // SAFETY: our descriptor.
+        unsafe { libc::ftruncate(fd, 0) };
+    }
     // SAFETY: our descriptor.
     unsafe { libc::close(fd) };
+    if failed != 0 {
+        refuse(path, out_file::Refused::Write(failed));
+    }
 }
 
 /// Says on stderr why the file at `path` was not written (one write, async-signal-safe), once

@@ -253,7 +253,11 @@ fn write_trace() {
         return;
     }
     let path = path_for(pattern);
-    if let Err(e) = trace::write(&path, &d.values, l.settings.unit.name()) {
+    // Past `ulimit -f` the write fails instead of SIGXFSZ killing the process at its exit.
+    let written = crate::sys::quiet::without(libc::SIGXFSZ, || {
+        trace::write(&path, &d.values, l.settings.unit.name())
+    });
+    if let Err(e) = written {
         say::warn(&format!("cannot write trace file {path}: {e}"));
     }
 }
@@ -339,9 +343,7 @@ fn write_stats(nothing_delayed: Option<String>) {
     // What the ports sent meanwhile (all processes' traffic on them), beside posts_total.
     doc["ports_sent"] = ports::sent_since_open();
     let text = format!("{doc:#}\n");
-    let written = out_file::create(&path)
-        .map_err(std::io::Error::from)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+    let written = out_file::write_whole(&path, text.as_bytes());
     // Said once per path: a signal handler that refused it has said why already.
     if let Err(e) = written {
         if !sigstats::refused() {

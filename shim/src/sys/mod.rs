@@ -2,13 +2,15 @@
 //! busy-waits ([`clock`]), the per-thread state and PCG streams ([`rng`]), the fixed
 //! open-addressing tables keyed by address ([`addr_table`]), a fork-safe spin lock
 //! ([`spin_lock`]), typed real symbols ([`symbols`]), libc's own `dlsym` ([`libc_dl`]),
-//! output files opened without following links or blocking ([`out_file`]) and the shim's own
-//! threads, deaf to the program's signals ([`threads`]).
+//! output files opened without following links or blocking ([`out_file`]), writes that raise
+//! no signal ([`quiet`]) and the shim's own threads, deaf to the program's signals
+//! ([`threads`]).
 pub mod addr_table;
 pub mod clock;
 pub mod fn_slot;
 pub mod libc_dl;
 pub mod out_file;
+pub mod quiet;
 pub mod rng;
 pub mod say;
 pub mod spin_lock;

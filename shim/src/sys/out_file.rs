@@ -23,6 +23,9 @@ pub enum Refused {
     Open(c_int),
     /// ftruncate(2) failed, with this errno.
     Truncate(c_int),
+    /// A write failed, with this errno (a full disk, a quota, `ulimit -f`): the file is left
+    /// empty rather than cut short.
+    Write(c_int),
 }
 
 impl Refused {
@@ -39,13 +42,17 @@ impl Refused {
             }
             Refused::Open(_) => "cannot open it",
             Refused::Truncate(_) => "cannot truncate it",
+            Refused::Write(_) => {
+                "cannot write it whole (a full disk, a quota, the file-size limit?): it is left \
+                 empty"
+            }
         }
     }
 
     /// The errno behind [`Refused::Open`] and [`Refused::Truncate`] (0 otherwise).
     pub fn errno(self) -> c_int {
         match self {
-            Refused::Open(e) | Refused::Truncate(e) => e,
+            Refused::Open(e) | Refused::Truncate(e) | Refused::Write(e) => e,
             _ => 0,
         }
     }
@@ -117,6 +124,21 @@ fn refuse_unfit(st: &libc::stat) -> Result<(), Refused> {
         libc::S_IFREG => Ok(()),
         _ => Err(Refused::NotRegular),
     }
+}
+
+/// Writes `text` whole to `path` ([`create`]), with SIGXFSZ held off ([`quiet::without`]):
+/// past `ulimit -f` the write fails rather than killing the process. A write that fails
+/// leaves the file empty, never a document cut short that a reader would take for whole.
+pub fn write_whole(path: &str, text: &[u8]) -> Result<(), Refused> {
+    use std::io::Write;
+    let mut f = create(path)?;
+    super::quiet::without(libc::SIGXFSZ, || match f.write_all(text) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = f.set_len(0);
+            Err(Refused::Write(e.raw_os_error().unwrap_or(libc::EIO)))
+        }
+    })
 }
 
 /// [`open_raw`] for the writers that run outside a signal handler.

@@ -1,6 +1,7 @@
 //! What the shim says on stderr: the startup line (or its one warning) when the process first
 //! uses verbs or UCP, and at most one further warning. Each is one write, so it does not
 //! interleave with the application's output, and none raises SIGPIPE ([`write_to_stderr`]).
+use super::quiet;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 
@@ -57,31 +58,11 @@ fn write_parts([prefix, msg]: &[&str; 2]) {
 /// One `writev` of `parts` to stderr that never raises SIGPIPE: when stderr is a pipe whose
 /// reader is gone (a harness that closed it, a logger that died), the write's SIGPIPE would
 /// kill a program that never writes there itself, at its device open or in its exit
-/// handler, before its stats are written. SIGPIPE is blocked in this thread around the
-/// write, and one that the write raised (not one pending before) is taken back. Async-signal-
-/// safe: no allocation, no lock. Returns what `writev` returned.
+/// handler, before its stats are written ([`quiet::without`]). Async-signal-safe: no
+/// allocation, no lock. Returns what `writev` returned.
 pub fn write_to_stderr(parts: &[libc::iovec]) -> isize {
-    // SAFETY: signal-set and mask calls on local sets; writev over the caller's buffers.
-    unsafe {
-        let mut pipe: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut pipe);
-        libc::sigaddset(&mut pipe, libc::SIGPIPE);
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut old);
-        let mut pending: libc::sigset_t = std::mem::zeroed();
-        libc::sigpending(&mut pending);
-        let was_pending = libc::sigismember(&pending, libc::SIGPIPE) == 1;
-        let n = libc::writev(2, parts.as_ptr(), parts.len() as libc::c_int);
-        let errno = *libc::__errno_location();
-        if n < 0 && errno == libc::EPIPE && !was_pending {
-            let now = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            libc::sigtimedwait(&pipe, std::ptr::null_mut(), &now);
-        }
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        *libc::__errno_location() = errno;
-        n
-    }
+    quiet::without(libc::SIGPIPE, || {
+        // SAFETY: the caller's buffers, valid for their lengths.
+        unsafe { libc::writev(2, parts.as_ptr(), parts.len() as libc::c_int) }
+    })
 }
