@@ -186,6 +186,7 @@ pub fn exiting() {
 /// under way in another thread of the parent ends here (that thread is gone; this child
 /// has none of the shim's threads).
 pub fn forked_child() {
+    FORKED.store(true, Release);
     MODE_LOCK.force_unlock();
     THREADS_OWNER.store(0, Release);
     let _ = USE.compare_exchange(STARTING, IN_USE, AcqRel, Acquire);
@@ -235,6 +236,17 @@ pub fn seen() -> (u64, u64, bool) {
         QPS_CREATED.load(Relaxed),
         UCX_SEEN.load(Relaxed),
     )
+}
+
+/// This process is a fork child (of a process in use, since the shim was loaded).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// A fork child that has not used verbs or UCP itself: no device opened, no QP made, no
+/// send (a helper forked to run a command, Python's `os.fork()`): at its `exit` it has
+/// nothing of its own to say or count, and its parent's devices (open in it too) are no
+/// evidence that its sends escaped the hooks.
+pub fn idle_fork_child() -> bool {
+    FORKED.load(Acquire) && seen() == (0, 0, false) && crate::sys::rng::threads_posted() == 0
 }
 
 /// Fork child: what the parent opened is not this process's.

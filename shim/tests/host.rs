@@ -655,6 +655,50 @@ fn injected_distribution_matches_the_table() {
     assert!((s["delay_ns"]["mean"].as_f64().unwrap() - mean).abs() < 1e-6);
 }
 
+/// A fork child that uses no verbs itself (a helper forked to run a command, Python's
+/// `os.fork()`) and calls `exit`: it says nothing and writes no stats file. Before, it wrote
+/// one with `nothing_delayed` set and warned that libibverbs was loaded but no device opened
+/// through the hooks (the parent's device files, open in it, taken for evidence).
+#[test]
+fn an_idle_fork_child_says_nothing_and_writes_no_stats() {
+    if child_scenario().is_some() {
+        let shim = load_shim();
+        let mut fc = FakeContext::new(counting_post_send);
+        // SAFETY: the stub returns the fake context.
+        let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+        let mut q = fake_qp(ctx);
+        // SAFETY: fork in a process whose other threads are idle test-harness threads; the
+        // child only exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            std::process::exit(0);
+        }
+        let mut status = 0;
+        // SAFETY: valid pid and out-pointer.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        for _ in 0..10 {
+            // SAFETY: fake QP of the patched fake context.
+            unsafe { ibv_post_send(&mut q.qp_base) };
+        }
+        return emit(serde_json::json!({ "child_status": status }));
+    }
+    let dir = scratch("fork-idle");
+    let out = respawn(
+        "an_idle_fork_child_says_nothing_and_writes_no_stats",
+        "fork-idle",
+        &[("IBJITTER_DELAY", "100ns".into()), stats_env(&dir)],
+    );
+    assert_eq!(out.result["child_status"], 0);
+    let s = read_stats(&dir);
+    assert_eq!(s.len(), 1, "the parent's file only: {s:?}");
+    assert_eq!(s[0]["posts_total"], 10);
+    assert!(
+        out.stderr_lines.iter().all(|l| !l.contains("warning")),
+        "{:?}",
+        out.stderr_lines
+    );
+}
+
 #[test]
 fn forked_child_gets_fresh_stream_and_own_counts() {
     if child_scenario().is_some() {

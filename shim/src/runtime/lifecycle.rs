@@ -211,6 +211,10 @@ pub fn at_exit() {
     // would do), as far as its due times allow within 2 s; then the lines and the stats
     // count what was handed over.
     line::drain(2_000_000_000);
+    if state::idle_fork_child() {
+        // No diagnosis, no stats file of its own: it did nothing the shim saw.
+        return;
+    }
     let nothing_delayed = coverage::nothing_delayed();
     if let Some(why) = &nothing_delayed {
         say::warn(why);
