@@ -1319,6 +1319,58 @@ fn child_wr_start_timing() {
     emit(serde_json::json!({ "waits": before_start }));
 }
 
+/// Two different warnings said once each, in one process: both are said. Before, one flag
+/// served every such warning, and the second never showed (here, in line mode, an
+/// `ibv_wr_*` batch and then a request the line cannot copy).
+#[test]
+fn each_warning_said_once_is_said() {
+    if child_scenario().is_some() {
+        let shim = load_shim();
+        let mut fc = FakeContext::new(counting_post_send);
+        // SAFETY: the stub returns the fake context; its create_qp the fake QP.
+        let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+        let mut q = fake_qp(ctx);
+        let qpx: *mut ibv_qp_ex = &mut *q;
+        // SAFETY: as above.
+        let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_wr_batch(qpx) }, 0);
+        let byte = [1u8];
+        let sge = ibv_sge {
+            addr: byte.as_ptr() as u64,
+            length: 1,
+            lkey: 0,
+        };
+        let list = [sge; 17];
+        // SAFETY: all-zero is a valid ibv_send_wr.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.opcode = ibv_wr_opcode_IBV_WR_SEND;
+        wr.sg_list = list.as_ptr() as *mut ibv_sge;
+        wr.num_sge = 17;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a valid request of 17 scatter entries on the patched fake QP.
+        let rc = unsafe { (*(*qp).context).ops.post_send.unwrap()(qp, &mut wr, &mut bad) };
+        return emit(serde_json::json!({ "rc": rc }));
+    }
+    let out = respawn(
+        "each_warning_said_once_is_said",
+        "two-warnings",
+        &[
+            ("IBJITTER_DELAY", "10us".into()),
+            ("IBJITTER_MODE", "line".into()),
+        ],
+    );
+    assert_eq!(out.result["rc"], 0);
+    let warned = |what: &str| {
+        out.stderr_lines
+            .iter()
+            .filter(|l| l.contains("warning") && l.contains(what))
+            .count()
+    };
+    assert_eq!(warned("the ibv_wr_* API"), 1, "{:?}", out.stderr_lines);
+    assert_eq!(warned("cannot copy"), 1, "{:?}", out.stderr_lines);
+}
+
 #[test]
 fn a_wr_batch_waits_before_the_provider_takes_its_lock() {
     if child_scenario().is_some() {

@@ -102,7 +102,7 @@ pub unsafe fn cq_created(cq: *mut ibv_cq) {
         e.ring.store(Box::into_raw(ring), Release);
         return;
     }
-    crate::sys::say::warn_once("IBJITTER_CQ_TABLE: too many CQs; later ones are not delayed");
+    crate::sys::say::warn_once!("IBJITTER_CQ_TABLE: too many CQs; later ones are not delayed");
 }
 
 /// Before `ibv_destroy_cq`: its ring goes (completions still held are the program's loss,

@@ -177,7 +177,7 @@ pub unsafe fn created(cq: *mut ibv_cq_ex) {
     }
     let key = cq as usize;
     let Some(slot) = addr_table::claim(&TABLE, key, PROBES, |e| &e.key) else {
-        crate::sys::say::warn_once(
+        crate::sys::say::warn_once!(
             "IBJITTER_CQ_TABLE: too many extended CQs; later ones are not delayed",
         );
         return;
@@ -205,7 +205,7 @@ pub unsafe fn created(cq: *mut ibv_cq_ex) {
 unsafe fn flush_before_start_poll(cq: *mut ibv_cq_ex) {
     let Some(orig) = (*cq).start_poll else { return };
     let Some(slot) = addr_table::claim(&TABLE, cq as usize, PROBES, |e| &e.key) else {
-        crate::sys::say::warn_once(
+        crate::sys::say::warn_once!(
             "IBJITTER_MODE=line: too many extended CQs; ibv_start_poll on later ones does not \
              hand over the delay line (the timer thread does)",
         );

@@ -59,7 +59,7 @@ fn dest_set() -> KeySet<'static> {
 fn change_dest_set(f: impl FnOnce(KeySet<'static>)) {
     match SET_CHANGING.lock_within(SET_WAIT) {
         Some(_held) => f(dest_set()),
-        None => crate::sys::say::warn_once(
+        None => crate::sys::say::warn_once!(
             "IBJITTER_DEST: a QP's selection could not be updated (another update held the \
              set for 200 ms); it may be delayed as before its ibv_modify_qp",
         ),
@@ -191,7 +191,7 @@ pub unsafe fn qp_modified(qp: *mut ibv_qp, attr: *const ibv_qp_attr, mask: i32) 
         if !selected {
             set.remove(qp as usize);
         } else if !set.insert(qp as usize) {
-            crate::sys::say::warn_once(
+            crate::sys::say::warn_once!(
                 "IBJITTER_DEST: too many selected QPs; later ones are not delayed",
             );
         }

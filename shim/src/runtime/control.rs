@@ -27,7 +27,7 @@ pub fn arm() {
             let _ = PATH.set(path);
             let _ = threads::spawn("ibjitter-control", move || serve(server));
         }
-        // arm() runs once: a plain warning (say's shared once-flag may be spent already).
+        // arm() runs once: a plain warning.
         Err(e) => say::warn(&format!(
             "live control unavailable ({}: {e}): `ibjitter inject` cannot reach this process",
             ctl::path(pid).display()

@@ -35,7 +35,7 @@ pub fn resolve() {
 fn find(name: &CStr) -> Option<*mut c_void> {
     let found = elf::find_function(name, &["libc.so", "libdl.so"], resolve as *const c_void);
     if found.is_none() {
-        say::warn_once(&format!(
+        say::warn_once!(&format!(
             "cannot find libc's {}: lookups through it return NULL",
             name.to_string_lossy()
         ));

@@ -36,13 +36,23 @@ pub fn warn(msg: &str) {
     write_parts(&["ibjitter: warning: ", msg]);
 }
 
-/// Prints a warning at most once per process.
-pub fn warn_once(msg: &str) {
-    static WARNED: AtomicBool = AtomicBool::new(false);
-    if !WARNED.swap(true, Relaxed) {
+/// Prints a warning at most once per process for each place that says it: `said` is that
+/// place's own flag ([`warn_once!`] makes one per call site). One flag for them all lost
+/// every warning after the first, whatever it said.
+pub fn warn_once_at(said: &AtomicBool, msg: &str) {
+    if !said.swap(true, Relaxed) {
         write_parts(&["ibjitter: warning: ", msg]);
     }
 }
+
+/// `warn_once!(msg)`: [`warn_once_at`] with a flag of this call site's own.
+macro_rules! warn_once {
+    ($msg:expr $(,)?) => {{
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        $crate::sys::say::warn_once_at(&SAID, $msg)
+    }};
+}
+pub(crate) use warn_once;
 
 /// `prefix`, `msg` and a newline in one `writev` to stderr: no allocation and no lock, so a
 /// warning said on a post path that a signal handler entered (or in a fork child whose

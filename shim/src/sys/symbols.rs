@@ -46,7 +46,7 @@ impl<F: Copy> Real<F> {
     pub fn get(&self) -> Option<F> {
         let p = self.find();
         if p.is_null() {
-            say::warn_once(&format!(
+            say::warn_once!(&format!(
                 "cannot find the real {}{}{}; the call fails",
                 self.name.to_string_lossy(),
                 if self.version.is_some() { "@" } else { "" },

@@ -87,7 +87,7 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
         None
     };
     let Some(slot) = registry::claim_ctx(ctx, &g) else {
-        say::warn_once("more than 256 open contexts; new ones are not delayed");
+        say::warn_once!("more than 256 open contexts; new ones are not delayed");
         return false;
     };
     // Originals first, then the pointer swap: a wrapper can always find them.
@@ -217,7 +217,7 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
     let g = registry::lock();
     // Without an entry only the single-provider shortcut can find the original.
     if !registry::register_qp(qpx, ctx, orig, &g) && !SINGLE_WR_START.is(address(orig)) {
-        say::warn_once("too many QPs with differing providers; new ones are not delayed");
+        say::warn_once!("too many QPs with differing providers; new ones are not delayed");
         return false;
     }
     SINGLE_WR_START.note(address(orig));

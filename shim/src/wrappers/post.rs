@@ -183,7 +183,7 @@ unsafe extern "C" fn wr_start_delayed(qpx: *mut ibv_qp_ex, mode: u8) {
         rng::set_batch_paid();
     }
     if mode & LINE != 0 {
-        say::warn_once(
+        say::warn_once!(
             "IBJITTER_MODE=line: the ibv_wr_* API builds its requests inside the provider; \
              its batches wait in the posting thread (spin)",
         );

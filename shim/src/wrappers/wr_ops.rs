@@ -93,7 +93,7 @@ macro_rules! work_request_calls {
                         && !known.is_null()
                         && known != address(orig)
                     {
-                        say::warn_once(
+                        say::warn_once!(
                             "IBJITTER_PER=wr: the ibv_wr_* calls of a second provider are not \
                              hooked; its batches get one delay each",
                         );

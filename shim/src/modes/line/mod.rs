@@ -101,7 +101,7 @@ pub fn start() -> bool {
     match crate::sys::threads::spawn("ibjitter-line", flusher::timer_thread) {
         Ok(_) => true,
         Err(e) => {
-            say::warn_once(&format!(
+            say::warn_once!(&format!(
                 "IBJITTER_MODE=line: cannot start the timer thread ({e}); posts wait in place (spin)"
             ));
             false
@@ -274,7 +274,7 @@ unsafe fn direct(
     after: Option<(&qps::QpLine, u64, u64)>,
 ) -> c_int {
     // A constant: no allocation on the post path.
-    say::warn_once(
+    say::warn_once!(
         "IBJITTER_MODE=line: a work request the line cannot copy (more than 16 scatter \
          entries, more than 512 inline bytes, a memory-window or TSO opcode) or a full QP \
          table: such requests wait in the posting thread, in order",
