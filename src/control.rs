@@ -1,6 +1,6 @@
 //! `ibjitter inject`'s side of live control: finding the injected processes' segments
 //! ([`ibjitter_control`]), sending one a request, and reading its answer. The process's
-//! own side (the shim's control thread) applies it within [`ibjitter_control::POLL_MS`] ms.
+//! own side (the shim's control thread, woken through its FIFO) applies it at once.
 use ibjitter_control::{self as ctl, OpenError};
 
 pub use ibjitter_control::{check_text, send, Answer, Command, STATE_INJECTING, STATE_PAUSED};
@@ -42,7 +42,7 @@ pub fn targets(pids: &[u32], all: bool) -> Result<Found, String> {
         match ctl::open(pid) {
             Ok(_) => found.live.push(pid),
             Err(OpenError::Stale) => {
-                let _ = std::fs::remove_file(ctl::path(pid));
+                ctl::remove(pid);
                 found.removed.push(pid);
             }
             Err(OpenError::Missing) => {}

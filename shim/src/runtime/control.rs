@@ -1,7 +1,8 @@
 //! Live control (`ibjitter inject status|set|pause|resume`): this process's segment
 //! ([`ibjitter_control`]), created when it first opens a device or sends through UCP, and the
-//! thread that serves it: every few milliseconds it stamps its heartbeat, looks for a request
-//! and applies it (a new table, pause, resume), then answers with the counts. A file that
+//! thread that serves it: woken by `ibjitter inject` (or once a second) it stamps its
+//! heartbeat, looks for a request and applies it (a new table, pause, resume), then answers
+//! with the counts. A file that
 //! cannot be made (a full `/dev/shm`) is one warning and no live control. The post path
 //! never sees any of it: it reads the same mode and table atomics as always. `IBJITTER_CONTROL=0` turns it off.
 //!
@@ -47,7 +48,8 @@ fn serve(server: Server) {
     // again, and says so once.
     let mut warned = false;
     loop {
-        std::thread::sleep(std::time::Duration::from_millis(ctl::POLL_MS));
+        // Until `ibjitter inject` wakes it, or a second passes (its heartbeat).
+        server.wait();
         match server.poll() {
             Ok(Some(req)) => {
                 let reply = answer(&req);
@@ -114,11 +116,10 @@ fn answer(req: &Request) -> Reply {
     }
 }
 
-/// At exit: the file goes with the process that made it (not a fork or `vfork` child).
+/// At exit: the file and its wake FIFO go with the process that made them (not a fork or
+/// `vfork` child).
 pub fn remove_file() {
-    if state::owns_threads() {
-        if let Some(p) = PATH.get() {
-            let _ = std::fs::remove_file(p);
-        }
+    if state::owns_threads() && PATH.get().is_some() {
+        ctl::remove(std::process::id());
     }
 }
