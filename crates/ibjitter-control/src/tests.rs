@@ -169,3 +169,38 @@ fn a_segment_of_another_pid_namespace_is_unreachable_not_stale() {
     }
     let _ = std::fs::remove_file(p);
 }
+
+/// The wake FIFO wakes the server's wait at once; a wake needs a FIFO of this user's with a
+/// reader: a regular file or a link put in its place is never written, and no reader (an
+/// exec'd process) is no wake.
+#[test]
+fn a_wake_reaches_the_server_and_nothing_else() {
+    let fake = 4_000_015u32;
+    let (server, p) = create(fake).unwrap();
+    let t0 = Instant::now();
+    assert!(wake(fake));
+    server.wait();
+    assert!(
+        t0.elapsed() < Duration::from_millis(IDLE_WAKE_MS / 2),
+        "{:?}",
+        t0.elapsed()
+    );
+    let w = wake_path(fake);
+    drop(server);
+    assert!(!wake(fake), "no reader: no wake");
+    std::fs::remove_file(&w).unwrap();
+    std::fs::write(&w, b"").unwrap();
+    assert!(!wake(fake));
+    assert_eq!(
+        std::fs::metadata(&w).unwrap().len(),
+        0,
+        "a regular file is not written"
+    );
+    std::fs::remove_file(&w).unwrap();
+    std::os::unix::fs::symlink(&p, &w).unwrap();
+    let before = std::fs::read(&p).unwrap();
+    assert!(!wake(fake));
+    assert_eq!(std::fs::read(&p).unwrap(), before, "never through a link");
+    remove(fake);
+    assert!(!p.exists() && std::fs::symlink_metadata(&w).is_err());
+}
