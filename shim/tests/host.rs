@@ -662,25 +662,7 @@ fn injected_distribution_matches_the_table() {
 #[test]
 fn an_idle_fork_child_says_nothing_and_writes_no_stats() {
     if child_scenario().is_some() {
-        let shim = load_shim();
-        let mut fc = FakeContext::new(counting_post_send);
-        // SAFETY: the stub returns the fake context.
-        let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
-        let mut q = fake_qp(ctx);
-        // SAFETY: fork in a process whose other threads are idle test-harness threads; the
-        // child only exits.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            std::process::exit(0);
-        }
-        let mut status = 0;
-        // SAFETY: valid pid and out-pointer.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        for _ in 0..10 {
-            // SAFETY: fake QP of the patched fake context.
-            unsafe { ibv_post_send(&mut q.qp_base) };
-        }
-        return emit(serde_json::json!({ "child_status": status }));
+        return posts_around_a_fork(0, 0, 10);
     }
     let dir = scratch("fork-idle");
     let out = respawn(
@@ -699,33 +681,40 @@ fn an_idle_fork_child_says_nothing_and_writes_no_stats() {
     );
 }
 
+/// The fork scenarios' child process: opens the fake device, posts `before`, forks a child
+/// that posts `in_child` and calls `exit`, waits for it, posts `after`; emits the child's
+/// status.
+fn posts_around_a_fork(before: usize, in_child: usize, after: usize) {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut q = fake_qp(ctx);
+    let post = |q: &mut ibv_qp_ex, n| {
+        for _ in 0..n {
+            // SAFETY: fake QP of the patched fake context.
+            unsafe { ibv_post_send(&mut q.qp_base) };
+        }
+    };
+    post(&mut q, before);
+    // SAFETY: fork in a process whose other threads are idle test-harness threads; the
+    // child only posts and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        post(&mut q, in_child);
+        std::process::exit(0);
+    }
+    let mut status = 0;
+    // SAFETY: valid pid and out-pointer.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    post(&mut q, after);
+    emit(serde_json::json!({ "child_status": status }))
+}
+
 #[test]
 fn forked_child_gets_fresh_stream_and_own_counts() {
     if child_scenario().is_some() {
-        let shim = load_shim();
-        let mut fc = FakeContext::new(counting_post_send);
-        // SAFETY: the stub returns the fake context.
-        let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
-        let mut q = fake_qp(ctx);
-        let post = |q: &mut ibv_qp_ex, n| {
-            for _ in 0..n {
-                // SAFETY: fake QP of the patched fake context.
-                unsafe { ibv_post_send(&mut q.qp_base) };
-            }
-        };
-        post(&mut q, 100);
-        // SAFETY: fork in a process whose other threads are idle test-harness threads; the
-        // child only posts and exits.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            post(&mut q, 30);
-            std::process::exit(0);
-        }
-        let mut status = 0;
-        // SAFETY: valid pid and out-pointer.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        post(&mut q, 100);
-        return emit(serde_json::json!({ "child_status": status }));
+        return posts_around_a_fork(100, 30, 100);
     }
     let dir = scratch("fork");
     let out = respawn(

@@ -782,31 +782,23 @@ fn under_file_size_limit(posts: u64, end: &str) -> Command {
 #[test]
 fn a_file_size_limit_leaves_the_stats_empty_and_said_never_a_killed_program() {
     let dir = scratch("file-size-limit");
-    let stats = dir.join("exit.json");
-    let r = run(under_file_size_limit(1000, "exit").env("IBJITTER_STATS", &stats));
-    assert!(r.status.success(), "{:?}: {}", r.status, r.stderr);
-    assert!(r.stdout.contains("posted 1000"), "{}", r.stdout);
-    let w = warnings(&r.stderr);
-    assert!(
-        w.len() == 1 && w[0].contains("cannot write stats file") && w[0].contains("left empty"),
-        "{}",
-        r.stderr
-    );
-    assert_eq!(std::fs::metadata(&stats).unwrap().len(), 0);
-    let stats = dir.join("term.json");
-    let r = run(under_file_size_limit(1000, "term").env("IBJITTER_STATS", &stats));
-    assert_eq!(
-        r.status.signal(),
-        Some(libc::SIGTERM),
-        "{:?}: {}",
-        r.status,
-        r.stderr
-    );
-    let w = warnings(&r.stderr);
-    assert!(
-        w.len() == 1 && w[0].contains("(at a signal)") && w[0].contains("left empty"),
-        "{}",
-        r.stderr
-    );
-    assert_eq!(std::fs::metadata(&stats).unwrap().len(), 0);
+    for (end, said) in [
+        ("exit", "cannot write stats file"),
+        ("term", "(at a signal)"),
+    ] {
+        let stats = dir.join(format!("{end}.json"));
+        let r = run(under_file_size_limit(1000, end).env("IBJITTER_STATS", &stats));
+        let ended_as_asked = match end {
+            "exit" => r.status.success() && r.stdout.contains("posted 1000"),
+            _ => r.status.signal() == Some(libc::SIGTERM),
+        };
+        assert!(ended_as_asked, "{end}: {:?}: {}", r.status, r.stderr);
+        let w = warnings(&r.stderr);
+        assert!(
+            w.len() == 1 && w[0].contains(said) && w[0].contains("left empty"),
+            "{end}: {}",
+            r.stderr
+        );
+        assert_eq!(std::fs::metadata(&stats).unwrap().len(), 0, "{end}");
+    }
 }
