@@ -96,12 +96,10 @@ fn finish(mut child: Child, what: &str, limit: Duration) -> Ran {
         .unwrap()
         .read_to_string(&mut stdout)
         .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    // None when the caller gave stderr elsewhere.
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut stderr).unwrap();
+    }
     Ran {
         status,
         stdout,
@@ -704,8 +702,8 @@ print("sigwait got", got.si_signo if got else None, flush=True)
 }
 
 /// Runs `cmd` with stderr a pipe whose reader is already gone (a harness that closed it, a
-/// logger that died), at most 10 s: its exit status and stdout.
-fn run_with_stderr_unread(cmd: &mut Command) -> (ExitStatus, String) {
+/// logger that died), at most 10 s.
+fn run_with_stderr_unread(cmd: &mut Command) -> Ran {
     let mut fds = [0; 2];
     // SAFETY: a pipe of our own; its read end closed at once.
     let write_end = unsafe {
@@ -713,28 +711,13 @@ fn run_with_stderr_unread(cmd: &mut Command) -> (ExitStatus, String) {
         libc::close(fds[0]);
         <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[1])
     };
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(write_end))
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "{cmd:?} hung");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    (status, stdout)
+    finish(child, &format!("{cmd:?}"), Duration::from_secs(10))
 }
 
 /// A program whose stderr is a pipe nobody reads, and which never writes there itself, is
@@ -745,23 +728,23 @@ fn run_with_stderr_unread(cmd: &mut Command) -> (ExitStatus, String) {
 fn a_stderr_nobody_reads_never_kills_the_program() {
     let dir = scratch("stderr-unread");
     let stats = dir.join("stats.json");
-    let (status, stdout) =
-        run_with_stderr_unread(driver(0, 10, "exit").env("IBJITTER_STATS", &stats));
-    assert!(status.success(), "{status:?}, stdout {stdout:?}");
-    assert!(stdout.contains("posted 10"), "{stdout}");
+    let r = run_with_stderr_unread(driver(0, 10, "exit").env("IBJITTER_STATS", &stats));
+    assert!(r.status.success(), "{:?}, stdout {:?}", r.status, r.stdout);
+    assert!(r.stdout.contains("posted 10"), "{}", r.stdout);
     assert_eq!(read_json(&stats)["posts_total"], 10);
     // Ended by SIGTERM with a stats path the signal-time writer refuses (a FIFO): its
     // warning goes to the unread pipe, and the program still ends by SIGTERM, not SIGPIPE.
     let fifo = dir.join("fifo.json");
     mkfifo(&fifo);
-    let (status, stdout) =
-        run_with_stderr_unread(driver(0, 10, "term").env("IBJITTER_STATS", &fifo));
+    let r = run_with_stderr_unread(driver(0, 10, "term").env("IBJITTER_STATS", &fifo));
     assert_eq!(
-        status.signal(),
+        r.status.signal(),
         Some(libc::SIGTERM),
-        "{status:?}, {stdout:?}"
+        "{:?}, {:?}",
+        r.status,
+        r.stdout
     );
-    assert!(stdout.contains("posted 10"), "{stdout}");
+    assert!(r.stdout.contains("posted 10"), "{}", r.stdout);
 }
 
 /// `driver(0, posts, end)` run by `sh` under `ulimit -f 1` (a file-size limit of 512 or 1024
