@@ -812,6 +812,100 @@ fn direct_child() {
     );
 }
 
+/// The "direct-order" child, its timer thread starved and every provider call 400 us: posts
+/// request 0 on QP A, is busy 200 us, then request 1 of 17 scatter entries on QP B, which
+/// waits 300 us in place and hands request 0 over meanwhile (a call that runs past its own
+/// due time); during that call another thread (on the other CPU) posts request 2 on QP B,
+/// due before the call ends. Then polls until all three were seen.
+fn direct_order_child() {
+    let shim = load_child_shim();
+    let mut fc = FakeContext::new(provider_post_send);
+    fc.set_poll_cq(empty_poll_cq);
+    let (ctx, _q, qp_a) = open_and_create_qp(&shim, &mut fc);
+    let mut q2 = fake_qp(ctx);
+    let q2x: *mut ibv_qp_ex = &mut *q2;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp_b = unsafe { (shim.create_qp)(q2x as *mut _, std::ptr::null_mut()) } as usize;
+    // The other thread starts first, on CPU 1 (the main thread is pinned to CPU 0 below), and
+    // spins there until it is told when request 1 was posted.
+    static SECOND_POSTED: AtomicU64 = AtomicU64::new(0);
+    let other = std::thread::spawn(move || {
+        // SAFETY: plain affinity call on this thread: off the CPU the main thread spins on.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(1, &mut set);
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+        }
+        let t1 = loop {
+            match SECOND_POSTED.load(Acquire) {
+                0 => std::hint::spin_loop(),
+                t => break t,
+            }
+        };
+        // Inside the hand-over's provider call (t1 + 100 .. 500 us): due at t1 + 450 us.
+        busy_until(t1 + 150_000);
+        let byte = [9u8; 8];
+        let mut sge = byte_sge(&byte);
+        let mut third = inline_send(2, &mut sge);
+        let before = now_ns();
+        post_send(qp_b as *mut ibv_qp, &mut third);
+        (before, now_ns())
+    });
+    starve_the_timer_thread();
+    PROVIDER_NS.store(400_000, Relaxed);
+    let byte = [7u8; 8];
+    let mut sge = byte_sge(&byte);
+    let mut first = inline_send(0, &mut sge);
+    post_send(qp_a, &mut first);
+    busy_until(now_ns() + 200_000);
+    let mut many = [byte_sge(&byte); 17];
+    let mut second = inline_send(1, &mut many[0]);
+    second.num_sge = 17;
+    second.send_flags = 0;
+    let t1 = now_ns();
+    SECOND_POSTED.store(t1, Release);
+    post_send(qp_b as *mut ibv_qp, &mut second);
+    let third_posted = other.join().unwrap();
+    // SAFETY: all-zero is a valid ibv_cq.
+    let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    cq.context = ctx;
+    // SAFETY: all-zero is a valid ibv_wc array.
+    let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
+    let since = now_ns();
+    while !all_seen_or_timed_out(3, since) {
+        // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
+        unsafe { (*ctx).ops.poll_cq.unwrap()(&mut *cq, 4, wc.as_mut_ptr()) };
+    }
+    let seen = SEEN.lock().unwrap().clone();
+    println!(
+        "RESULT {}",
+        serde_json::json!({ "second_posted": t1, "third_posted": third_posted, "seen": seen })
+    );
+}
+
+/// A post that waits in place hands over what falls due meanwhile, but never its own QP's
+/// later requests: request 2 on QP B, entered by another thread during request 1's wait and
+/// due before the hand-over's slow provider call ends, still reaches the provider after
+/// request 1 (an RC QP keeps its order).
+#[test]
+fn a_post_waiting_in_place_never_hands_over_its_own_qps_later_requests() {
+    if scenario().is_some() {
+        return direct_order_child();
+    }
+    let (r, stderr, s) = {
+        let _one_at_a_time = FULL_NODE.lock().unwrap_or_else(|e| e.into_inner());
+        run(
+            "a_post_waiting_in_place_never_hands_over_its_own_qps_later_requests",
+            "direct-order",
+            &[("IBJITTER_DELAY", "300us")],
+        )
+    };
+    let seen: Vec<(u64, u64)> = serde_json::from_value(r["seen"].clone()).unwrap();
+    eprintln!("{r}; {}", s["line"]);
+    let ids: Vec<u64> = seen.iter().map(|x| x.0).collect();
+    assert_eq!(ids, [0, 1, 2], "{stderr}");
+}
+
 /// On a full node, a request the line cannot copy waits its delay in the posting thread;
 /// what falls due meanwhile on other QPs leaves from that wait, not at the program's next
 /// call (the timer thread gets no core while the thread spins).

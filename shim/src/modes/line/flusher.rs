@@ -221,6 +221,25 @@ pub fn flush_if_due(now: Option<u64>) {
 #[cold]
 #[inline(never)]
 pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
+    flush_before(by, now, u64::MAX)
+}
+
+/// Hands over what is due and due before `ceiling`, when the line is not empty and its
+/// earliest request is due: a post waiting in place for its own due time hands over what
+/// falls due meanwhile, but never a request due after its own (its QP's later ones, which
+/// must leave after it).
+#[inline]
+pub fn flush_if_due_before(now: u64, ceiling: u64) {
+    let next = NEXT_DUE.load(Acquire);
+    if next != u64::MAX && now >= next && next < ceiling {
+        flush_before(&BY_PROGRAM, Some(now), ceiling);
+    }
+}
+
+/// [`flush`], handing over only requests due before `ceiling`.
+#[cold]
+#[inline(never)]
+fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
     let Some(line) = lanes::line() else {
         return false;
     };
@@ -246,7 +265,7 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
         while let Some(&std::cmp::Reverse((due, i))) = f.heap.peek() {
             // `now` is the caller's reading or the latest provider call's return: a request
             // that fell due since leaves at the next call (no second clock read here).
-            if due > now {
+            if due > now || due >= ceiling {
                 break;
             }
             f.heap.pop();

@@ -299,15 +299,16 @@ unsafe fn direct(
 
 /// Waits in place until the clock reads `until` (units), handing over what falls due
 /// meanwhile: on a full node the timer thread gets no core while this thread spins, and
-/// other QPs' requests would wait for the program's next call. Nothing of this request's
-/// QP falls due before `until` (its later requests are due after it).
+/// other QPs' requests would wait for the program's next call. Only what is due before
+/// `until`: this request's QP's later requests (another thread's, a handler's) are due after
+/// it and must leave after it, even if a provider call of the hand-over runs past `until`.
 fn wait_handing_over(until: u64) {
     loop {
         let now = now_units();
         if now >= until {
             return;
         }
-        flusher::flush_if_due(Some(now));
+        flusher::flush_if_due_before(now, until);
         std::hint::spin_loop();
     }
 }
@@ -366,12 +367,16 @@ pub fn drain(limit_ns: u64) -> u64 {
         std::thread::sleep(std::time::Duration::from_micros(100));
     }
     let left = in_line();
+    // All three each time: an exec's drain that left some, then a failed exec and an exit
+    // that leaves none, must not keep the first one's draws.
+    let (draws, ns) = if left > 0 {
+        flusher::undelivered_draws()
+    } else {
+        (0, 0)
+    };
     NOT_DELIVERED.store(left, Relaxed);
-    if left > 0 {
-        let (draws, ns) = flusher::undelivered_draws();
-        NOT_DELIVERED_DRAWS.store(draws, Relaxed);
-        NOT_DELIVERED_NS.store(ns, Relaxed);
-    }
+    NOT_DELIVERED_DRAWS.store(draws, Relaxed);
+    NOT_DELIVERED_NS.store(ns, Relaxed);
     left
 }
 
