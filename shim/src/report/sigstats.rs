@@ -257,7 +257,9 @@ fn write_at_signal(sig: c_int, ends: bool) {
             FINAL.store(true, SeqCst);
         }
         // Past `ulimit -f` the write fails (EFBIG) instead of SIGXFSZ killing the process.
-        crate::sys::quiet::without(libc::SIGXFSZ, || write_document(sig));
+        crate::sys::quiet::without(libc::SIGXFSZ, |raised| {
+            *raised = write_document(sig) == libc::EFBIG;
+        });
     }
     WRITER.store(0, SeqCst);
 }
@@ -352,15 +354,19 @@ impl Out {
     }
 }
 
-fn write_document(sig: c_int) {
+/// Writes the stats document; returns the errno of a write that failed (0: none).
+fn write_document(sig: c_int) -> c_int {
     let path = PATH.load(Acquire);
     if path.is_null() {
-        return;
+        return 0;
     }
     // SAFETY: a NUL-terminated path that is never freed.
     let fd = match unsafe { out_file::open_raw(path) } {
         Ok(fd) => fd,
-        Err(why) => return refuse(path, why),
+        Err(why) => {
+            refuse(path, why);
+            return 0;
+        }
     };
     // SAFETY: this thread holds WRITER; no other Out.
     let mut o = unsafe { Out::new(fd) };
@@ -436,6 +442,7 @@ fn write_document(sig: c_int) {
     if failed != 0 {
         refuse(path, out_file::Refused::Write(failed));
     }
+    failed
 }
 
 /// Says on stderr why the file at `path` was not written (one write, async-signal-safe), once

@@ -23,7 +23,10 @@ pub fn arm() {
         return;
     }
     let pid = std::process::id();
-    match ctl::create(pid) {
+    // Reserving the segment's blocks past `ulimit -f` raises SIGXFSZ, whose default action
+    // would end the program at its device open: held off, the creation fails instead.
+    let made = create_without_sigxfsz(pid);
+    match made {
         Ok((server, path)) => {
             let _ = PATH.set(path);
             let _ = threads::spawn("ibjitter-control", move || serve(server));
@@ -39,6 +42,14 @@ pub fn arm() {
 /// Files of processes gone (killed, cancelled, `_exit`ed) that one process start removes at
 /// most: a bounded cost, and each start thins what is left.
 const STALE_SWEPT: usize = 64;
+
+fn create_without_sigxfsz(pid: u32) -> std::io::Result<(Server, PathBuf)> {
+    crate::sys::quiet::without(libc::SIGXFSZ, |raised| {
+        let r = ctl::create(pid);
+        *raised = r.is_err();
+        r
+    })
+}
 
 fn serve(server: Server) {
     // On this thread, not the program's: its device open does not wait for it.

@@ -258,8 +258,10 @@ fn write_trace() {
     }
     let path = path_for(pattern);
     // Past `ulimit -f` the write fails instead of SIGXFSZ killing the process at its exit.
-    let written = crate::sys::quiet::without(libc::SIGXFSZ, || {
-        trace::write(&path, &d.values, l.settings.unit.name())
+    let written = crate::sys::quiet::without(libc::SIGXFSZ, |raised| {
+        let r = trace::write(&path, &d.values, l.settings.unit.name());
+        *raised = matches!(&r, Err(e) if e.raw_os_error() == Some(libc::EFBIG));
+        r
     });
     if let Err(e) = written {
         say::warn(&format!("cannot write trace file {path}: {e}"));

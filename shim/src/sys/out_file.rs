@@ -132,11 +132,13 @@ fn refuse_unfit(st: &libc::stat) -> Result<(), Refused> {
 pub fn write_whole(path: &str, text: &[u8]) -> Result<(), Refused> {
     use std::io::Write;
     let mut f = create(path)?;
-    super::quiet::without(libc::SIGXFSZ, || match f.write_all(text) {
+    super::quiet::without(libc::SIGXFSZ, |raised| match f.write_all(text) {
         Ok(()) => Ok(()),
         Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            *raised = errno == libc::EFBIG;
             let _ = f.set_len(0);
-            Err(Refused::Write(e.raw_os_error().unwrap_or(libc::EIO)))
+            Err(Refused::Write(errno))
         }
     })
 }

@@ -3,11 +3,14 @@
 //! stderr and its output files inside other people's programs, which asked for neither.
 use std::ffi::c_int;
 
-/// Runs `f` with `sig` blocked in this thread; a `sig` that became pending meanwhile (the
-/// write's own, not one pending before) is taken back before the mask is restored, so the
-/// write fails with its errno (`EPIPE`, `EFBIG`) instead. Async-signal-safe: mask and
-/// pending-set calls and a zero-timeout `sigtimedwait`, no allocation.
-pub fn without<T>(sig: c_int, f: impl FnOnce() -> T) -> T {
+/// Runs `f` with `sig` blocked in this thread. `f` says, through its flag, whether its write
+/// failed with the errno that comes with `sig` (`EPIPE`, `EFBIG`): then the `sig` that write
+/// raised is taken back before the mask is restored, unless one was pending before (the
+/// program's, which it gets as it would have). A `sig` sent meanwhile by someone else, with
+/// the write succeeding, stays pending for the program. Async-signal-safe: mask and
+/// pending-set calls and a zero-timeout `sigtimedwait` (which takes a thread-directed signal,
+/// the write's, before a process-directed one), no allocation.
+pub fn without<T>(sig: c_int, f: impl FnOnce(&mut bool) -> T) -> T {
     // SAFETY: signal-set and mask calls on local sets.
     unsafe {
         let mut one: libc::sigset_t = std::mem::zeroed();
@@ -16,9 +19,10 @@ pub fn without<T>(sig: c_int, f: impl FnOnce() -> T) -> T {
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::pthread_sigmask(libc::SIG_BLOCK, &one, &mut old);
         let was_pending = pending(sig);
-        let r = f();
+        let mut raised = false;
+        let r = f(&mut raised);
         let errno = *libc::__errno_location();
-        if !was_pending && pending(sig) {
+        if raised && !was_pending && pending(sig) {
             let now = libc::timespec {
                 tv_sec: 0,
                 tv_nsec: 0,

@@ -71,8 +71,11 @@ fn write_parts([prefix, msg]: &[&str; 2]) {
 /// handler, before its stats are written ([`quiet::without`]). Async-signal-safe: no
 /// allocation, no lock. Returns what `writev` returned.
 pub fn write_to_stderr(parts: &[libc::iovec]) -> isize {
-    quiet::without(libc::SIGPIPE, || {
+    quiet::without(libc::SIGPIPE, |raised| {
         // SAFETY: the caller's buffers, valid for their lengths.
-        unsafe { libc::writev(2, parts.as_ptr(), parts.len() as libc::c_int) }
+        let n = unsafe { libc::writev(2, parts.as_ptr(), parts.len() as libc::c_int) };
+        // SAFETY: errno is thread-local and always readable.
+        *raised = n < 0 && unsafe { *libc::__errno_location() } == libc::EPIPE;
+        n
     })
 }
