@@ -402,9 +402,10 @@ fn files_of_killed_processes_are_removed_by_the_next_one() {
     if !private() {
         return in_private_shm(NAME, "4m");
     }
-    let (mut live, live_pid) = spawn_child(NAME, "hold", 5000);
+    // Killed at the end: it must outlive the rest of the test, however slow the runner.
+    let (mut live, live_pid) = spawn_child(NAME, "hold", 60_000);
     // All started before any is killed: each one's start sweeps the others' files.
-    let children: Vec<(Child, u32)> = (0..10).map(|_| spawn_child(NAME, "hold", 5000)).collect();
+    let children: Vec<(Child, u32)> = (0..10).map(|_| spawn_child(NAME, "hold", 60_000)).collect();
     // An answer means its control thread is serving: its sweep, which comes first, is done.
     for (_, pid) in &children {
         ctl::send(*pid, Request::Status, "", Duration::from_secs(5)).unwrap();
@@ -418,7 +419,18 @@ fn files_of_killed_processes_are_removed_by_the_next_one() {
     for pid in &killed {
         assert!(ctl::path(*pid).exists(), "a killed process's file stays");
     }
+    // One as the previous layout left it (a process killed before an upgrade).
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(ctl::path(killed[0]))
+            .unwrap();
+        f.write_all_at(b"IBJCTL02", 0).unwrap();
+    }
     let (next, next_pid) = spawn_child(NAME, "hold", 300);
+    // Its answer means its sweep, which comes before, is done.
+    ctl::send(next_pid, Request::Status, "", Duration::from_secs(5)).unwrap();
     let (status, _, lines) = finish(next);
     assert!(status.success(), "{lines:?}");
     let left: Vec<u32> = ctl::listed();

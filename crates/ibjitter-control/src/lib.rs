@@ -34,6 +34,8 @@ const MAGIC_FAMILY: &[u8; 6] = b"IBJCTL";
 pub const POLL_MS: u64 = 10;
 /// The longest the process's control thread sleeps unwoken (its heartbeat's longest gap).
 pub const IDLE_WAKE_MS: u64 = 1000;
+/// A client waiting for an answer or a heartbeat wakes the thread again this often.
+const WAKE_AGAIN_MS: u64 = 20;
 /// A heartbeat that has not moved for this many polls: nobody serves the segment.
 pub const SILENT_POLLS: u64 = 10;
 /// Bytes of text each way (the settings of a `set`, the answer's message, the table's name),
@@ -343,13 +345,15 @@ pub fn create(pid: u32) -> std::io::Result<(Server, PathBuf)> {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
+    // The FIFO first: a client that finds the segment finds the FIFO it wakes.
+    let wake = make_wake_fifo(pid);
     let p = path(pid);
     std::fs::rename(&tmp, &p)?;
     Ok((
         Server {
             file,
             pid: u64::from(pid),
-            wake: make_wake_fifo(pid),
+            wake,
         },
         p,
     ))
@@ -611,10 +615,15 @@ impl Client {
         if beat != 0 && monotonic_ns().saturating_sub(beat) <= silent.as_nanos() as u64 {
             return true;
         }
-        // An idle thread sleeps up to IDLE_WAKE_MS: woken, it stamps at once.
-        wake(self.pid);
+        // An idle thread sleeps up to IDLE_WAKE_MS: woken, it stamps at once (woken again
+        // every WAKE_AGAIN_MS: a wake-up is never lost, but costs nothing to repeat).
         let t0 = Instant::now();
+        let mut woken = None::<Instant>;
         while t0.elapsed() < silent {
+            if woken.is_none_or(|w| w.elapsed() >= Duration::from_millis(WAKE_AGAIN_MS)) {
+                wake(self.pid);
+                woken = Some(Instant::now());
+            }
             std::thread::sleep(Duration::from_millis(1));
             match read(&self.file) {
                 Ok(Some(s)) if s.heartbeat_ns != beat => return true,
@@ -686,9 +695,11 @@ pub fn listed() -> Vec<u32> {
 /// segment says it was made in this namespace by a process that is not there any more. The
 /// directory is not checked here: [`create`] just did.
 pub fn remove_stale(limit: usize) -> usize {
-    let mut removed = 0;
+    let (mut removed, mut opened) = (0, 0);
     for pid in listed() {
-        if removed >= limit {
+        // Bounded work too: files it cannot remove (another namespace's) are opened again at
+        // each start.
+        if removed >= limit || opened >= 4 * limit {
             break;
         }
         let Ok(p) = libc::pid_t::try_from(pid) else {
@@ -701,14 +712,43 @@ pub fn remove_stale(limit: usize) -> usize {
         if std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
             continue;
         }
-        if let Err(OpenError::Stale) = open_path(&path(pid), pid) {
-            if std::fs::remove_file(path(pid)).is_ok() {
-                let _ = std::fs::remove_file(wake_path(pid));
-                removed += 1;
-            }
+        opened += 1;
+        let stale = match open_path(&path(pid), pid) {
+            Err(OpenError::Stale) => true,
+            // The previous layout keeps the same record of its maker: a killed process's file
+            // from before an upgrade goes too.
+            Err(OpenError::OtherVersion(m)) if m == "IBJCTL02" => stale_02(pid),
+            _ => false,
+        };
+        if stale && std::fs::remove_file(path(pid)).is_ok() {
+            let _ = std::fs::remove_file(wake_path(pid));
+            removed += 1;
         }
     }
     removed
+}
+
+/// Whether the IBJCTL02 segment of `pid` was made in this pid namespace by a process that is
+/// gone (02's pid, start time and namespace fields are where 03 has them).
+fn stale_02(pid: u32) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(f) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path(pid))
+    else {
+        return false;
+    };
+    let Ok(Some(s)) = read(&f) else {
+        return false;
+    };
+    if s.pid != u64::from(pid) || s.pid_ns == 0 || pid_ns() != Some(s.pid_ns) {
+        return false;
+    }
+    match proc_start_time(pid) {
+        Ok(t) => t != s.start_time,
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
 }
 
 /// What one process answered.
@@ -756,6 +796,7 @@ pub fn send(
     let request = s.request;
     write(&c.file, &s, field!(request)).map_err(io)?;
     wake(pid);
+    let mut woken = Instant::now();
     // The heartbeat must keep moving while we wait: a process that stops serving is said at
     // once, not after the whole timeout.
     let (mut beat, mut beat_seen) = (now.heartbeat_ns, Instant::now());
@@ -775,6 +816,10 @@ pub fn send(
                 sum_ns: s.sum_ns,
                 applied_after: Duration::from_nanos(s.applied_ns.saturating_sub(t0)),
             });
+        }
+        if woken.elapsed() >= Duration::from_millis(WAKE_AGAIN_MS) {
+            wake(pid);
+            woken = Instant::now();
         }
         if s.heartbeat_ns != beat {
             (beat, beat_seen) = (s.heartbeat_ns, Instant::now());
