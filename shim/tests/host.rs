@@ -44,13 +44,7 @@ struct ChildOut {
 /// make the shim name its stats file by pid) out of `cmd`'s environment.
 fn without_ibjitter_env(cmd: &mut Command) {
     for (k, _) in std::env::vars() {
-        let rank_var = [
-            "OMPI_COMM_WORLD_RANK",
-            "PMI_RANK",
-            "PMIX_RANK",
-            "SLURM_PROCID",
-        ];
-        if k.starts_with("IBJITTER_") || rank_var.contains(&k.as_str()) {
+        if k.starts_with("IBJITTER_") || LAUNCHER_RANK_ENV.contains(&k.as_str()) {
             cmd.env_remove(k);
         }
     }

@@ -125,7 +125,7 @@ impl SetArgs {
     }
 }
 
-/// How long a process has to answer (it polls every 10 ms).
+/// How long a process has to answer (its control thread is woken at once).
 const TIMEOUT: Duration = Duration::from_secs(2);
 
 pub fn run(args: InjectArgs) -> i32 {

@@ -221,7 +221,7 @@ fn owned_by_study(name: &str) -> Option<&'static str> {
         }
         "IBJITTER_SEED" => Some("a seed per run, from --seed, so that the study repeats"),
         "IBJITTER_STATS" => Some(
-            "what each run injected is read from its own stats files, DIR/runs/NNNN.stats.PID.json",
+            "what each run injected is read from its own stats files, DIR/runs/NNNN.stats.HOST.PID.json",
         ),
         _ => None,
     }

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicPtr, Ordering::*};
 /// The `IBJITTER_STATS` pattern, readable without a lock (a fork child needs it).
 static PATTERN: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
 /// Set by the first process that loads the shim with a `%p`-less `IBJITTER_STATS`, inherited
-/// by everything it execs: those write `NAME.<pid>.EXT`, never over the owner's file.
+/// by everything it execs: those write `NAME.<host>.<pid>.EXT`, never over the owner's file.
 const OWNER_VAR: &str = "IBJITTER_STATS_OWNER";
 
 /// The load constructor's work: libc's `dlsym` first (before anything may look a symbol up

@@ -370,13 +370,7 @@ pub fn child_command(
     };
     cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
     for (k, _) in std::env::vars() {
-        let rank = [
-            "OMPI_COMM_WORLD_RANK",
-            "PMI_RANK",
-            "PMIX_RANK",
-            "SLURM_PROCID",
-        ];
-        if k.starts_with("IBJITTER_") || rank.contains(&k.as_str()) {
+        if k.starts_with("IBJITTER_") || LAUNCHER_RANK_ENV.contains(&k.as_str()) {
             cmd.env_remove(k);
         }
     }
@@ -407,3 +401,17 @@ pub fn host_name() -> String {
     let end = buf.iter().position(|&b| b == 0).unwrap();
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
+
+/// The launcher variables the shim reads a rank from (and torchrun's mark): a test run
+/// inside an MPI, Slurm or torchrun job leaves them out of its children's environment, which
+/// would otherwise name their stats files by host and pid and draw per-rank seeds.
+pub const LAUNCHER_RANK_ENV: [&str; 8] = [
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "MV2_COMM_WORLD_RANK",
+    "SLURM_PROCID",
+    "RANK",
+    "TORCHELASTIC_RUN_ID",
+    "LOCAL_RANK",
+];
