@@ -650,22 +650,31 @@ fn injected_distribution_matches_the_table() {
 }
 
 /// A fork child that uses no verbs itself (a helper forked to run a command, Python's
-/// `os.fork()`) and calls `exit`: it says nothing and writes no stats file. Before, it wrote
-/// one with `nothing_delayed` set and warned that libibverbs was loaded but no device opened
-/// through the hooks (the parent's device files, open in it, taken for evidence).
+/// `os.fork()`) and calls `exit`, or is ended by SIGTERM: it says nothing and writes no stats
+/// file. Before, it wrote one with `nothing_delayed` set and warned that libibverbs was loaded
+/// but no device opened through the hooks (the parent's device files, open in it, taken for
+/// evidence); at a SIGTERM the signal-time writer wrote one.
 #[test]
 fn an_idle_fork_child_says_nothing_and_writes_no_stats() {
-    if child_scenario().is_some() {
-        return posts_around_a_fork(0, 0, 10);
+    if let Some(how) = child_scenario() {
+        let end = if how == "fork-idle-term" { -1 } else { 0 };
+        return posts_around_a_fork(0, 0, 10, end);
     }
-    let dir = scratch("fork-idle");
-    let out = respawn(
-        "an_idle_fork_child_says_nothing_and_writes_no_stats",
-        "fork-idle",
-        &[("IBJITTER_DELAY", "100ns".into()), stats_env(&dir)],
-    );
-    assert_eq!(out.result["child_status"], 0);
-    let s = read_stats(&dir);
+    for (how, status) in [("fork-idle", 0), ("fork-idle-term", libc::SIGTERM)] {
+        let dir = scratch(how);
+        let out = respawn(
+            "an_idle_fork_child_says_nothing_and_writes_no_stats",
+            how,
+            &[("IBJITTER_DELAY", "100ns".into()), stats_env(&dir)],
+        );
+        assert_eq!(out.result["child_status"], status, "{how}");
+        idle_fork_left_one_file(&dir, &out);
+    }
+}
+
+/// The parent's stats file only, and no warning.
+fn idle_fork_left_one_file(dir: &Path, out: &ChildOut) {
+    let s = read_stats(dir);
     assert_eq!(s.len(), 1, "the parent's file only: {s:?}");
     assert_eq!(s[0]["posts_total"], 10);
     assert!(
@@ -676,9 +685,9 @@ fn an_idle_fork_child_says_nothing_and_writes_no_stats() {
 }
 
 /// The fork scenarios' child process: opens the fake device, posts `before`, forks a child
-/// that posts `in_child` and calls `exit`, waits for it, posts `after`; emits the child's
-/// status.
-fn posts_around_a_fork(before: usize, in_child: usize, after: usize) {
+/// that posts `in_child` and calls `exit(end)` (`end` < 0: raises SIGTERM instead, the shim's
+/// handler inherited), waits for it, posts `after`; emits the child's wait status.
+fn posts_around_a_fork(before: usize, in_child: usize, after: usize, end: i32) {
     let shim = load_shim();
     let mut fc = FakeContext::new(counting_post_send);
     // SAFETY: the stub returns the fake context.
@@ -696,7 +705,11 @@ fn posts_around_a_fork(before: usize, in_child: usize, after: usize) {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         post(&mut q, in_child);
-        std::process::exit(0);
+        if end < 0 {
+            // SAFETY: raise has no preconditions; the default action ends the child.
+            unsafe { libc::raise(libc::SIGTERM) };
+        }
+        std::process::exit(end.max(0));
     }
     let mut status = 0;
     // SAFETY: valid pid and out-pointer.
@@ -708,7 +721,7 @@ fn posts_around_a_fork(before: usize, in_child: usize, after: usize) {
 #[test]
 fn forked_child_gets_fresh_stream_and_own_counts() {
     if child_scenario().is_some() {
-        return posts_around_a_fork(100, 30, 100);
+        return posts_around_a_fork(100, 30, 100, 0);
     }
     let dir = scratch("fork");
     let out = respawn(
