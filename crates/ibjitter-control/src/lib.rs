@@ -589,16 +589,10 @@ pub fn open_path(p: &Path, pid: u32) -> Result<Client, OpenError> {
         Some(s) if meta.len() == SIZE as u64 && s.pid == u64::from(pid) => s,
         _ => return Err(OpenError::Foreign),
     };
-    // Stale only when this pid namespace proves the process is not the one that made it.
-    let here = pid_ns();
-    if s.pid_ns == 0 || here != Some(s.pid_ns) {
-        return Err(OpenError::Unreachable);
-    }
-    match proc_start_time(pid) {
-        Ok(t) if t == s.start_time => {}
-        Ok(_) => return Err(OpenError::Stale),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Stale),
-        Err(_) => return Err(OpenError::Unreachable),
+    match maker_gone(&s, pid) {
+        Some(false) => {}
+        Some(true) => return Err(OpenError::Stale),
+        None => return Err(OpenError::Unreachable),
     }
     let c = Client { pid, file };
     if !c.serving(s.heartbeat_ns) {
@@ -742,12 +736,20 @@ fn stale_02(pid: u32) -> bool {
     let Ok(Some(s)) = read(&f) else {
         return false;
     };
-    if s.pid != u64::from(pid) || s.pid_ns == 0 || pid_ns() != Some(s.pid_ns) {
-        return false;
+    s.pid == u64::from(pid) && maker_gone(&s, pid) == Some(true)
+}
+
+/// Whether the process that made segment `s` (of `pid`) is gone, as this pid namespace proves
+/// (its pid is no process, or one started at another time); None when this namespace cannot
+/// tell (the segment was made in another, or `/proc` does not say).
+fn maker_gone(s: &Segment, pid: u32) -> Option<bool> {
+    if s.pid_ns == 0 || pid_ns() != Some(s.pid_ns) {
+        return None;
     }
     match proc_start_time(pid) {
-        Ok(t) => t != s.start_time,
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        Ok(t) => Some(t != s.start_time),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(true),
+        Err(_) => None,
     }
 }
 
