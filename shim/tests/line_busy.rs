@@ -768,6 +768,37 @@ fn requests_of_a_program_gone_quiet_leave_on_time() {
     assert!(wakeups >= 20 && cpu > 0 && cpu <= alive, "{t}");
 }
 
+/// A second fake QP on `ctx`, made through the shim (kept alive by the caller), and the QP.
+fn another_qp(shim: &Shim, ctx: *mut ibv_context) -> (Box<ibv_qp_ex>, *mut ibv_qp) {
+    let mut q = fake_qp(ctx);
+    let qx: *mut ibv_qp_ex = &mut *q;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(qx as *mut _, std::ptr::null_mut()) };
+    (q, qp)
+}
+
+/// A SEND of 17 scatter entries, one more than a slot of the line holds (`wr_id` `k`).
+fn uncopyable_send(k: u64, list: &mut [ibv_sge; 17]) -> ibv_send_wr {
+    let mut wr = inline_send(k, &mut list[0]);
+    wr.num_sge = 17;
+    wr.send_flags = 0;
+    wr
+}
+
+/// Polls the patched fake context's CQ until the provider saw `n` requests (or 10 s).
+fn poll_until_seen(ctx: *mut ibv_context, n: u64) {
+    // SAFETY: all-zero is a valid ibv_cq and ibv_wc array.
+    let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    cq.context = ctx;
+    // SAFETY: as above.
+    let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
+    let since = now_ns();
+    while !all_seen_or_timed_out(n, since) {
+        // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
+        unsafe { (*ctx).ops.poll_cq.unwrap()(&mut *cq, 4, wc.as_mut_ptr()) };
+    }
+}
+
 /// The "direct" child, its timer thread starved (a full node): posts request 0 on one QP,
 /// is busy 100 us, posts request 1 of 17 scatter entries (more than a slot holds: it waits
 /// its delay in the posting thread) on a second QP, then is busy 20 ms without a call into
@@ -778,18 +809,13 @@ fn direct_child() {
     let mut fc = FakeContext::new(provider_post_send);
     fc.set_poll_cq(empty_poll_cq);
     let (ctx, _q, qp) = open_and_create_qp(&shim, &mut fc);
-    let mut q2 = fake_qp(ctx);
-    let q2x: *mut ibv_qp_ex = &mut *q2;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp2 = unsafe { (shim.create_qp)(q2x as *mut _, std::ptr::null_mut()) };
+    let (_q2, qp2) = another_qp(&shim, ctx);
     starve_the_timer_thread();
     let byte = [7u8; 8];
     let mut sge = byte_sge(&byte);
     let mut first = inline_send(0, &mut sge);
     let mut many = [byte_sge(&byte); 17];
-    let mut second = inline_send(1, &mut many[0]);
-    second.num_sge = 17;
-    second.send_flags = 0;
+    let mut second = uncopyable_send(1, &mut many);
     let t0 = now_ns();
     post_send(qp, &mut first);
     busy_until(now_ns() + 100_000);
@@ -797,14 +823,7 @@ fn direct_child() {
     post_send(qp2, &mut second);
     let returned = now_ns();
     busy_until(now_ns() + 20_000_000);
-    let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
-    cq.context = ctx;
-    let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
-    let since = now_ns();
-    while !all_seen_or_timed_out(2, since) {
-        // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
-        unsafe { (*ctx).ops.poll_cq.unwrap()(&mut *cq, 4, wc.as_mut_ptr()) };
-    }
+    poll_until_seen(ctx, 2);
     let seen = SEEN.lock().unwrap().clone();
     println!(
         "RESULT {}",
@@ -822,10 +841,8 @@ fn direct_order_child() {
     let mut fc = FakeContext::new(provider_post_send);
     fc.set_poll_cq(empty_poll_cq);
     let (ctx, _q, qp_a) = open_and_create_qp(&shim, &mut fc);
-    let mut q2 = fake_qp(ctx);
-    let q2x: *mut ibv_qp_ex = &mut *q2;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp_b = unsafe { (shim.create_qp)(q2x as *mut _, std::ptr::null_mut()) } as usize;
+    let (_q2, qp_b) = another_qp(&shim, ctx);
+    let qp_b = qp_b as usize;
     // The other thread starts first, on CPU 1 (the main thread is pinned to CPU 0 below), and
     // spins there until it is told when request 1 was posted.
     static SECOND_POSTED: AtomicU64 = AtomicU64::new(0);
@@ -859,23 +876,12 @@ fn direct_order_child() {
     post_send(qp_a, &mut first);
     busy_until(now_ns() + 200_000);
     let mut many = [byte_sge(&byte); 17];
-    let mut second = inline_send(1, &mut many[0]);
-    second.num_sge = 17;
-    second.send_flags = 0;
+    let mut second = uncopyable_send(1, &mut many);
     let t1 = now_ns();
     SECOND_POSTED.store(t1, Release);
     post_send(qp_b as *mut ibv_qp, &mut second);
     let third_posted = other.join().unwrap();
-    // SAFETY: all-zero is a valid ibv_cq.
-    let mut cq: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
-    cq.context = ctx;
-    // SAFETY: all-zero is a valid ibv_wc array.
-    let mut wc: [ibv_wc; 4] = unsafe { std::mem::zeroed() };
-    let since = now_ns();
-    while !all_seen_or_timed_out(3, since) {
-        // SAFETY: as verbs.h's inline ibv_poll_cq, on the patched fake context.
-        unsafe { (*ctx).ops.poll_cq.unwrap()(&mut *cq, 4, wc.as_mut_ptr()) };
-    }
+    poll_until_seen(ctx, 3);
     let seen = SEEN.lock().unwrap().clone();
     println!(
         "RESULT {}",
