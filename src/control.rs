@@ -38,15 +38,15 @@ pub fn targets(pids: &[u32], all: bool) -> Result<Found, String> {
         Err(e) => return Err(format!("{}: {e:?}", ctl::dir().display())),
     }
     let mut found = Found::default();
-    for pid in ctl::listed() {
-        match ctl::open(pid) {
-            Ok(_) => found.live.push(pid),
+    for f in ctl::listed() {
+        match ctl::open_path(&f.path, f.pid) {
+            Ok(_) => found.live.push(f.pid),
             Err(OpenError::Stale) => {
-                ctl::remove(pid);
-                found.removed.push(pid);
+                ctl::remove_path(&f.path);
+                found.removed.push(f.pid);
             }
             Err(OpenError::Missing) => {}
-            Err(e) => found.skipped.push((pid, e.describe(pid))),
+            Err(e) => found.skipped.push((f.pid, e.describe_file(&f.path, f.pid))),
         }
     }
     Ok(found)

@@ -278,8 +278,16 @@ fn all_leaves_other_namespaces_and_unserved_files_alone_and_says_so() {
     );
     assert!(!e.contains("removed"), "{e}");
     assert!(
-        ctl::path(inner).exists(),
+        ctl::listed().iter().any(|f| f.pid == inner),
         "the live process's file was removed"
+    );
+    // Addressed by its pid, its file (named by its namespace) is found and said unreachable,
+    // not missing.
+    let (o, _) = inject(&["status", &inner.to_string()]);
+    let e = stderr(&o);
+    assert!(
+        !o.status.success() && e.contains("not reachable from this pid namespace"),
+        "{e}"
     );
     // A file of this process that nobody serves: said without waiting for an answer.
     let me = std::process::id();
@@ -367,7 +375,7 @@ fn all_leaves_the_file_of_a_process_without_proc_alone() {
     );
     assert!(!e.contains("removed"), "{e}");
     assert!(
-        ctl::path(pid).exists(),
+        ctl::listed().iter().any(|f| f.pid == pid),
         "the live process's file was removed"
     );
     drop(other.stdin.take());

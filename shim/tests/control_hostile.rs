@@ -111,7 +111,21 @@ fn child(scenario: &str) {
 
 /// Starts the injected child for `scenario` (from the private copy), returns it and its pid.
 fn spawn_child(test: &str, scenario: &str, hold_ms: u64) -> (Child, u32) {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    spawn_child_under(&[], test, scenario, hold_ms)
+}
+
+/// [`spawn_child`] through the command `under` (e.g. `unshare` and its options); the pid
+/// returned is the one the child says (its own namespace's).
+fn spawn_child_under(under: &[&str], test: &str, scenario: &str, hold_ms: u64) -> (Child, u32) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match under.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
     cmd.env(CHILD, scenario)
         .env("IBJITTER_TEST_HOLD_MS", hold_ms.to_string())
@@ -419,26 +433,69 @@ fn files_of_killed_processes_are_removed_by_the_next_one() {
     for pid in &killed {
         assert!(ctl::path(*pid).exists(), "a killed process's file stays");
     }
-    // One as the previous layout left it (a process killed before an upgrade).
+    // Two as earlier shims left them (processes killed before an upgrade): named by the pid
+    // alone, one of the previous layout.
     {
         use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(ctl::path(killed[0]))
-            .unwrap();
-        f.write_all_at(b"IBJCTL02", 0).unwrap();
+        for (i, pid) in killed[..2].iter().enumerate() {
+            let legacy = ctl::dir().join(pid.to_string());
+            std::fs::rename(ctl::path(*pid), &legacy).unwrap();
+            if i == 0 {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&legacy)
+                    .unwrap();
+                f.write_all_at(b"IBJCTL02", 0).unwrap();
+            }
+        }
     }
     let (next, next_pid) = spawn_child(NAME, "hold", 300);
     // Its answer means its sweep, which comes before, is done.
     ctl::send(next_pid, Request::Status, "", Duration::from_secs(5)).unwrap();
     let (status, _, lines) = finish(next);
     assert!(status.success(), "{lines:?}");
-    let left: Vec<u32> = ctl::listed();
+    let left: Vec<u32> = ctl::listed().iter().map(|f| f.pid).collect();
     assert_eq!(left, [live_pid], "killed {killed:?}, the next {next_pid}");
     let a = ctl::send(live_pid, Request::Status, "", Duration::from_secs(2));
     live.kill().unwrap();
     let _ = live.wait();
     assert!(a.is_ok(), "the live process still answers: {a:?}");
+}
+
+/// Containers that share `/dev/shm` but not a pid namespace (`docker run --ipc=host`, a rank
+/// per container) have the same small pids: each process keeps a file of its own, and one's
+/// exit leaves the other's. Before, both were named `1`: the second replaced the first's
+/// (`ibjitter inject` in the first container found the other's), and the first's exit
+/// removed it.
+#[test]
+fn processes_of_one_pid_in_two_pid_namespaces_keep_their_own_files() {
+    const NAME: &str = "processes_of_one_pid_in_two_pid_namespaces_keep_their_own_files";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "4m");
+    }
+    // Each the first process of a new pid namespace (pid 1), as a container's program.
+    let container = ["unshare", "-p", "-f", "--mount-proc"];
+    let (first, pid_a) = spawn_child_under(&container, NAME, "hold", 400);
+    let (mut second, pid_b) = spawn_child_under(&container, NAME, "hold", 60_000);
+    assert_eq!((pid_a, pid_b), (1, 1));
+    // Both serving: each wrote its segment and woke.
+    let files = ctl::listed();
+    let ours = ctl::pid_ns();
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(
+        files[0].ns != files[1].ns && files.iter().all(|f| f.pid == 1 && f.ns != ours),
+        "{files:?}"
+    );
+    let (status, _, lines) = finish(first);
+    assert!(status.success(), "{lines:?}");
+    let left = ctl::listed();
+    second.kill().unwrap();
+    let _ = second.wait();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(files.contains(&left[0]), "{left:?} of {files:?}");
 }
 
 /// The control thread's voluntary context switches (its wake-ups), from /proc.

@@ -9,7 +9,7 @@ use std::time::Duration;
 #[derive(Args)]
 #[command(
     after_help = "Each process under libibjitter.so that opened an RDMA device serves \
-a control file, /dev/shm/ibjitter.<uid>/<pid> (unless started with IBJITTER_CONTROL=0); its \
+a control file, /dev/shm/ibjitter.<uid>/<pid>.<pid namespace> (unless started with IBJITTER_CONTROL=0); its \
 shim applies a request within about 10 ms, off the post path.\n\n\
 Exit status: 0 every process applied the request; 1 one refused it or could not be reached \
 (with --all: a control file left alone, e.g. of another pid namespace or not served); 2 no \

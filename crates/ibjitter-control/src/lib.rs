@@ -1,6 +1,6 @@
 //! The live-control segment: one small file per injected process,
-//! `/dev/shm/ibjitter.<uid>/<pid>`, served by `libibjitter.so` ([`Server`]) and sent requests
-//! by `ibjitter inject` ([`send`]).
+//! `/dev/shm/ibjitter.<uid>/<pid>.<pidns>` ([`path`]), served by `libibjitter.so`
+//! ([`Server`]) and sent requests by `ibjitter inject` ([`send`]).
 //!
 //! Neither side maps the file: both read and write it with `pread`/`pwrite` at the fixed
 //! offsets of [`Segment`]. A mapping of a file that someone truncates faults (SIGBUS) on the
@@ -10,7 +10,7 @@
 //!
 //! A request: the client writes its fields ([`Segment::command`], the settings text), then
 //! bumps [`Segment::request`] and wakes the process's control thread through its FIFO
-//! (`<pid>.wake`, [`wake`]); the thread (never on a post path) stamps
+//! (`<pid>.<pidns>.wake`, [`wake`]); the thread (never on a post path) stamps
 //! [`Segment::heartbeat_ns`] at each wake-up, applies the request, writes its answer (result,
 //! counts, the state) and then sets [`Segment::done`] to the request's number. Unwoken, the
 //! thread sleeps [`IDLE_WAKE_MS`] ms between looks: on a node whose cores are all busy, a
@@ -167,33 +167,53 @@ pub fn dir() -> PathBuf {
     PathBuf::from(format!("/dev/shm/ibjitter.{}", uid()))
 }
 
-/// The segment file of `pid`.
+/// The segment file of `pid` in this pid namespace: `<pid>.<namespace>`, the namespace being
+/// the inode of `/proc/self/ns/pid` (0 when `/proc` does not say). Containers that share
+/// `/dev/shm` but not a pid namespace (Docker's `--ipc=host`, a rank per container: small
+/// pids, pid 1 in each) name their files apart: with the pid alone, the second one's file
+/// replaced the first's, whose exit then removed it.
 pub fn path(pid: u32) -> PathBuf {
-    dir().join(pid.to_string())
+    dir().join(format!("{pid}.{}", pid_ns().unwrap_or(0)))
 }
 
 /// The FIFO that wakes the control thread of `pid`.
 pub fn wake_path(pid: u32) -> PathBuf {
-    dir().join(format!("{pid}.wake"))
+    wake_path_of(&path(pid))
+}
+
+/// The FIFO beside segment file `p`.
+fn wake_path_of(p: &Path) -> PathBuf {
+    let mut w = p.as_os_str().to_owned();
+    w.push(".wake");
+    PathBuf::from(w)
 }
 
 /// Removes the segment of `pid` and its wake FIFO.
 pub fn remove(pid: u32) {
-    let _ = std::fs::remove_file(path(pid));
-    let _ = std::fs::remove_file(wake_path(pid));
+    remove_path(&path(pid));
+}
+
+/// Removes segment file `p` and its wake FIFO.
+pub fn remove_path(p: &Path) {
+    let _ = std::fs::remove_file(p);
+    let _ = std::fs::remove_file(wake_path_of(p));
 }
 
 /// Wakes the control thread of `pid` (one byte into its FIFO, never blocking): false when
 /// nobody reads the FIFO (no such process, one that exec'd, an older shim without one) or it
 /// is not a FIFO of this user's. A full FIFO is a wake-up already pending.
 pub fn wake(pid: u32) -> bool {
+    wake_at(&wake_path(pid))
+}
+
+fn wake_at(fifo: &Path) -> bool {
     use std::io::Write;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let Ok(mut f) = OpenOptions::new()
         .write(true)
         // Never a link; no reader is ENXIO, not a wait.
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(wake_path(pid))
+        .open(fifo)
     else {
         return false;
     };
@@ -331,7 +351,10 @@ pub fn create(pid: u32) -> std::io::Result<(Server, PathBuf)> {
         .recursive(true)
         .create(&d)?;
     check_dir(&d).map_err(|e| std::io::Error::other(e.describe(pid)))?;
-    let tmp = d.join(format!("{pid}.new"));
+    let p = path(pid);
+    let mut tmp = p.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
     let file = OpenOptions::new()
         .read(true)
@@ -346,8 +369,7 @@ pub fn create(pid: u32) -> std::io::Result<(Server, PathBuf)> {
         return Err(e);
     }
     // The FIFO first: a client that finds the segment finds the FIFO it wakes.
-    let wake = make_wake_fifo(pid);
-    let p = path(pid);
+    let wake = make_wake_fifo(&wake_path_of(&p));
     std::fs::rename(&tmp, &p)?;
     Ok((
         Server {
@@ -359,13 +381,12 @@ pub fn create(pid: u32) -> std::io::Result<(Server, PathBuf)> {
     ))
 }
 
-/// Makes `pid`'s wake FIFO (replacing an old one) and opens it without blocking; None if it
+/// Makes wake FIFO `w` (replacing an old one) and opens it without blocking; None if it
 /// cannot be made or is not then a FIFO of this user's.
-fn make_wake_fifo(pid: u32) -> Option<File> {
+fn make_wake_fifo(w: &Path) -> Option<File> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let w = wake_path(pid);
-    let _ = std::fs::remove_file(&w);
+    let _ = std::fs::remove_file(w);
     let c = std::ffi::CString::new(w.as_os_str().as_bytes()).ok()?;
     // SAFETY: a NUL-terminated path.
     if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
@@ -375,7 +396,7 @@ fn make_wake_fifo(pid: u32) -> Option<File> {
         .read(true)
         .write(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&w)
+        .open(w)
         .ok()?;
     let m = f.metadata().ok()?;
     (m.file_type().is_fifo() && m.uid() == uid()).then_some(f)
@@ -494,7 +515,11 @@ pub enum OpenError {
 impl OpenError {
     /// The error in words, for the segment of `pid`.
     pub fn describe(&self, pid: u32) -> String {
-        let p = path(pid);
+        self.describe_file(&find(pid), pid)
+    }
+
+    /// The error in words, for segment file `p` of `pid`.
+    pub fn describe_file(&self, p: &Path, pid: u32) -> String {
         let p = p.display();
         match self {
             OpenError::Missing => format!(
@@ -533,13 +558,30 @@ fn magic_name(m: u64) -> String {
 pub struct Client {
     pub pid: u32,
     file: File,
+    /// The file opened (its wake FIFO is beside it).
+    path: PathBuf,
 }
 
 /// Opens the segment of `pid` for requests; checks it is this user's own, of this layout,
 /// made by that very process (in this pid namespace) and served.
 pub fn open(pid: u32) -> Result<Client, OpenError> {
     check_dir(&dir())?;
-    open_path(&path(pid), pid)
+    open_path(&find(pid), pid)
+}
+
+/// The file of `pid` that [`open`] reads: this namespace's; else one of a shim from before
+/// namespaced names (`<pid>`, the same layout 03) or of another namespace (unreachable from
+/// here, and said so); this namespace's name when there is none.
+fn find(pid: u32) -> PathBuf {
+    let p = path(pid);
+    if std::fs::symlink_metadata(&p).is_ok() {
+        return p;
+    }
+    // By pid, then namespace: a legacy name first.
+    listed()
+        .into_iter()
+        .find(|f| f.pid == pid)
+        .map_or(p, |f| f.path)
 }
 
 /// [`open`] of the file at `p` (its directory already checked).
@@ -594,7 +636,11 @@ pub fn open_path(p: &Path, pid: u32) -> Result<Client, OpenError> {
         Some(true) => return Err(OpenError::Stale),
         None => return Err(OpenError::Unreachable),
     }
-    let c = Client { pid, file };
+    let c = Client {
+        pid,
+        file,
+        path: p.to_path_buf(),
+    };
     if !c.serving(s.heartbeat_ns) {
         return Err(OpenError::NotServing);
     }
@@ -615,7 +661,7 @@ impl Client {
         let mut woken = None::<Instant>;
         while t0.elapsed() < silent {
             if woken.is_none_or(|w| w.elapsed() >= Duration::from_millis(WAKE_AGAIN_MS)) {
-                wake(self.pid);
+                self.wake();
                 woken = Some(Instant::now());
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -628,6 +674,11 @@ impl Client {
         false
     }
 
+    /// Wakes the process's control thread through the FIFO beside the file opened.
+    fn wake(&self) -> bool {
+        wake_at(&wake_path_of(&self.path))
+    }
+
     /// Takes the file's lock without blocking, retrying until `deadline`.
     fn lock(&self, deadline: Instant) -> Result<(), String> {
         loop {
@@ -637,7 +688,7 @@ impl Client {
             }
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(format!("flock {}: {e}", path(self.pid).display()));
+                return Err(format!("flock {}: {e}", self.path.display()));
             }
             if Instant::now() >= deadline {
                 let holder = self
@@ -668,75 +719,126 @@ impl Client {
     }
 }
 
-/// The pids that have a segment file in [`dir`] (live or stale).
-pub fn listed() -> Vec<u32> {
-    let mut v: Vec<u32> = std::fs::read_dir(dir())
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+/// A segment file in [`dir`] (live or stale).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    pub pid: u32,
+    /// The pid namespace its name says; None for a file of a shim from before namespaced
+    /// names (`<pid>`).
+    pub ns: Option<u64>,
+    pub path: PathBuf,
+}
+
+/// The segment files in [`dir`], of every pid namespace, by pid.
+pub fn listed() -> Vec<Listed> {
+    let d = dir();
+    let mut v: Vec<Listed> = std::fs::read_dir(&d)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| {
+                    let name = e.file_name();
+                    let (pid, ns) = parse_name(name.to_str()?)?;
+                    Some(Listed {
+                        pid,
+                        ns,
+                        path: d.join(name),
+                    })
+                })
                 .collect()
         })
         .unwrap_or_default();
-    v.sort_unstable();
+    v.sort_unstable_by_key(|l| (l.pid, l.ns));
     v
+}
+
+/// `<pid>.<namespace>` or a legacy `<pid>`; None for anything else (`.wake`, `.new`).
+fn parse_name(name: &str) -> Option<(u32, Option<u64>)> {
+    match name.split_once('.') {
+        Some((pid, ns)) => Some((pid.parse().ok()?, Some(ns.parse().ok()?))),
+        None => Some((name.parse().ok()?, None)),
+    }
 }
 
 /// Removes the files of this user's processes that are gone, as this pid namespace proves
 /// (at most `limit`, so the cost stays bounded); returns how many. A process that ended by a
 /// signal's default action, SIGKILL or `_exit` (a job cancelled, a time limit) never removes
-/// its own: without this, such files gathered on a node for ever. One `kill(pid, 0)` tells a
-/// live process of this namespace from the rest at once; a file is removed only when its
-/// segment says it was made in this namespace by a process that is not there any more. The
-/// directory is not checked here: [`create`] just did.
+/// its own: without this, such files gathered on a node for ever. Files another pid
+/// namespace's name are left at once; one `kill(pid, 0)` tells a live process of this
+/// namespace from the rest; a file is removed only when its segment says it was made in this
+/// namespace by a process that is not there any more, and only that very file (a process that
+/// took the pid meanwhile may have put its own in its place). The directory is not checked
+/// here: [`create`] just did.
 pub fn remove_stale(limit: usize) -> usize {
+    let here = pid_ns().unwrap_or(0);
     let (mut removed, mut opened) = (0, 0);
-    for pid in listed() {
-        // Bounded work too: files it cannot remove (another namespace's) are opened again at
-        // each start.
-        if removed >= limit || opened >= 4 * limit {
+    for f in listed() {
+        // Bounded work too: files it cannot remove are opened again at each start.
+        if removed >= limit || opened >= limit.saturating_mul(4) {
             break;
         }
-        let Ok(p) = libc::pid_t::try_from(pid) else {
-            continue;
-        };
-        // SAFETY: signal 0 only checks that the process exists.
-        if p <= 0 || unsafe { libc::kill(p, 0) } == 0 {
-            continue;
-        }
-        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
-            continue;
-        }
-        opened += 1;
-        let stale = match open_path(&path(pid), pid) {
-            Err(OpenError::Stale) => true,
-            // The previous layout keeps the same record of its maker: a killed process's file
-            // from before an upgrade goes too.
-            Err(OpenError::OtherVersion(m)) if m == "IBJCTL02" => stale_02(pid),
-            _ => false,
-        };
-        if stale && std::fs::remove_file(path(pid)).is_ok() {
-            let _ = std::fs::remove_file(wake_path(pid));
-            removed += 1;
+        match sweep(&f, here) {
+            Swept::Left => {}
+            Swept::Opened => opened += 1,
+            Swept::Removed => (opened, removed) = (opened + 1, removed + 1),
         }
     }
     removed
 }
 
-/// Whether the IBJCTL02 segment of `pid` was made in this pid namespace by a process that is
-/// gone (02's pid, start time and namespace fields are where 03 has them).
-fn stale_02(pid: u32) -> bool {
+/// What the sweep did with one file.
+#[derive(Debug, PartialEq)]
+enum Swept {
+    /// Another namespace's, or its pid is a live process: not even opened.
+    Left,
+    /// Opened and kept (not a segment whose maker is gone).
+    Opened,
+    Removed,
+}
+
+/// Sweeps file `f` from pid namespace `here`.
+fn sweep(f: &Listed, here: u64) -> Swept {
+    if f.ns.is_some_and(|ns| ns != here) {
+        return Swept::Left;
+    }
+    let Ok(p) = libc::pid_t::try_from(f.pid) else {
+        return Swept::Left;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    if p <= 0 || unsafe { libc::kill(p, 0) } == 0 {
+        return Swept::Left;
+    }
+    if std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
+        return Swept::Left;
+    }
+    let Some(ino) = stale_inode(&f.path, f.pid) else {
+        return Swept::Opened;
+    };
+    let same = std::fs::symlink_metadata(&f.path).is_ok_and(|m| m.ino() == ino);
+    if same && std::fs::remove_file(&f.path).is_ok() {
+        let _ = std::fs::remove_file(wake_path_of(&f.path));
+        return Swept::Removed;
+    }
+    Swept::Opened
+}
+
+/// The inode of file `p` when it is a segment of `pid` (this layout or 02, which keeps its
+/// maker's pid, start time and namespace where 03 has them) made in this pid namespace by a
+/// process that is gone.
+fn stale_inode(p: &Path, pid: u32) -> Option<u64> {
     use std::os::unix::fs::OpenOptionsExt;
-    let Ok(f) = OpenOptions::new()
+    let f = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path(pid))
-    else {
-        return false;
-    };
-    let Ok(Some(s)) = read(&f) else {
-        return false;
-    };
-    s.pid == u64::from(pid) && maker_gone(&s, pid) == Some(true)
+        .open(p)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() || meta.uid() != uid() {
+        return None;
+    }
+    let s = read(&f).ok()??;
+    let layout = s.magic == MAGIC || s.magic == u64::from_le_bytes(*b"IBJCTL02");
+    (layout && s.pid == u64::from(pid) && maker_gone(&s, pid) == Some(true)).then_some(meta.ino())
 }
 
 /// Whether the process that made segment `s` (of `pid`) is gone, as this pid namespace proves
@@ -782,7 +884,7 @@ pub fn send(
     let deadline = Instant::now() + timeout;
     check_text(settings)?;
     let c = open(pid).map_err(|e| e.describe(pid))?;
-    let io = |e: std::io::Error| format!("{}: {e}", path(pid).display());
+    let io = |e: std::io::Error| format!("{}: {e}", c.path.display());
     // One request at a time per process: concurrent `ibjitter inject` runs take turns.
     c.lock(deadline)?;
     let mut s = Segment::zeroed();
@@ -790,23 +892,23 @@ pub fn send(
     Segment::put(&mut s.text, settings);
     write(&c.file, &s, field!(command)).map_err(io)?;
     write(&c.file, &s, field!(text)).map_err(io)?;
-    let now = read(&c.file)
-        .map_err(io)?
-        .ok_or_else(|| OpenError::Foreign.describe(pid) + " (truncated while in use)")?;
+    let now = read(&c.file).map_err(io)?.ok_or_else(|| {
+        OpenError::Foreign.describe_file(&c.path, pid) + " (truncated while in use)"
+    })?;
     let t0 = monotonic_ns();
     s.request = now.request.wrapping_add(1);
     let request = s.request;
     write(&c.file, &s, field!(request)).map_err(io)?;
-    wake(pid);
+    c.wake();
     let mut woken = Instant::now();
     // The heartbeat must keep moving while we wait: a process that stops serving is said at
     // once, not after the whole timeout.
     let (mut beat, mut beat_seen) = (now.heartbeat_ns, Instant::now());
     let silent = Duration::from_millis(2 * SILENT_POLLS * POLL_MS);
     loop {
-        let s = read(&c.file)
-            .map_err(io)?
-            .ok_or_else(|| OpenError::Foreign.describe(pid) + " (truncated while in use)")?;
+        let s = read(&c.file).map_err(io)?.ok_or_else(|| {
+            OpenError::Foreign.describe_file(&c.path, pid) + " (truncated while in use)"
+        })?;
         if s.done == request {
             return Ok(Answer {
                 pid,
@@ -820,13 +922,13 @@ pub fn send(
             });
         }
         if woken.elapsed() >= Duration::from_millis(WAKE_AGAIN_MS) {
-            wake(pid);
+            c.wake();
             woken = Instant::now();
         }
         if s.heartbeat_ns != beat {
             (beat, beat_seen) = (s.heartbeat_ns, Instant::now());
         } else if beat_seen.elapsed() > silent {
-            return Err(OpenError::NotServing.describe(pid));
+            return Err(OpenError::NotServing.describe_file(&c.path, pid));
         }
         if Instant::now() > deadline {
             return Err(format!(

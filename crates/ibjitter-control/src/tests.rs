@@ -57,7 +57,7 @@ fn a_segment_round_trips_text_and_knows_its_process() {
     assert!(a.text.ends_with("..."), "{}", a.text);
     let other = open(me).unwrap();
     assert_eq!(other.pid, me);
-    assert!(listed().contains(&me));
+    assert!(listed().iter().any(|f| f.pid == me && f.path == p));
     stop.store(true, Release);
     t.join().unwrap();
     // Nobody serves it now (as after an exec without the shim): said at once, not after the
@@ -203,4 +203,45 @@ fn a_wake_reaches_the_server_and_nothing_else() {
     assert_eq!(std::fs::read(&p).unwrap(), before, "never through a link");
     remove(fake);
     assert!(!p.exists() && std::fs::symlink_metadata(&w).is_err());
+}
+
+/// Files are named by pid and pid namespace: another namespace's file of the same pid is
+/// neither replaced, removed nor swept here (its name says whose it is, even when its
+/// contents would pass for this namespace's); a file of an earlier shim (the pid alone) is
+/// still found, and swept when its process is gone.
+#[test]
+fn a_pid_of_another_namespace_keeps_its_file_and_a_legacy_name_is_found() {
+    let fake = 4_000_016u32;
+    let (server, p) = create(fake).unwrap();
+    let here = pid_ns().unwrap();
+    assert_eq!(p, dir().join(format!("{fake}.{here}")));
+    let other = dir().join(format!("{fake}.{}", here + 1));
+    std::fs::copy(&p, &other).unwrap();
+    drop(server);
+    let (_again, p2) = create(fake).unwrap();
+    assert_eq!(p2, p);
+    remove(fake);
+    assert!(
+        !p.exists() && other.exists(),
+        "another namespace's file stays"
+    );
+    let theirs = listed().into_iter().find(|f| f.path == other).unwrap();
+    assert_eq!(theirs.ns, Some(here + 1));
+    // (One file at a time: a sweep of the directory would take other tests' fake pids.)
+    assert_eq!(sweep(&theirs, here), Swept::Left);
+    assert!(other.exists(), "never swept from here");
+    std::fs::remove_file(&other).unwrap();
+    // An earlier shim's name: found, and stale (the pid runs nothing).
+    let (_s, p3) = create(fake).unwrap();
+    let legacy = dir().join(fake.to_string());
+    std::fs::rename(&p3, &legacy).unwrap();
+    assert!(matches!(open(fake), Err(OpenError::Stale)));
+    let old = listed().into_iter().find(|f| f.path == legacy).unwrap();
+    assert_eq!(old.ns, None);
+    assert_eq!(sweep(&old, here), Swept::Removed);
+    assert!(!legacy.exists(), "a gone process's legacy file is swept");
+    assert_eq!(parse_name("12.34"), Some((12, Some(34))));
+    assert_eq!(parse_name("12.34.wake"), None);
+    assert_eq!(parse_name("12.new"), None);
+    assert_eq!(parse_name("x"), None);
 }

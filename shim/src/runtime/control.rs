@@ -130,7 +130,9 @@ fn answer(req: &Request) -> Reply {
 /// At exit: the file and its wake FIFO go with the process that made them (not a fork or
 /// `vfork` child).
 pub fn remove_file() {
-    if state::owns_threads() && PATH.get().is_some() {
-        ctl::remove(std::process::id());
+    if state::owns_threads() {
+        if let Some(p) = PATH.get() {
+            ctl::remove_path(p);
+        }
     }
 }
