@@ -25,9 +25,9 @@ fn built() -> &'static (PathBuf, PathBuf, PathBuf) {
 
 /// Runs `program args` with the shim preloaded, only `env` of the `IBJITTER_*` variables,
 /// under `ulimit -v limit_kb` (None: no limit); fails the test after 30 s.
-fn run_limited(
+fn run_limited<V: AsRef<std::ffi::OsStr>>(
     limit_kb: Option<u64>,
-    env: &[(&str, &str)],
+    env: &[(&str, V)],
     program: &Path,
     args: &[&str],
 ) -> Output {
@@ -48,7 +48,8 @@ fn run_limited(
             cmd.env_remove(k);
         }
     }
-    cmd.env_remove("LD_PRELOAD").envs(env.iter().copied());
+    cmd.env_remove("LD_PRELOAD")
+        .envs(env.iter().map(|(k, v)| (k, v.as_ref())));
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn sh");
     let t0 = Instant::now();
@@ -383,4 +384,33 @@ fn endless_delays_are_refused_or_reported_whole() {
             "{max}: {err}"
         );
     }
+}
+
+/// A setting whose value is not UTF-8 (a stray byte, a Latin-1 path) is refused by its name
+/// and value, once, like any bad value. Before, it read as unset: `IBJITTER_DELAY` so set
+/// gave "no IBJITTER_TABLE, IBJITTER_DIST or IBJITTER_DELAY set", denying the one given.
+#[test]
+fn a_value_that_is_not_utf8_is_refused_by_name() {
+    use std::os::unix::ffi::OsStrExt;
+    let (_, stub, driver) = built();
+    let bad = std::ffi::OsStr::from_bytes(b"200\xffus");
+    let out = run_limited(
+        None,
+        &[
+            ("IBJITTER_CONTROL", std::ffi::OsStr::new("0")),
+            ("IBJITTER_DELAY", bad),
+        ],
+        driver,
+        &[stub.to_str().unwrap(), "5"],
+    );
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    assert!(stdout.contains("posts=5 provider=5 "), "{stdout}{err}");
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: warning:"))
+        .collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("IBJITTER_DELAY=\"200\u{fffd}us\""),
+        "{err}"
+    );
 }

@@ -28,7 +28,7 @@ const OWNER_VAR: &str = "IBJITTER_STATS_OWNER";
 pub fn at_load() {
     libc_dl::resolve();
     claim_stats_path();
-    install(Settings::from_vars(|k| std::env::var(k).ok()));
+    install(Settings::from_vars(config::env_var));
 }
 
 /// Applies `settings`: the draw, the selection, the modes, then the state's mode; prepares
@@ -154,12 +154,12 @@ pub fn ucp_first_message() {
 
 /// Claims a `%p`-less stats path for this process, or notes that an ancestor did.
 fn claim_stats_path() {
-    match std::env::var("IBJITTER_STATS") {
-        Ok(p) if !p.trim().is_empty() && !p.contains("%p") => {}
+    match config::env_var("IBJITTER_STATS") {
+        Some(p) if !p.trim().is_empty() && !p.contains("%p") => {}
         _ => return,
     }
     // Ranks of a launcher are siblings: none inherits another's claim.
-    if config::launcher_rank(|k| std::env::var(k).ok()).is_some() {
+    if config::launcher_rank(config::env_var).is_some() {
         state::stats_path_not_owned();
         return;
     }
