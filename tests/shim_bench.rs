@@ -1417,7 +1417,8 @@ fn inject_set_and_pause_switch_a_running_ib_write_lat() {
          wait_until 30 tcp_listening 18516 || exit 1\n\
          env LD_PRELOAD={so} IBJITTER_STATS={d}/live.%p.json ib_write_lat -d rxe0 -x 1 \
          -p 18516 -n {n} -U 10.0.0.2 > {d}/client.out 2> {d}/client.err & CPID=$!\n\
-         wait_until 30 test -e /dev/shm/ibjitter.0/$CPID || {{ cat {d}/client.err; exit 1; }}\n\
+         CTL=/dev/shm/ibjitter.0/$CPID.$(stat -L -c %i /proc/self/ns/pid)\n\
+         wait_until 30 test -e $CTL || {{ cat {d}/client.err; exit 1; }}\n\
          sleep 0.5\n\
          echo '@@ set'; {ibj} inject set --delay 200us $CPID || exit 1\n\
          sleep 0.5\n\
@@ -1427,7 +1428,7 @@ fn inject_set_and_pause_switch_a_running_ib_write_lat() {
          wait $CPID || {{ cat {d}/client.err; exit 1; }}\n\
          wait $SPID || exit 1\n\
          cat {d}/client.err\n\
-         test ! -e /dev/shm/ibjitter.0/$CPID || {{ echo control file left behind; exit 1; }}\n",
+         test ! -e $CTL || {{ echo control file left behind; exit 1; }}\n",
         so = so.display()
     );
     let out = Vm::new().timeout(900).writable(&dir).run(&script);
