@@ -1,6 +1,6 @@
 //! Settings a hostile host gives the injector, with the built libibjitter.so over the stub
-//! libibverbs: an address-space limit (`ulimit -v`, as batch systems set it). The rule: one
-//! clear warning, then pass-through; never an abort.
+//! libibverbs: an address-space limit (`ulimit -v`, as batch systems set it), a sandbox that
+//! refuses threads. The rule: one clear warning, then pass-through; never an abort.
 //!
 //! Each case runs a child under `sh -c 'ulimit -v KB; exec ...'` with a time limit (a hang
 //! fails the test).
@@ -413,4 +413,76 @@ fn a_value_that_is_not_utf8_is_refused_by_name() {
         warnings.len() == 1 && warnings[0].contains("IBJITTER_DELAY=\"200\u{fffd}us\""),
         "{err}"
     );
+}
+
+/// A sandbox that refuses new threads (a container's seccomp profile refusing `clone3`; a
+/// cgroup's `pids.max` reached fails the same call): each shim thread that cannot start is
+/// said with what the process goes without, and what needed it passes through. Before, the
+/// window thread's failure was silent: `IBJITTER_STOP` was never applied (every post
+/// delayed past it), `IBJITTER_START` never opened the window ("delayed 0 of N" without a
+/// reason), and live control's file stayed, served by nobody. A sandbox that refuses FIFOs
+/// is said too.
+#[test]
+fn a_sandbox_without_threads_or_fifos_is_said_and_passes_through() {
+    let (_, stub, driver) = built();
+    static SANDBOX: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let sandbox = SANDBOX.get_or_init(|| build_c("sandboxed", "sandboxed", &[]));
+    let args = [
+        "clone3",
+        driver.to_str().unwrap(),
+        stub.to_str().unwrap(),
+        "20",
+    ];
+    let out = run_limited(
+        None,
+        &[("IBJITTER_DELAY", "1ms"), ("IBJITTER_STOP", "1ms")],
+        sandbox,
+        &args,
+    );
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    assert!(stdout.contains("posts=20 provider=20 "), "{stdout}{err}");
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: warning:"))
+        .collect();
+    let said = |name: &str, lost: &str| {
+        warnings
+            .iter()
+            .filter(|w| w.contains(&format!("cannot start the thread {name}")) && w.contains(lost))
+            .count()
+    };
+    assert_eq!(
+        said("ibjitter-window", "injection disabled (pass-through)"),
+        1,
+        "{err}"
+    );
+    assert_eq!(
+        said("ibjitter-control", "live control unavailable"),
+        1,
+        "{err}"
+    );
+    // Nothing delayed: 20 posts of 1 ms were not waited for.
+    assert!(err.contains("delayed 0 of 20 sends"), "{err}");
+    // A sandbox that refuses FIFOs (mknodat): live control polls instead of sleeping until
+    // woken, and says so (it was silent).
+    let args = [
+        "mknodat",
+        driver.to_str().unwrap(),
+        stub.to_str().unwrap(),
+        "20",
+    ];
+    let out = run_limited(None, &[("IBJITTER_DELAY", "1us")], sandbox, &args);
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    assert!(stdout.contains("posts=20 provider=20 "), "{stdout}{err}");
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: warning:"))
+        .collect();
+    assert!(
+        said.len() == 1
+            && said[0].contains("live control: no wake FIFO")
+            && said[0].contains("Operation not permitted"),
+        "{err}"
+    );
+    assert!(err.contains("delayed 20 of 20 sends"), "{err}");
 }

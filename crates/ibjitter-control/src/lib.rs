@@ -310,9 +310,9 @@ macro_rules! field {
 pub struct Server {
     file: File,
     pid: u64,
-    /// Its wake FIFO, open for reading (and writing: never at end of file); None when it
+    /// Its wake FIFO, open for reading (and writing: never at end of file); why not when it
     /// could not be made (the thread then looks every [`POLL_MS`] ms).
-    wake: Option<File>,
+    wake: Result<File, String>,
 }
 
 /// A request read from the segment.
@@ -381,25 +381,30 @@ pub fn create(pid: u32) -> std::io::Result<(Server, PathBuf)> {
     ))
 }
 
-/// Makes wake FIFO `w` (replacing an old one) and opens it without blocking; None if it
+/// Makes wake FIFO `w` (replacing an old one) and opens it without blocking; why not if it
 /// cannot be made or is not then a FIFO of this user's.
-fn make_wake_fifo(w: &Path) -> Option<File> {
+fn make_wake_fifo(w: &Path) -> Result<File, String> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let why = |e: std::io::Error| format!("{}: {e}", w.display());
     let _ = std::fs::remove_file(w);
-    let c = std::ffi::CString::new(w.as_os_str().as_bytes()).ok()?;
+    let c = std::ffi::CString::new(w.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: a NUL-terminated path.
     if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-        return None;
+        return Err(why(std::io::Error::last_os_error()));
     }
     let f = OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(w)
-        .ok()?;
-    let m = f.metadata().ok()?;
-    (m.file_type().is_fifo() && m.uid() == uid()).then_some(f)
+        .map_err(why)?;
+    let m = f.metadata().map_err(why)?;
+    if m.file_type().is_fifo() && m.uid() == uid() {
+        Ok(f)
+    } else {
+        Err(format!("{}: not a FIFO of uid {}", w.display(), uid()))
+    }
 }
 
 /// Reserves the file's blocks and writes its first contents.
@@ -423,10 +428,15 @@ fn fill(file: &File, pid: u32) -> std::io::Result<()> {
 }
 
 impl Server {
+    /// Why the server has no wake FIFO (it then looks every [`POLL_MS`] ms), if it has none.
+    pub fn no_wake(&self) -> Option<&str> {
+        self.wake.as_ref().err().map(String::as_str)
+    }
+
     /// Sleeps until a client wakes this thread or [`IDLE_WAKE_MS`] pass ([`POLL_MS`] without
     /// a FIFO); the wake-ups pending are taken.
     pub fn wait(&self) {
-        let Some(f) = &self.wake else {
+        let Ok(f) = &self.wake else {
             std::thread::sleep(Duration::from_millis(POLL_MS));
             return;
         };

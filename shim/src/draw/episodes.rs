@@ -117,7 +117,7 @@ pub fn start() {
     }
     set_state(false, true);
     let mut rng = rng::stream(rng::seed(), EPISODES_SALT, 0);
-    let _ = threads::spawn("ibjitter-episodes", move || loop {
+    threads::spawn_or_say("ibjitter-episodes", LOST, move || loop {
         let congested_now = OFFSET.load(Relaxed) != 0;
         let mean = if congested_now { congested } else { calm };
         // Exponential: -mean ln(1 - u), u uniform in [0, 1).
@@ -128,6 +128,9 @@ pub fn start() {
     });
 }
 
+/// What a process whose episodes thread cannot start goes without.
+const LOST: &str = "IBJITTER_EPISODES: no congested episodes (calm throughout)";
+
 /// Sets the state of the shared schedule at once (the first posts already follow it), then
 /// starts the thread that keeps it: at each wake-up it reads CLOCK_REALTIME, sets the
 /// state the schedule has then and sleeps until its next change ([`shared_step`]). Each
@@ -135,11 +138,14 @@ pub fn start() {
 /// replayed.
 fn start_shared(schedule: Schedule) {
     set_state(schedule.at(realtime_ns()).congested, true);
-    let _ = threads::spawn("ibjitter-episodes", move || loop {
+    let kept = threads::spawn_or_say("ibjitter-episodes", LOST, move || loop {
         let (congested, sleep_ns) = shared_step(&schedule, realtime_ns());
         set_state(congested, false);
         std::thread::sleep(std::time::Duration::from_nanos(sleep_ns));
     });
+    if !kept {
+        OFFSET.store(0, Relaxed);
+    }
 }
 
 /// At wall-clock time `t`: the shared schedule's state, and how long to sleep (ns) before

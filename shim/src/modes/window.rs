@@ -18,14 +18,21 @@ pub fn start() {
             std::thread::sleep(at - now);
         }
     };
-    let _ = threads::spawn("ibjitter-window", move || {
-        if start > 0 {
-            until(start);
-            state::set_in_window(true);
-        }
-        if stop != u64::MAX {
-            until(stop);
-            state::set_in_window(false);
-        }
-    });
+    let kept = threads::spawn_or_say(
+        "ibjitter-window",
+        "IBJITTER_START/IBJITTER_STOP cannot be kept; injection disabled (pass-through)",
+        move || {
+            if start > 0 {
+                until(start);
+                state::set_in_window(true);
+            }
+            if stop != u64::MAX {
+                until(stop);
+                state::set_in_window(false);
+            }
+        },
+    );
+    if !kept {
+        state::set_in_window(false);
+    }
 }

@@ -28,8 +28,24 @@ pub fn arm() {
     let made = create_without_sigxfsz(pid);
     match made {
         Ok((server, path)) => {
-            let _ = PATH.set(path);
-            let _ = threads::spawn("ibjitter-control", move || serve(server));
+            if let Some(why) = server.no_wake() {
+                // Live control works, but costs a busy node what the FIFO saves.
+                say::warn(&format!(
+                    "live control: no wake FIFO ({why}); its thread looks every {} ms instead \
+                     of sleeping until asked",
+                    ctl::POLL_MS
+                ));
+            }
+            let lost = format!(
+                "live control unavailable (`ibjitter inject` cannot reach this process; {} \
+                 removed)",
+                path.display()
+            );
+            if threads::spawn_or_say("ibjitter-control", &lost, move || serve(server)) {
+                let _ = PATH.set(path);
+            } else {
+                ctl::remove_path(&path);
+            }
         }
         // arm() runs once: a plain warning.
         Err(e) => say::warn(&format!(

@@ -9,6 +9,10 @@
 use std::io;
 use std::thread::{Builder, JoinHandle};
 
+/// Each shim thread's stack: the size Rust would choose, set here so that the job's own
+/// `RUST_MIN_STACK` (read by std at the first spawn) cannot make it fail or bloat.
+const STACK: usize = 2 << 20;
+
 /// Spawns `f` on a thread named `name` whose signals are all blocked from its first
 /// instruction: blocked here, around the creation, as a new thread inherits its creator's
 /// mask, and restored after.
@@ -28,10 +32,26 @@ where
             libc::sigdelset(&mut all, fault);
         }
         let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut before) == 0;
-        let spawned = Builder::new().name(name.into()).spawn(f);
+        let spawned = Builder::new().name(name.into()).stack_size(STACK).spawn(f);
         if blocked {
             libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
         }
         spawned
+    }
+}
+
+/// [`spawn`], saying on stderr when the thread cannot start (a cgroup's `pids.max` or
+/// `RLIMIT_NPROC` reached, a sandbox refusing `clone3`) and what the process goes without
+/// then (`lost`); whether it started.
+pub fn spawn_or_say<F>(name: &str, lost: &str, f: F) -> bool
+where
+    F: FnOnce() + Send + 'static,
+{
+    match spawn(name, f) {
+        Ok(_) => true,
+        Err(e) => {
+            super::say::warn(&format!("cannot start the thread {name} ({e}): {lost}"));
+            false
+        }
     }
 }

@@ -98,15 +98,11 @@ pub fn start() -> bool {
         ));
         return false;
     }
-    match crate::sys::threads::spawn("ibjitter-line", flusher::timer_thread) {
-        Ok(_) => true,
-        Err(e) => {
-            say::warn_once!(&format!(
-                "IBJITTER_MODE=line: cannot start the timer thread ({e}); posts wait in place (spin)"
-            ));
-            false
-        }
-    }
+    crate::sys::threads::spawn_or_say(
+        "ibjitter-line",
+        "IBJITTER_MODE=line has no timer thread; posts wait in place (spin)",
+        flusher::timer_thread,
+    )
 }
 
 /// The line's `post_send`: each work request of the chain is due `units` (clock units) from

@@ -1,0 +1,54 @@
+/* Runs a program in a sandbox that refuses some system calls, as container runtimes' seccomp
+ * profiles and pids limits do: the calls named fail with EPERM; everything else is allowed.
+ *
+ *   sandboxed CALLS PROGRAM ARGS...      CALLS: comma-separated, of clone3, mknodat
+ *
+ * clone3 refused is pthread_create failing (glibc does not fall back to clone on EPERM);
+ * mknodat refused is mkfifo failing. The filter is inherited across the exec. */
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int number_of(const char *name) {
+    if (strcmp(name, "clone3") == 0) return __NR_clone3;
+    if (strcmp(name, "mknodat") == 0) return __NR_mknodat;
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: sandboxed CALLS PROGRAM ARGS...\n");
+        return 2;
+    }
+    struct sock_filter code[32];
+    int n = 0;
+    code[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+                                             offsetof(struct seccomp_data, nr));
+    char calls[256];
+    snprintf(calls, sizeof calls, "%s", argv[1]);
+    for (char *c = strtok(calls, ","); c && n < 28; c = strtok(NULL, ",")) {
+        int nr = number_of(c);
+        if (nr < 0) {
+            fprintf(stderr, "sandboxed: unknown call %s\n", c);
+            return 2;
+        }
+        code[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 1);
+        code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+    }
+    code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    struct sock_fprog prog = {.len = (unsigned short)n, .filter = code};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+        perror("sandboxed: seccomp");
+        return 2;
+    }
+    execv(argv[2], argv + 2);
+    perror("sandboxed: exec");
+    return 2;
+}
