@@ -157,7 +157,7 @@ fn child(how: &str, n: u64, gap: Duration) {
             if (k + 1) % BURST == 0 {
                 std::thread::sleep(BURST_PAUSE);
             }
-        } else if how.starts_with("poll-full-node") {
+        } else if how.starts_with("poll-full-node") || how == "poll-pinned" {
             // Busy between posts, as a rank: the due times spread over n x gap.
             busy_until(now_ns() + gap.as_nanos() as u64);
         } else {
@@ -543,6 +543,16 @@ const BURST_PAUSE: Duration = Duration::from_millis(3);
 
 /// Runs the child for `test` and returns its result, its stderr and its stats document.
 fn run(test: &str, how: &str, env: &[(&str, &str)]) -> (Value, String, Value) {
+    run_under(&[], test, how, env)
+}
+
+/// [`run`] through the command `wrapper` (e.g. `taskset -c 0`).
+fn run_under(
+    wrapper: &[&str],
+    test: &str,
+    how: &str,
+    env: &[(&str, &str)],
+) -> (Value, String, Value) {
     let dir = target_dir().join(format!("ibjitter-line-busy-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -552,7 +562,9 @@ fn run(test: &str, how: &str, env: &[(&str, &str)]) -> (Value, String, Value) {
         ("IBJITTER_STATS", stats.to_str().unwrap()),
     ];
     all.extend_from_slice(env);
-    let out = child_command(test, CHILD, how, &all, &[]).output().unwrap();
+    let out = child_command(test, CHILD, how, &all, wrapper)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -766,6 +778,36 @@ fn requests_of_a_program_gone_quiet_leave_on_time() {
     // 20 bursts, each about 1 ms of posting and 3 ms asleep, then the last 1.2 ms delay.
     assert!(alive >= 80_000_000, "{t}");
     assert!(wakeups >= 20 && cpu > 0 && cpu <= alive, "{t}");
+}
+
+/// A rank bound to one CPU (`mpirun --bind-to core`, `srun --cpu-bind`; here `taskset -c
+/// 0`), busy between its posts with no call into the provider: the shim's timer thread,
+/// which inherits that one CPU, never spins to a due time there (it sleeps to it), so it
+/// takes little of the rank's CPU. Before, it spun the last 150 us before each due time on
+/// the rank's own core: a quarter to a third of it.
+#[test]
+fn the_timer_thread_of_a_rank_bound_to_one_cpu_never_spins_on_it() {
+    const NAME: &str = "the_timer_thread_of_a_rank_bound_to_one_cpu_never_spins_on_it";
+    if scenario().is_some() {
+        return child("poll-pinned", 1000, Duration::from_micros(400));
+    }
+    let _one_at_a_time = FULL_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    let (r, stderr, s) = run_under(
+        &["taskset", "-c", "0"],
+        NAME,
+        "poll-pinned",
+        &[("IBJITTER_DELAY", "1ms")],
+    );
+    assert_eq!(r["seen"].as_array().unwrap().len(), 1000, "{stderr}");
+    let t = &s["line"]["timer_thread"];
+    eprintln!("timer thread {t}; lateness {}", s["line"]["late_ns"]);
+    assert_eq!(t["one_cpu"], true, "{t}");
+    let share = t["cpu_ns"].as_f64().unwrap() / t["alive_ns"].as_f64().unwrap();
+    assert!(
+        share < 0.10,
+        "the timer thread took {:.1} % of the CPU: {t}",
+        100.0 * share
+    );
 }
 
 /// A second fake QP on `ctx`, made through the shim (kept alive by the caller), and the QP.

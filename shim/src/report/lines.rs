@@ -296,6 +296,11 @@ pub fn line_lateness_cause(late: &LineLate) -> String {
             line::flusher::backstop_longest_ns() as f64 / 1e6,
         ),
     };
+    if line::flusher::timer_on_one_cpu() {
+        why += "; the timer thread may run on one CPU only, the program's (a rank bound to \
+                its core): it sleeps to each due time and runs when the program's thread \
+                yields that CPU";
+    }
     if let Some((_, p50, p99, _)) = line::provider_call_times().filter(|c| c.2 >= late.p99) {
         why += &format!(
             "; the provider's post_send calls themselves took {} at the median and {} at the \

@@ -55,3 +55,14 @@ where
         }
     }
 }
+
+/// How many CPUs the calling thread may run on (its affinity mask; a new thread inherits its
+/// creator's), if the kernel says.
+pub fn allowed_cpus() -> Option<usize> {
+    // SAFETY: a zeroed cpu_set_t filled by the kernel for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+            .then(|| libc::CPU_COUNT(&set) as usize)
+    }
+}

@@ -293,7 +293,8 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
 /// Hands requests over for programs that sleep (completion channels, idle phases), and as a
 /// backstop for those that call. While the program's calls are flushing the line (one saw
 /// requests in it within [`ACTIVE_NS`]) it only sleeps, and leaves the core to the program:
-/// until [`EARLY_NS`] before the earliest due time, then to the backstop past it
+/// until [`EARLY_NS`] before the earliest due time (the due time itself when the thread may
+/// run on one CPU only), then to the backstop past it
 /// ([`BACKSTOP_NS`] .. [`BACKSTOP_MAX_NS`]; both longest sleeps longer where its wake-ups
 /// cost much: [`BACKSTOP_SHARE`]). Otherwise it sleeps until
 /// [`EARLY_NS`] before the earliest due time (at most [`IDLE_NS`], so it sees new requests)
@@ -302,8 +303,15 @@ pub fn timer_thread() {
     // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
     note_timer_start();
+    // A thread allowed one CPU shares it with the program that made it (a rank pinned to its
+    // core: `mpirun --bind-to core`, `srun --cpu-bind`, `taskset`): a spin there is the
+    // program's time (a third of a rank's core, posting every 0.5 ms), so it only sleeps,
+    // to each due time.
+    let one_cpu = crate::sys::threads::allowed_cpus() == Some(1);
+    ONE_CPU.store(one_cpu, Relaxed);
+    let early_ns = if one_cpu { 0 } else { EARLY_NS };
     let units = |ns| clock::ns_to_units(ns, clock::kind());
-    let (early, active) = (units(EARLY_NS), units(ACTIVE_NS));
+    let (early, active) = (units(early_ns), units(ACTIVE_NS));
     let (least, mut most) = (units(BACKSTOP_NS), units(BACKSTOP_MAX_NS));
     let mut backstop = least;
     let mut cap = BackstopCap::new();
@@ -380,7 +388,7 @@ pub fn timer_thread() {
                     // program's calls hand over what they post meanwhile), and then the
                     // program may be quiet: it spins to the due time as for a sleeping one.
                     units_to_ns(next - now)
-                        .saturating_sub(EARLY_NS)
+                        .saturating_sub(early_ns)
                         .min(units_to_ns(most))
                 } else {
                     // Woken with nothing to hand over. Wake less often only if the
@@ -409,9 +417,11 @@ pub fn timer_thread() {
                 continue;
             } else {
                 backstop = least;
-                units_to_ns(next - now)
-                    .saturating_sub(EARLY_NS)
-                    .min(IDLE_NS)
+                // Looks for new, earlier requests every IDLE_NS; on one CPU each look is
+                // the program's time (5,000 looks a second took 16 % of it here): the
+                // longest backstop's, where a look costs at most 1 % of a core.
+                let look = if one_cpu { units_to_ns(most) } else { IDLE_NS };
+                units_to_ns(next - now).saturating_sub(early_ns).min(look)
             }
         };
         std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
@@ -581,6 +591,15 @@ fn note_timer_start() {
         TIMER_CPU_CLOCK.store(clock, Relaxed);
     }
     TIMER_STARTED_NS.store(clock::monotonic_ns(), Relaxed);
+}
+
+/// Whether the timer thread may run on one CPU only (shared with the program): it then
+/// never spins to a due time.
+static ONE_CPU: AtomicBool = AtomicBool::new(false);
+
+/// Whether the timer thread may run on one CPU only ([`ONE_CPU`]).
+pub fn timer_on_one_cpu() -> bool {
+    ONE_CPU.load(Relaxed)
 }
 
 /// The timer thread's longest backstop sleep now (ns): [`BACKSTOP_MAX_NS`], or longer where

@@ -453,6 +453,8 @@ pub fn stats_json() -> serde_json::Value {
             // requests over, longer than 1 ms where its wake-ups cost much (emulated CPUs).
             serde_json::json!({ "wakeups": wakeups, "cpu_ns": cpu_ns, "alive_ns": alive_ns,
                                 "woken_by_program": flusher::timer_rung(),
+                                // Allowed one CPU (a pinned rank's): it never spins.
+                                "one_cpu": flusher::timer_on_one_cpu(),
                                 "backstop_longest_ns": flusher::backstop_longest_ns() })
         }),
         // How late requests reached the provider, ns after their due time.
