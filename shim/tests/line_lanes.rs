@@ -20,6 +20,9 @@ const CHILD: &str = "IBJITTER_LANES_CHILD";
 /// More than the line's lanes (16): the threads beyond share its common way.
 const THREADS: u64 = 24;
 const PER_THREAD: u64 = 400;
+/// "churn": threads one after another (more than the line's lanes), each posting a burst.
+const CHURN_THREADS: u64 = 24;
+const CHURN_BURST: u64 = 1500;
 
 /// What the fake provider was handed: (QP, wr_id, first payload byte, when).
 static SEEN: Mutex<Vec<(usize, u64, u8, u64)>> = Mutex::new(Vec::new());
@@ -272,6 +275,9 @@ fn poll_until(ctx: *mut ibv_context, n: usize) {
 /// The children. "threads": THREADS threads, each posting PER_THREAD requests alternately
 /// on its own QP and on one QP they all share (wr_id = thread << 32 | k, payload byte k).
 /// "overflow": one thread posting 6,000 requests (the line has 4,096 slots) back to back.
+/// "churn": [`CHURN_THREADS`] threads one after another, each posting [`CHURN_BURST`]
+/// requests on one QP and exiting; the next starts once the provider saw them (one burst
+/// in the line at a time); emits (start, duration) of each burst.
 /// "destroy": 50 requests (10 posts of a chain of 5) on a QP destroyed at once, then 10 on
 /// a new QP at its address.
 /// "chain": one post of a chain of three, the middle one with 17 scatter entries.
@@ -341,6 +347,32 @@ fn child(how: &str) {
                 posted.push((t, now_ns() - t));
             }
             6000
+        }
+        "churn" => {
+            let mut q = fake_qp(ctx as *mut _);
+            let qp = new_qp(&mut q);
+            for t in 0..CHURN_THREADS {
+                let t0 = now_ns();
+                std::thread::spawn(move || {
+                    for k in 0..CHURN_BURST {
+                        // SAFETY: as above.
+                        unsafe {
+                            post(
+                                qp as *mut _,
+                                t << 32 | k,
+                                &[k as u8],
+                                1,
+                                std::ptr::null_mut(),
+                            )
+                        };
+                    }
+                })
+                .join()
+                .unwrap();
+                posted.push((t0, now_ns() - t0));
+                poll_until(ctx as *mut _, ((t + 1) * CHURN_BURST) as usize);
+            }
+            (CHURN_THREADS * CHURN_BURST) as usize
         }
         "destroy" => {
             let mut q = fake_qp(ctx as *mut _);
@@ -721,6 +753,43 @@ fn more_requests_than_slots_wait_for_a_slot_and_leave_in_order() {
     eprintln!("longest post: {longest} ns");
     assert_eq!(s["line"]["deferred"], 6000, "{s}");
     assert_eq!(s["line"]["not_delivered"], 0, "{s}");
+}
+
+/// Threads that come and go (a pool's workers), each posting a burst of 1,500 into the line
+/// and exiting: one burst at a time never fills the 4,096 slots, so no post waits. Before,
+/// each thread's lane kept the slots it had used for the life of the process (a lane keeps
+/// what comes back while 1,024 are free elsewhere): the third burst found 1,096 free and
+/// waited for its own to come back, every later one too (bursts of 0.1 ms took 5-35 ms at
+/// a 5 ms delay), and threads past the sixteenth had no lane at all. Now an exiting thread
+/// gives its lane up, its slots go back to all, and later threads take the lanes over.
+#[test]
+fn threads_that_come_and_go_leave_their_slots_to_the_others() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "threads_that_come_and_go_leave_their_slots_to_the_others",
+        "churn",
+        "5ms",
+        "0us",
+    );
+    assert_eq!(
+        seen_of(&r).len(),
+        (CHURN_THREADS * CHURN_BURST) as usize,
+        "{stderr}"
+    );
+    let bursts: Vec<(u64, u64)> = serde_json::from_value(r["posted"].clone()).unwrap();
+    eprintln!(
+        "burst ms: {:?}; {}",
+        bursts.iter().map(|b| b.1 as f64 / 1e6).collect::<Vec<_>>(),
+        s["line"]
+    );
+    assert_eq!(s["line"]["waited_for_a_slot"], 0, "{}", s["line"]);
+    assert!(
+        s["line"]["lanes_given_up"].as_u64().unwrap() >= CHURN_THREADS - 1,
+        "{}",
+        s["line"]
+    );
 }
 
 /// A QP destroyed with 50 requests in the line: they are dropped (counted), and a new QP

@@ -7,7 +7,12 @@
 //! first [`LANES`], go through two shared lock-free stacks linked through the slots'
 //! indices (no memory but the line's own), where any thread finds them. A thread holds its
 //! lane while it enters ([`hold_my_lane`]): a signal handler posting on a thread it
-//! interrupted there takes the stacks too.
+//! interrupted there takes the stacks too. A thread that exits gives its lane up (a
+//! thread-specific key's destructor): the next flush moves the free slots left on its way
+//! back to the shared stack, and a thread that comes later takes the lane over. Kept for
+//! the life of the process, a lane left by a thread that posted a burst held up to 3,072
+//! of the 4,096 slots where nobody took them again: threads coming and going (a pool's
+//! workers) found the line full and waited.
 use super::slots::{Pool, SLOTS};
 use crate::sys::rng;
 use std::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, Ordering::*};
@@ -47,7 +52,18 @@ struct OwnerSide {
 struct FlusherSide {
     head: AtomicU32,
     back_tail: AtomicU32,
+    /// Who has the lane: [`UNTAKEN`], [`OWNED`], [`GONE`], [`FREE`].
+    state: AtomicU32,
 }
+
+/// A lane no thread has had yet (handed out by the count of lanes taken, never taken over).
+const UNTAKEN: u32 = 0;
+/// A live thread's.
+const OWNED: u32 = 1;
+/// Its thread exited: the next flush takes its slots back, then frees it.
+const GONE: u32 = 2;
+/// Free for a thread that comes later to take over.
+const FREE: u32 = 3;
 
 struct Lane {
     owner: OwnerSide,
@@ -71,9 +87,18 @@ pub struct Line {
 }
 
 static LINE: OnceLock<Line> = OnceLock::new();
+/// The thread-specific key whose destructor gives an exiting thread's lane up.
+static EXIT_KEY: OnceLock<libc::pthread_key_t> = OnceLock::new();
 /// Lanes handed out (may count a little past [`LANES`]: threads that asked at once).
 static LANES_TAKEN: AtomicU32 = AtomicU32::new(0);
 static SHARED_ENTERED: AtomicU64 = AtomicU64::new(0);
+/// Lanes given up by threads that exited (their slots taken back).
+static LANES_GIVEN_UP: AtomicU64 = AtomicU64::new(0);
+
+/// Lanes given up by threads that exited, their free slots taken back.
+pub fn lanes_given_up() -> u64 {
+    LANES_GIVEN_UP.load(Relaxed)
+}
 
 /// A ring of [`RING`] positions, or None if its memory cannot be had.
 fn ring() -> Option<Box<[AtomicU32]>> {
@@ -120,7 +145,24 @@ pub fn start() -> bool {
     for i in (0..SLOTS as u32).rev() {
         line.push_free(i);
     }
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: a new key with a destructor that only stores to atomics. Without one (the
+    // process used up its keys), lanes are kept for the threads' lives, as before.
+    if unsafe { libc::pthread_key_create(&mut key, Some(lane_owner_exits)) } == 0 {
+        let _ = EXIT_KEY.set(key);
+    }
     LINE.set(line).is_ok()
+}
+
+/// The destructor of [`EXIT_KEY`], at the exit of a thread that had lane `value - 1`.
+unsafe extern "C" fn lane_owner_exits(value: *mut libc::c_void) {
+    // A post from a later destructor of this thread takes the shared way.
+    rng::set_line_lane(NO_LANE);
+    let lane = (value as usize).wrapping_sub(1);
+    if let Some(l) = line().and_then(|line| line.lanes.get(lane)) {
+        // Its writes to the lane before this store are the flusher's to read after it.
+        l.flusher.state.store(GONE, Release);
+    }
 }
 
 /// Bytes the line takes when it starts.
@@ -218,19 +260,35 @@ pub fn hold_while_flushing() -> LaneHold {
     }
 }
 
-/// A lane for a thread that has none yet: the next free one, or none ([`NO_LANE`]). The
-/// count stops near [`LANES`]: threads beyond ask once each and never move it on (a count
-/// moved by every post of theirs would wrap after 2^32 posts and hand out lanes in use).
+/// A lane for a thread that has none yet: the next never taken, or one a thread that exited
+/// gave up, or none ([`NO_LANE`]). The count stops near [`LANES`]: threads beyond ask once
+/// each and never move it on (a count moved by every post of theirs would wrap after 2^32
+/// posts and hand out lanes in use).
 #[cold]
 fn take_lane() -> u32 {
-    if LANES_TAKEN.load(Relaxed) as usize >= LANES {
-        return NO_LANE;
+    if (LANES_TAKEN.load(Relaxed) as usize) < LANES {
+        let k = LANES_TAKEN.fetch_add(1, Relaxed);
+        if (k as usize) < LANES {
+            claim(k, UNTAKEN);
+            return k + 1;
+        }
     }
-    let k = LANES_TAKEN.fetch_add(1, Relaxed);
-    if (k as usize) < LANES {
-        k + 1
-    } else {
-        NO_LANE
+    line()
+        .and_then(Line::take_over_free_lane)
+        .map_or(NO_LANE, |k| k + 1)
+}
+
+/// Makes lane `k` (in state `was`) the calling thread's, and arranges for it to be given up
+/// when the thread exits. Once per thread (one `pthread_setspecific`: glibc allocates only
+/// past its first 32 keys).
+fn claim(k: u32, was: u32) {
+    let Some(line) = line() else { return };
+    if was == UNTAKEN {
+        line.lanes[k as usize].flusher.state.store(OWNED, Release);
+    }
+    if let Some(key) = EXIT_KEY.get() {
+        // SAFETY: our key; the value is the lane plus one (never null).
+        unsafe { libc::pthread_setspecific(*key, (k as usize + 1) as *const libc::c_void) };
     }
 }
 
@@ -238,6 +296,18 @@ impl Line {
     fn lanes_in_use(&self) -> &[Lane] {
         let n = (LANES_TAKEN.load(Acquire) as usize).min(LANES);
         &self.lanes[..n]
+    }
+
+    /// Takes over a lane an exited thread gave up (its slots already taken back), if any.
+    fn take_over_free_lane(&self) -> Option<u32> {
+        let k = self.lanes_in_use().iter().position(|l| {
+            l.flusher
+                .state
+                .compare_exchange(FREE, OWNED, Acquire, Relaxed)
+                .is_ok()
+        })? as u32;
+        claim(k, FREE);
+        Some(k)
     }
 
     /// A free slot for the thread of `lane`: the next on its way back (one of the few it
@@ -299,6 +369,8 @@ impl Line {
     /// Only the thread flushing the line (one at a time) takes.
     pub unsafe fn take_entered(&self, mut f: impl FnMut(u32)) {
         for l in self.lanes_in_use() {
+            // Before its way in is read: a thread gone by now entered nothing after.
+            let gone = l.flusher.state.load(Acquire) == GONE;
             let mut h = l.flusher.head.load(Relaxed);
             let t = l.owner.tail.load(Acquire);
             while h != t {
@@ -306,6 +378,9 @@ impl Line {
                 h = h.wrapping_add(1);
             }
             l.flusher.head.store(h, Release);
+            if gone {
+                self.take_back(l);
+            }
         }
         let mut next = self.shared_in.swap(0, Acquire);
         while next != 0 {
@@ -328,7 +403,9 @@ impl Line {
     /// # Safety
     /// Only the thread flushing the line gives back, and only slots it took.
     pub unsafe fn give_back(&self, lane: u32, i: u32) {
-        if let Some(l) = self.lanes.get(lane as usize) {
+        // A lane whose thread is gone (or not yet taken over) keeps nothing.
+        let owned = |l: &&Lane| l.flusher.state.load(Relaxed) == OWNED;
+        if let Some(l) = self.lanes.get(lane as usize).filter(owned) {
             let t = l.flusher.back_tail.load(Relaxed);
             let held = t.wrapping_sub(l.owner.back_head.load(Acquire));
             if held < LANE_MIN || self.free_n.load(Relaxed) as usize >= SHARED_RESERVE {
@@ -338,6 +415,22 @@ impl Line {
             }
         }
         self.push_free(i);
+    }
+
+    /// The flusher's side, for a lane whose thread is gone (its way in just emptied): the
+    /// free slots on its way back go to the shared stack, and the lane is free for another
+    /// thread to take over.
+    fn take_back(&self, l: &Lane) {
+        // The owner is gone: its side is the flusher's until the lane is freed.
+        let t = l.flusher.back_tail.load(Relaxed);
+        let mut h = l.owner.back_head.load(Relaxed);
+        while h != t {
+            self.push_free(l.way_back[h as usize % RING].load(Relaxed));
+            h = h.wrapping_add(1);
+        }
+        l.owner.back_head.store(h, Relaxed);
+        LANES_GIVEN_UP.fetch_add(1, Relaxed);
+        l.flusher.state.store(FREE, Release);
     }
 
     /// Pushes slot `i` on the shared free stack.

@@ -78,6 +78,8 @@ static REFUSED_UNITS: AtomicU64 = AtomicU64::new(0);
 /// Posts made inside the thread's own flush on a QP with nothing in the line, which waited
 /// in place ([`in_place`]).
 static IN_PLACE: AtomicU64 = AtomicU64::new(0);
+/// Posts that found no free slot and waited for one (the line full).
+static WAITED_FOR_SLOT: AtomicU64 = AtomicU64::new(0);
 /// Requests still in the line when the process ended (never reached the provider), the
 /// draws they carried and their sum (ns).
 static NOT_DELIVERED: AtomicU64 = AtomicU64::new(0);
@@ -194,6 +196,7 @@ fn carried(cur: *mut ibv_send_wr, wr: *mut ibv_send_wr, units: u64) -> u64 {
 #[cold]
 #[inline(never)]
 fn wait_for_slot(line: &lanes::Line, lane: u32, entered_due: Option<u64>) -> Option<u32> {
+    WAITED_FOR_SLOT.fetch_add(1, Relaxed);
     if let Some(d) = entered_due {
         flusher::announce(d);
     }
@@ -439,6 +442,10 @@ pub fn stats_json() -> serde_json::Value {
         // they waited in place, as in spin mode, and went to the provider at once.
         "posted_in_place": IN_PLACE.load(Relaxed),
         "in_line_now": in_line(),
+        // Posts that found every slot taken and waited for one to come back (the line
+        // holds 4,096 requests), and lanes of threads that exited whose slots came back.
+        "waited_for_a_slot": WAITED_FOR_SLOT.load(Relaxed),
+        "lanes_given_up": lanes::lanes_given_up(),
         // Still in the line when the process ended: never reached the provider.
         "not_delivered": NOT_DELIVERED.load(Relaxed),
         // Who handed requests over: the program's own calls (posts and polls), or the
