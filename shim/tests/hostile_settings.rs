@@ -141,7 +141,7 @@ fn a_verbs_program_under_an_address_space_limit_posts_with_features_off() {
     let peak_kb: u64 = base_out
         .split("vm_peak_kb=")
         .nth(1)
-        .and_then(|v| v.trim().parse().ok())
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no vm_peak_kb in {base_out}"));
     let limit_kb = peak_kb + 3 * 1024;
     let trace = std::env::temp_dir().join(format!(

@@ -207,3 +207,45 @@ fn threads_opening_devices_at_once_all_wait_their_delay() {
         );
     }
 }
+
+/// A library whose constructor opens a device and posts runs before the shim's own when the
+/// loader initializes it first (preloaded after the shim here; a library the program links
+/// is the same): its posts wait their delay, as the exit line says. Before, the first use
+/// came before the settings were read: no clock, nothing waited (20 posts of 1 ms took
+/// 1 us) while the exit said otherwise, and first use was never tried again.
+#[test]
+fn a_device_opened_before_the_shims_constructor_still_waits() {
+    let (so, stub) = (build_shim(), build_stub());
+    let early = build_c(
+        "limited_post",
+        "limited_post_at_load.so",
+        &["-shared", "-fPIC", "-DIN_CONSTRUCTOR", "-ldl"],
+    );
+    let mut cmd = Command::new("true");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env(
+        "LD_PRELOAD",
+        format!("{} {}", so.display(), early.display()),
+    )
+    .env("LIMITED_POST_STUB", &stub)
+    .env("LIMITED_POST_N", "20")
+    .env("IBJITTER_DELAY", "1ms")
+    .env("IBJITTER_CONTROL", "0");
+    let (stdout, stderr) = run_ok(&mut cmd);
+    eprintln!("{stdout}{stderr}");
+    let posting_us: f64 = stdout
+        .split("posting_us=")
+        .nth(1)
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(stdout.contains("posts=20 provider=20 "), "{stdout}");
+    assert!(
+        posting_us >= 20_000.0,
+        "20 posts of 1 ms took {posting_us} us"
+    );
+    assert!(stderr.contains("delayed 20 of 20 sends"), "{stderr}");
+}

@@ -24,11 +24,16 @@ static PATTERN: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
 const OWNER_VAR: &str = "IBJITTER_STATS_OWNER";
 
 /// The load constructor's work: libc's `dlsym` first (before anything may look a symbol up
-/// through the shim's exports), then the settings.
+/// through the shim's exports), then the settings. Once: a library whose constructor opens
+/// a device runs before the shim's own when the loader initializes it first (one preloaded
+/// after the shim, one the program links), and the first use does it then.
 pub fn at_load() {
-    libc_dl::resolve();
-    claim_stats_path();
-    install(Settings::from_vars(config::env_var));
+    static LOADED: std::sync::Once = std::sync::Once::new();
+    LOADED.call_once(|| {
+        libc_dl::resolve();
+        claim_stats_path();
+        install(Settings::from_vars(config::env_var));
+    });
 }
 
 /// Applies `settings`: the draw, the selection, the modes, then the state's mode; prepares
@@ -99,6 +104,10 @@ fn choose_clock() {
 /// line, start the threads the settings need (window, episodes, delay line), live control
 /// and the signal-time stats' handlers. Once.
 pub fn first_use() {
+    // Before the shim's constructor (a device opened from another library's): without the
+    // settings, the first use chose no clock and started nothing, and the posts counted as
+    // delayed later were never waited for.
+    at_load();
     if !state::first_use() {
         return;
     }

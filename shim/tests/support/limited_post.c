@@ -4,9 +4,14 @@
  * then prints how many reached the provider and the process's peak address space.
  *
  *   limited_post STUB_LIBIBVERBS POSTS [HOLD_MS]
- * Output: "limited_post posts=N provider=M vm_peak_kb=K"; then, with HOLD_MS, the process
- * stays HOLD_MS ms (live control can address it). Exits 0 when every post returned 0 and
- * reached the provider.
+ * Output: "limited_post posts=N provider=M vm_peak_kb=K posting_us=T" (T: how long the N
+ * posts took); then, with HOLD_MS, the process stays HOLD_MS ms (live control can address
+ * it). Exits 0 when every post returned 0 and reached the provider.
+ *
+ * Built with -shared -fPIC -DIN_CONSTRUCTOR it is a library that does the same from its
+ * constructor (LIMITED_POST_STUB, LIMITED_POST_N from the environment) before the program's
+ * main, as a library that opens a device while the loader initializes the process: preloaded
+ * after the shim, its constructor runs before the shim's.
  * The verbs are looked up by name in the global scope, where the preloaded shim's exports
  * come first (as for any program linked with libibverbs). */
 #define _GNU_SOURCE
@@ -16,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static unsigned long provider_posts; /* atomic: a delay line posts from its own thread */
 
@@ -46,14 +52,17 @@ static long vm_peak_kb(void) {
     return kb;
 }
 
-int main(int argc, char **argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: limited_post STUB_LIBIBVERBS POSTS [HOLD_MS]\n");
-        return 2;
-    }
-    long posts = atol(argv[2]);
-    if (!dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL)) {
-        fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+/* Opens the fake device through the stub at `stub`, posts `posts` sends, waits for them to
+ * reach the provider, prints the result line, then stays `hold_ms` ms. */
+static int run(const char *stub, long posts, long hold_ms) {
+    if (!dlopen(stub, RTLD_NOW | RTLD_GLOBAL)) {
+        fprintf(stderr, "dlopen %s: %s\n", stub, dlerror());
         return 2;
     }
     struct ibv_context *(*open_device)(void *) = dlsym(RTLD_DEFAULT, "ibv_open_device");
@@ -89,6 +98,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     long failed = 0;
+    double t0 = now_us();
     for (long i = 0; i < posts; i++) {
         struct ibv_send_wr wr, *bad = NULL;
         memset(&wr, 0, sizeof wr);
@@ -96,6 +106,7 @@ int main(int argc, char **argv) {
         if (ibv_post_send(qp, &wr, &bad) != 0)
             failed++;
     }
+    double posting_us = now_us() - t0;
     /* A delay line hands posts to the provider later: wait for them, at most 2 s. */
     unsigned long reached = 0;
     for (int i = 0; i < 2000; i++) {
@@ -105,12 +116,27 @@ int main(int argc, char **argv) {
         struct timespec ms = {0, 1000000};
         nanosleep(&ms, NULL);
     }
-    printf("limited_post posts=%ld provider=%lu vm_peak_kb=%ld\n", posts, reached,
-           vm_peak_kb());
+    printf("limited_post posts=%ld provider=%lu vm_peak_kb=%ld posting_us=%.0f\n", posts,
+           reached, vm_peak_kb(), posting_us);
     fflush(stdout);
-    long hold_ms = argc > 3 ? atol(argv[3]) : 0;
     struct timespec hold = {hold_ms / 1000, (hold_ms % 1000) * 1000000L};
     if (hold_ms > 0)
         nanosleep(&hold, NULL);
     return failed == 0 && reached == (unsigned long)posts ? 0 : 1;
 }
+
+#ifdef IN_CONSTRUCTOR
+__attribute__((constructor)) static void limited_post_at_load(void) {
+    const char *stub = getenv("LIMITED_POST_STUB"), *n = getenv("LIMITED_POST_N");
+    if (stub && n && run(stub, atol(n), 0) != 0)
+        _exit(3);
+}
+#else
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: limited_post STUB_LIBIBVERBS POSTS [HOLD_MS]\n");
+        return 2;
+    }
+    return run(argv[1], atol(argv[2]), argc > 3 ? atol(argv[3]) : 0);
+}
+#endif
