@@ -120,12 +120,21 @@ pub fn installed_distributions(exe: &Path) -> Option<PathBuf> {
         .filter(|d| d.is_dir())
 }
 
-/// The `LD_PRELOAD` that loads `shim` first and then what was preloaded already.
+/// The `LD_PRELOAD` that loads `shim` first and then what was preloaded already, without
+/// another `libibjitter.so` (an installed one under a build tree's, say): a second copy
+/// would only stand aside (it says so), and this run's shim is the one asked for.
 pub fn preload_value(shim: &Path, existing: Option<&OsStr>) -> OsString {
+    use std::os::unix::ffi::OsStrExt;
     let mut v = OsString::from(shim.as_os_str());
-    if let Some(e) = existing.filter(|e| !e.is_empty()) {
+    let entries = existing.map_or(&[][..], |e| e.as_bytes());
+    // The loader splits the list at spaces and colons.
+    for entry in entries.split(|&b| b == b' ' || b == b':') {
+        let name = Path::new(OsStr::from_bytes(entry)).file_name();
+        if entry.is_empty() || name == Some(OsStr::new("libibjitter.so")) {
+            continue;
+        }
         v.push(" ");
-        v.push(e);
+        v.push(OsStr::from_bytes(entry));
     }
     v
 }
@@ -291,6 +300,15 @@ mod tests {
         assert_eq!(
             preload_value(shim, Some(OsStr::new("/x/libother.so"))),
             OsStr::new("/p/lib/ibjitter/libibjitter.so /x/libother.so")
+        );
+        // Another copy of the shim already preloaded (colon- or space-separated) is left
+        // out: it would only stand aside.
+        assert_eq!(
+            preload_value(
+                shim,
+                Some(OsStr::new("/opt/lib/libibjitter.so:/x/liba.so  /x/libb.so"))
+            ),
+            OsStr::new("/p/lib/ibjitter/libibjitter.so /x/liba.so /x/libb.so")
         );
     }
 

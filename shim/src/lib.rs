@@ -59,6 +59,9 @@ extern "C" fn on_load() {
     // A panic must never cross into the host program: on any failure, pass through.
     let _ = std::panic::catch_unwind(|| {
         lifecycle::at_load();
+        if state::standing_aside() {
+            return;
+        }
         // After libc's own dlsym is known (at_load's first step).
         exports::process::resolve_at_load();
         // SAFETY: handlers are plain functions of this object, unregistered by glibc if the

@@ -238,6 +238,20 @@ pub fn seen() -> (u64, u64, bool) {
     )
 }
 
+/// Another copy of the shim (another file: glibc loads one file once) came first in the
+/// process's global scope: this one does nothing, at load, first use or exit.
+static ASIDE: AtomicBool = AtomicBool::new(false);
+
+/// Writer: another copy of the shim is the process's; this one stands aside.
+pub fn stand_aside() {
+    ASIDE.store(true, Release);
+}
+
+/// Whether this copy stands aside for another ([`stand_aside`]).
+pub fn standing_aside() -> bool {
+    ASIDE.load(Acquire)
+}
+
 /// This process is a fork child (of a process in use, since the shim was loaded).
 static FORKED: AtomicBool = AtomicBool::new(false);
 

@@ -249,3 +249,58 @@ fn a_device_opened_before_the_shims_constructor_still_waits() {
     );
     assert!(stderr.contains("delayed 20 of 20 sends"), "{stderr}");
 }
+
+/// Two copies of the shim in one process (an installed one and a build tree's both
+/// preloaded; glibc loads a file once, but two files twice): the second says once that it
+/// stands aside and does nothing. Before, it said "no device was opened ... nothing was
+/// delayed" after the first's exit line, and wrote the same stats file after the first:
+/// `posts_total` 0 over the first's counts.
+#[test]
+fn a_second_copy_of_the_shim_stands_aside() {
+    let (so, stub) = (build_shim(), build_stub());
+    let driver = build_c("limited_post", "limited_post", &["-ldl"]);
+    let dir = target_dir().join(format!("ibjitter-two-copies-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let second = dir.join("libibjitter.so");
+    std::fs::copy(&so, &second).unwrap();
+    let stats = dir.join("stats.json");
+    let mut cmd = Command::new(&driver);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.arg(&stub)
+        .arg("20")
+        .env(
+            "LD_PRELOAD",
+            format!("{} {}", so.display(), second.display()),
+        )
+        .env("IBJITTER_DELAY", "100us")
+        .env("IBJITTER_CONTROL", "0")
+        .env("IBJITTER_STATS", &stats);
+    let (stdout, stderr) = run_ok(&mut cmd);
+    eprintln!("{stdout}{stderr}");
+    assert!(stdout.contains("posts=20 provider=20 "), "{stdout}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: warning:"))
+        .collect();
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains(&format!("{} is loaded before", so.display()))
+            && warnings[0].contains(&second.display().to_string()),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("delayed 20 of 20 sends").count(),
+        1,
+        "{stderr}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(doc["posts_total"], 20, "{doc}");
+    assert_eq!(doc["delays_injected"], 20, "{doc}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

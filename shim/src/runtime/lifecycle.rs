@@ -31,9 +31,63 @@ pub fn at_load() {
     static LOADED: std::sync::Once = std::sync::Once::new();
     LOADED.call_once(|| {
         libc_dl::resolve();
+        if let Some(first) = another_copy_first() {
+            state::stand_aside();
+            say::warn(&format!(
+                "{first} is loaded before this copy of libibjitter.so ({}): this one does \
+                 nothing (a second shim would write the same stats file at exit, with none of \
+                 the first's counts)",
+                object_of(another_copy_first as *const u8)
+            ));
+            return;
+        }
         claim_stats_path();
         install(Settings::from_vars(config::env_var));
     });
+}
+
+/// Every copy of the shim defines it: the process's global scope says which copy is first.
+#[no_mangle]
+#[used]
+static ibjitter_shim_instance: u8 = 0;
+
+/// The file of another copy of the shim that the process's global scope finds first (an
+/// installed one and a build tree's both preloaded, say), if any.
+fn another_copy_first() -> Option<String> {
+    // SAFETY: libc's dlsym with a NUL-terminated name.
+    let found =
+        unsafe { libc_dl::real_dlsym()(libc::RTLD_DEFAULT, c"ibjitter_shim_instance".as_ptr()) };
+    // Not the marker's address: an exported symbol's references bind to the first copy's
+    // in every copy. A function of this file that is not exported is this copy's own.
+    let own = another_copy_first as *const u8;
+    (!found.is_null() && object_base(found.cast()) != object_base(own))
+        .then(|| object_of(found.cast()))
+}
+
+/// The load address of the object that holds `addr` (null if the loader does not say).
+fn object_base(addr: *const u8) -> *mut libc::c_void {
+    // SAFETY: dladdr only fills `info` for an address.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(addr.cast(), &mut info) == 0 {
+            return std::ptr::null_mut();
+        }
+        info.dli_fbase
+    }
+}
+
+/// The path of the object that holds `addr`, as the loader says.
+fn object_of(addr: *const u8) -> String {
+    // SAFETY: dladdr fills `info` for an address; its file name is a C string of the loader's.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(addr.cast(), &mut info) != 0 && !info.dli_fname.is_null() {
+            return std::ffi::CStr::from_ptr(info.dli_fname)
+                .to_string_lossy()
+                .into_owned();
+        }
+    }
+    "another libibjitter.so".into()
 }
 
 /// Applies `settings`: the draw, the selection, the modes, then the state's mode; prepares
@@ -108,7 +162,7 @@ pub fn first_use() {
     // settings, the first use chose no clock and started nothing, and the posts counted as
     // delayed later were never waited for.
     at_load();
-    if !state::first_use() {
+    if state::standing_aside() || !state::first_use() {
         return;
     }
     choose_clock();
@@ -215,6 +269,9 @@ pub fn after_fork_child() {
 
 /// The exit handler's work.
 pub fn at_exit() {
+    if state::standing_aside() {
+        return;
+    }
     state::exiting();
     // What is still in the delay line goes out before the process does (what a wire
     // would do), as far as its due times allow within 2 s; then the lines and the stats

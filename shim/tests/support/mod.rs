@@ -47,8 +47,14 @@ pub fn build_stub() -> PathBuf {
     let dir = target_dir().join("ibjitter-stub-verbs");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("libibverbs.so.1");
-    // Per-process temporary, then rename: parallel test processes never see half a file.
-    let tmp = dir.join(format!("libibverbs.so.1.{}", std::process::id()));
+    // A temporary per process and call, then rename: parallel tests (processes, or threads of
+    // one) never see half a file, nor rename one another's away.
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        "libibverbs.so.1.{}.{}",
+        std::process::id(),
+        CALLS.fetch_add(1, Relaxed)
+    ));
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/stub_verbs.c");
     let st = Command::new("cc")
         .args([
