@@ -739,35 +739,62 @@ pub struct Listed {
     pub path: PathBuf,
 }
 
+/// What a file of [`dir`] is, by its name.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    /// `<pid>.<ns>`, or `<pid>` (before namespaced names).
+    Segment,
+    /// `<pid>.<ns>.new`: a segment being made (left by a process that died meanwhile).
+    Making,
+    /// `<pid>.<ns>.wake`: a segment's wake FIFO.
+    Wake,
+}
+
 /// The segment files in [`dir`], of every pid namespace, by pid.
 pub fn listed() -> Vec<Listed> {
+    let mut v: Vec<Listed> = entries()
+        .into_iter()
+        .filter(|(kind, _)| *kind == Kind::Segment)
+        .map(|(_, l)| l)
+        .collect();
+    v.sort_unstable_by_key(|l| (l.pid, l.ns));
+    v
+}
+
+/// The files of [`dir`] this crate names, of every kind.
+fn entries() -> Vec<(Kind, Listed)> {
     let d = dir();
-    let mut v: Vec<Listed> = std::fs::read_dir(&d)
+    std::fs::read_dir(&d)
         .map(|entries| {
             entries
                 .filter_map(Result::ok)
                 .filter_map(|e| {
                     let name = e.file_name();
-                    let (pid, ns) = parse_name(name.to_str()?)?;
-                    Some(Listed {
-                        pid,
-                        ns,
-                        path: d.join(name),
-                    })
+                    let (kind, pid, ns) = parse_name(name.to_str()?)?;
+                    let path = d.join(name);
+                    Some((kind, Listed { pid, ns, path }))
                 })
                 .collect()
         })
-        .unwrap_or_default();
-    v.sort_unstable_by_key(|l| (l.pid, l.ns));
-    v
+        .unwrap_or_default()
 }
 
-/// `<pid>.<namespace>` or a legacy `<pid>`; None for anything else (`.wake`, `.new`).
-fn parse_name(name: &str) -> Option<(u32, Option<u64>)> {
-    match name.split_once('.') {
-        Some((pid, ns)) => Some((pid.parse().ok()?, Some(ns.parse().ok()?))),
-        None => Some((name.parse().ok()?, None)),
-    }
+/// `<pid>.<namespace>` (a legacy `<pid>`), and its `.new` and `.wake` files; None for
+/// anything else (a legacy `<pid>.wake`: whose namespace it is, its name does not say).
+fn parse_name(name: &str) -> Option<(Kind, u32, Option<u64>)> {
+    let mut parts = name.split('.');
+    let pid = parts.next()?.parse().ok()?;
+    let Some(ns) = parts.next() else {
+        return Some((Kind::Segment, pid, None));
+    };
+    let ns = Some(ns.parse().ok()?);
+    let kind = match parts.next() {
+        None => Kind::Segment,
+        Some("new") => Kind::Making,
+        Some("wake") => Kind::Wake,
+        Some(_) => return None,
+    };
+    parts.next().is_none().then_some((kind, pid, ns))
 }
 
 /// Removes the files of this user's processes that are gone, as this pid namespace proves
@@ -782,12 +809,16 @@ fn parse_name(name: &str) -> Option<(u32, Option<u64>)> {
 pub fn remove_stale(limit: usize) -> usize {
     let here = pid_ns().unwrap_or(0);
     let (mut removed, mut opened) = (0, 0);
-    for f in listed() {
+    for (kind, f) in entries() {
         // Bounded work too: files it cannot remove are opened again at each start.
         if removed >= limit || opened >= limit.saturating_mul(4) {
             break;
         }
-        match sweep(&f, here) {
+        let swept = match kind {
+            Kind::Segment => sweep(&f, here),
+            Kind::Making | Kind::Wake => sweep_leftover(kind, &f, here),
+        };
+        match swept {
             Swept::Left => {}
             Swept::Opened => opened += 1,
             Swept::Removed => (opened, removed) = (opened + 1, removed + 1),
@@ -806,19 +837,24 @@ enum Swept {
     Removed,
 }
 
-/// Sweeps file `f` from pid namespace `here`.
-fn sweep(f: &Listed, here: u64) -> Swept {
+/// Whether `f` is named in namespace `here` (or by an earlier shim) for a pid that no
+/// process of `here` has.
+fn gone_here(f: &Listed, here: u64) -> bool {
     if f.ns.is_some_and(|ns| ns != here) {
-        return Swept::Left;
+        return false;
     }
     let Ok(p) = libc::pid_t::try_from(f.pid) else {
-        return Swept::Left;
+        return false;
     };
     // SAFETY: signal 0 only checks that the process exists.
-    if p <= 0 || unsafe { libc::kill(p, 0) } == 0 {
-        return Swept::Left;
-    }
-    if std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
+    p > 0
+        && unsafe { libc::kill(p, 0) } != 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// Sweeps segment file `f` from pid namespace `here`.
+fn sweep(f: &Listed, here: u64) -> Swept {
+    if !gone_here(f, here) {
         return Swept::Left;
     }
     let Some(ino) = stale_inode(&f.path, f.pid) else {
@@ -830,6 +866,26 @@ fn sweep(f: &Listed, here: u64) -> Swept {
         return Swept::Removed;
     }
     Swept::Opened
+}
+
+/// Sweeps a segment's half-made file or wake FIFO `f` (named in a namespace) from `here`:
+/// removed when its process is gone here, a FIFO only once its segment is gone too (the
+/// segment's sweep takes both). A process that died between making and renaming its
+/// segment, or a FIFO whose segment a user removed, left them for ever.
+fn sweep_leftover(kind: Kind, f: &Listed, here: u64) -> Swept {
+    if f.ns.is_none() || !gone_here(f, here) {
+        return Swept::Left;
+    }
+    if kind == Kind::Wake {
+        let segment = f.path.with_extension("");
+        if std::fs::symlink_metadata(segment).is_ok() {
+            return Swept::Opened;
+        }
+    }
+    match std::fs::remove_file(&f.path) {
+        Ok(()) => Swept::Removed,
+        Err(_) => Swept::Opened,
+    }
 }
 
 /// The inode of file `p` when it is a segment of `pid` (this layout or 02, which keeps its

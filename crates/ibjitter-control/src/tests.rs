@@ -240,8 +240,42 @@ fn a_pid_of_another_namespace_keeps_its_file_and_a_legacy_name_is_found() {
     assert_eq!(old.ns, None);
     assert_eq!(sweep(&old, here), Swept::Removed);
     assert!(!legacy.exists(), "a gone process's legacy file is swept");
-    assert_eq!(parse_name("12.34"), Some((12, Some(34))));
-    assert_eq!(parse_name("12.34.wake"), None);
+    assert_eq!(parse_name("12.34"), Some((Kind::Segment, 12, Some(34))));
+    assert_eq!(parse_name("12"), Some((Kind::Segment, 12, None)));
+    assert_eq!(parse_name("12.34.wake"), Some((Kind::Wake, 12, Some(34))));
+    assert_eq!(parse_name("12.34.new"), Some((Kind::Making, 12, Some(34))));
     assert_eq!(parse_name("12.new"), None);
+    assert_eq!(parse_name("12.34.wake.x"), None);
     assert_eq!(parse_name("x"), None);
+}
+
+/// A half-made segment (its process died between making and renaming it) and a wake FIFO
+/// whose segment is gone are swept once their process is gone here; a FIFO beside its
+/// segment is the segment's sweep's, and another namespace's is never touched.
+#[test]
+fn leftovers_of_a_gone_process_are_swept() {
+    let fake = 4_000_017u32;
+    let here = pid_ns().unwrap();
+    let (_server, p) = create(fake).unwrap();
+    let fifo = wake_path(fake);
+    let making = dir().join(format!("{fake}.{here}.new"));
+    std::fs::write(&making, b"half").unwrap();
+    let find = |path: &Path| entries().into_iter().find(|(_, f)| f.path == path).unwrap();
+    let (kind, f) = find(&making);
+    assert_eq!(sweep_leftover(kind, &f, here), Swept::Removed);
+    assert!(!making.exists());
+    // The FIFO stays while its segment does.
+    let (kind, w) = find(&fifo);
+    assert_eq!(kind, Kind::Wake);
+    assert_eq!(sweep_leftover(kind, &w, here), Swept::Opened);
+    std::fs::remove_file(&p).unwrap();
+    assert_eq!(sweep_leftover(kind, &w, here + 1), Swept::Left);
+    assert_eq!(sweep_leftover(kind, &w, here), Swept::Removed);
+    assert!(std::fs::symlink_metadata(&fifo).is_err());
+    // This process's own are never swept (it is not gone).
+    let mine = dir().join(format!("{}.{here}.new", std::process::id()));
+    std::fs::write(&mine, b"").unwrap();
+    let (kind, m) = find(&mine);
+    assert_eq!(sweep_leftover(kind, &m, here), Swept::Left);
+    std::fs::remove_file(&mine).unwrap();
 }
