@@ -26,7 +26,7 @@
 //! - [`exports`]: the exported symbols (libibverbs', UCP's, `dlsym`, the ends of a process:
 //!   `exec*`, `_exit`), which only delegate.
 //!
-//! This file holds the load (the one constructor), fork and exit hooks only. The post path
+//! This file holds the load (the one constructor) and exit hooks only. The post path
 //! ([`wrappers::post::post_send_hook`]) takes no lock, makes no syscall and never allocates.
 
 pub mod abi;
@@ -43,50 +43,14 @@ pub mod wrappers;
 
 use runtime::lifecycle;
 
-// The shim's own load and exit hooks. `__register_atfork` with this object's handle is
-// what glibc's pthread_atfork wrapper does (that symbol is not linkable directly).
-extern "C" {
-    fn __register_atfork(
-        prepare: Option<extern "C" fn()>,
-        parent: Option<extern "C" fn()>,
-        child: Option<extern "C" fn()>,
-        dso_handle: *mut std::ffi::c_void,
-    ) -> std::ffi::c_int;
-    static __dso_handle: u8;
-}
-
 extern "C" fn on_load() {
     // A panic must never cross into the host program: on any failure, pass through.
     let _ = std::panic::catch_unwind(|| {
         lifecycle::at_load();
-        if state::standing_aside() {
-            return;
-        }
-        // After libc's own dlsym is known (at_load's first step).
+        // After libc's own dlsym is known (at_load's first step); a copy standing aside
+        // resolves them too, as the first copy's exec hooks reach its exports by RTLD_NEXT.
         exports::process::resolve_at_load();
-        // SAFETY: handlers are plain functions of this object, unregistered by glibc if the
-        // object is ever unloaded (dso handle).
-        unsafe {
-            __register_atfork(
-                Some(on_fork_prepare),
-                Some(on_fork_parent),
-                Some(on_fork_child),
-                std::ptr::addr_of!(__dso_handle) as *mut _,
-            );
-        }
     });
-}
-
-extern "C" fn on_fork_prepare() {
-    lifecycle::before_fork();
-}
-
-extern "C" fn on_fork_parent() {
-    lifecycle::after_fork_parent();
-}
-
-extern "C" fn on_fork_child() {
-    lifecycle::after_fork_child();
 }
 
 extern "C" fn on_exit() {

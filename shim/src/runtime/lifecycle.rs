@@ -24,26 +24,71 @@ static PATTERN: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
 const OWNER_VAR: &str = "IBJITTER_STATS_OWNER";
 
 /// The load constructor's work: libc's `dlsym` first (before anything may look a symbol up
-/// through the shim's exports), then the settings. Once: a library whose constructor opens
-/// a device runs before the shim's own when the loader initializes it first (one preloaded
-/// after the shim, one the program links), and the first use does it then.
+/// through the shim's exports), then the fork handlers and the settings. Once: a library
+/// whose constructor opens a device runs before the shim's own when the loader initializes
+/// it first (one preloaded after the shim, one the program links), and the first use does it
+/// then. A panic in it is caught here (a poisoned `Once` would panic again at the first use,
+/// in a hook, where nothing catches it): the shim then stands aside, all pass-through.
 pub fn at_load() {
     static LOADED: std::sync::Once = std::sync::Once::new();
     LOADED.call_once(|| {
-        libc_dl::resolve();
-        if let Some(first) = another_copy_first() {
+        if std::panic::catch_unwind(load).is_err() {
             state::stand_aside();
-            say::warn(&format!(
-                "{first} is loaded before this copy of libibjitter.so ({}): this one does \
-                 nothing (a second shim would write the same stats file at exit, with none of \
-                 the first's counts)",
-                object_of(another_copy_first as *const u8)
-            ));
-            return;
         }
-        claim_stats_path();
-        install(Settings::from_vars(config::env_var));
     });
+}
+
+fn load() {
+    libc_dl::resolve();
+    if let Some(first) = another_copy_first() {
+        state::stand_aside();
+        say::warn(&format!(
+            "{first} is loaded before this copy of libibjitter.so ({}): this one does \
+             nothing (a second shim would write the same stats file at exit, with none of \
+             the first's counts)",
+            object_of(another_copy_first as *const u8)
+        ));
+        return;
+    }
+    register_fork_handlers();
+    claim_stats_path();
+    install(Settings::from_vars(config::env_var));
+}
+
+extern "C" {
+    /// What glibc's `pthread_atfork` wrapper calls with the caller's object (that symbol is
+    /// not linkable directly).
+    fn __register_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+        dso_handle: *mut std::ffi::c_void,
+    ) -> std::ffi::c_int;
+    static __dso_handle: u8;
+}
+
+/// Registers [`before_fork`], [`after_fork_parent`] and [`after_fork_child`] (before any
+/// thread of the shim starts: the first use's, even from another library's constructor).
+fn register_fork_handlers() {
+    extern "C" fn prepare() {
+        before_fork();
+    }
+    extern "C" fn parent() {
+        after_fork_parent();
+    }
+    extern "C" fn child() {
+        after_fork_child();
+    }
+    // SAFETY: handlers are plain functions of this object, unregistered by glibc if the
+    // object is ever unloaded (its dso handle).
+    unsafe {
+        __register_atfork(
+            Some(prepare),
+            Some(parent),
+            Some(child),
+            std::ptr::addr_of!(__dso_handle) as *mut _,
+        );
+    }
 }
 
 /// Every copy of the shim defines it: the process's global scope says which copy is first.
