@@ -23,6 +23,9 @@ const PER_THREAD: u64 = 400;
 /// "churn": threads one after another (more than the line's lanes), each posting a burst.
 const CHURN_THREADS: u64 = 24;
 const CHURN_BURST: u64 = 1500;
+/// "churn-held": threads holding all lanes but one, and the threads that come and go then.
+const HOLDERS: usize = 15;
+const HELD_CHURN_THREADS: u64 = 8;
 
 /// What the fake provider was handed: (QP, wr_id, first payload byte, when).
 static SEEN: Mutex<Vec<(usize, u64, u8, u64)>> = Mutex::new(Vec::new());
@@ -276,8 +279,10 @@ fn poll_until(ctx: *mut ibv_context, n: usize) {
 /// on its own QP and on one QP they all share (wr_id = thread << 32 | k, payload byte k).
 /// "overflow": one thread posting 6,000 requests (the line has 4,096 slots) back to back.
 /// "churn": [`CHURN_THREADS`] threads one after another, each posting [`CHURN_BURST`]
-/// requests on one QP and exiting; the next starts once the provider saw them (one burst
-/// in the line at a time); emits (start, duration) of each burst.
+/// requests on one QP, polling until the provider saw them (one burst in the line at a
+/// time; the line empty when it exits), and exiting; emits (start, duration) of each burst.
+/// "churn-held": the same with [`HELD_CHURN_THREADS`] threads while [`HOLDERS`] threads
+/// that posted once hold all lanes but one.
 /// "destroy": 50 requests (10 posts of a chain of 5) on a QP destroyed at once, then 10 on
 /// a new QP at its address.
 /// "chain": one post of a chain of three, the middle one with 17 scatter entries.
@@ -351,28 +356,31 @@ fn child(how: &str) {
         "churn" => {
             let mut q = fake_qp(ctx as *mut _);
             let qp = new_qp(&mut q);
-            for t in 0..CHURN_THREADS {
-                let t0 = now_ns();
-                std::thread::spawn(move || {
-                    for k in 0..CHURN_BURST {
-                        // SAFETY: as above.
-                        unsafe {
-                            post(
-                                qp as *mut _,
-                                t << 32 | k,
-                                &[k as u8],
-                                1,
-                                std::ptr::null_mut(),
-                            )
-                        };
-                    }
-                })
-                .join()
-                .unwrap();
-                posted.push((t0, now_ns() - t0));
-                poll_until(ctx as *mut _, ((t + 1) * CHURN_BURST) as usize);
-            }
+            posted = churn(ctx, qp, CHURN_THREADS, 0);
             (CHURN_THREADS * CHURN_BURST) as usize
+        }
+        "churn-held" => {
+            let mut q = fake_qp(ctx as *mut _);
+            let qp = new_qp(&mut q);
+            // Threads that keep all lanes but one for the whole run, each with one post.
+            let done = std::sync::Arc::new(std::sync::Barrier::new(HOLDERS + 1));
+            let holders: Vec<_> = (0..HOLDERS as u64)
+                .map(|h| {
+                    let done = done.clone();
+                    std::thread::spawn(move || {
+                        // SAFETY: as above.
+                        unsafe { post(qp as *mut _, 1 << 39 | h, &[0], 1, std::ptr::null_mut()) };
+                        done.wait();
+                    })
+                })
+                .collect();
+            poll_until(ctx as *mut _, HOLDERS);
+            posted = churn(ctx, qp, HELD_CHURN_THREADS, HOLDERS);
+            done.wait();
+            for h in holders {
+                h.join().unwrap();
+            }
+            HOLDERS + (HELD_CHURN_THREADS * CHURN_BURST) as usize
         }
         "destroy" => {
             let mut q = fake_qp(ctx as *mut _);
@@ -590,6 +598,39 @@ fn child(how: &str) {
     );
 }
 
+/// `threads` threads one after another, each posting [`CHURN_BURST`] requests on `qp`,
+/// polling until the provider saw them (`seen_before` more were seen before) and exiting:
+/// the line is empty at each exit. Returns each burst's (start, duration) in ns.
+fn churn(ctx: usize, qp: usize, threads: u64, seen_before: usize) -> Vec<(u64, u64)> {
+    (0..threads)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let t0 = now_ns();
+                for k in 0..CHURN_BURST {
+                    // SAFETY: a patched fake QP of a live context.
+                    unsafe {
+                        post(
+                            qp as *mut _,
+                            t << 32 | k,
+                            &[k as u8],
+                            1,
+                            std::ptr::null_mut(),
+                        )
+                    };
+                }
+                let took = now_ns() - t0;
+                poll_until(
+                    ctx as *mut _,
+                    seen_before + ((t + 1) * CHURN_BURST) as usize,
+                );
+                (t0, took)
+            })
+            .join()
+            .unwrap()
+        })
+        .collect()
+}
+
 /// Runs the child for `test` and returns its result, its stderr and its stats document.
 fn run(test: &str, how: &str, delay: &str, jitter: &str) -> (Value, String, Value) {
     let dir = target_dir().join(format!("ibjitter-line-lanes-{test}-{}", std::process::id()));
@@ -755,8 +796,9 @@ fn more_requests_than_slots_wait_for_a_slot_and_leave_in_order() {
     assert_eq!(s["line"]["not_delivered"], 0, "{s}");
 }
 
-/// Threads that come and go (a pool's workers), each posting a burst of 1,500 into the line
-/// and exiting: one burst at a time never fills the 4,096 slots, so no post waits. Before,
+/// Threads that come and go (a pool's workers), each posting a burst of 1,500 into the line,
+/// waiting for it to leave and exiting: one burst at a time never fills the 4,096 slots, so
+/// no post waits, and each thread takes over the lane the one before gave up. Before,
 /// each thread's lane kept the slots it had used for the life of the process (a lane keeps
 /// what comes back while 1,024 are free elsewhere): the third burst found 1,096 free and
 /// waited for its own to come back, every later one too (bursts of 0.1 ms took 5-35 ms at
@@ -784,6 +826,20 @@ fn threads_that_come_and_go_leave_their_slots_to_the_others() {
         bursts.iter().map(|b| b.1 as f64 / 1e6).collect::<Vec<_>>(),
         s["line"]
     );
+    assert_eq!(s["line"]["waited_for_a_slot"], 0, "{}", s["line"]);
+    // With every lane but one held by threads that stay, each thread that comes takes over
+    // the lane the one before gave up, freed at that thread's exit although the line was
+    // empty then (at a later flush, the next thread found none free and posted without one
+    // for its life).
+    let (r, stderr, s) = run(
+        "threads_that_come_and_go_leave_their_slots_to_the_others",
+        "churn-held",
+        "5ms",
+        "0us",
+    );
+    let n = HOLDERS + (HELD_CHURN_THREADS * CHURN_BURST) as usize;
+    assert_eq!(seen_of(&r).len(), n, "{stderr}");
+    assert_eq!(s["line"]["entered_without_a_lane"], 0, "{}", s["line"]);
     assert_eq!(s["line"]["waited_for_a_slot"], 0, "{}", s["line"]);
     assert!(
         s["line"]["lanes_given_up"].as_u64().unwrap() >= CHURN_THREADS - 1,

@@ -224,6 +224,12 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
     flush_before(by, now, u64::MAX)
 }
 
+/// A thread that had a lane exited: a flush (if the line is free) takes that lane's slots
+/// back and frees it for the next thread, even with nothing in the line.
+pub fn after_lane_owner_exits() {
+    flush(&BY_PROGRAM, None);
+}
+
 /// Hands over what is due and due before `ceiling`, when the line is not empty and its
 /// earliest request is due: a post waiting in place for its own due time hands over what
 /// falls due meanwhile, but never a request due after its own (its QP's later ones, which

@@ -89,6 +89,10 @@ pub struct Line {
 static LINE: OnceLock<Line> = OnceLock::new();
 /// The thread-specific key whose destructor gives an exiting thread's lane up.
 static EXIT_KEY: OnceLock<libc::pthread_key_t> = OnceLock::new();
+/// glibc keeps the values of the first 32 keys in the thread itself and allocates a block
+/// for the others at a thread's first `pthread_setspecific`: a thread's first post (perhaps
+/// a signal handler's) must not allocate, so a later key is not used.
+const KEYS_WITHOUT_ALLOCATION: usize = 32;
 /// Lanes handed out (may count a little past [`LANES`]: threads that asked at once).
 static LANES_TAKEN: AtomicU32 = AtomicU32::new(0);
 static SHARED_ENTERED: AtomicU64 = AtomicU64::new(0);
@@ -98,6 +102,12 @@ static LANES_GIVEN_UP: AtomicU64 = AtomicU64::new(0);
 /// Lanes given up by threads that exited, their free slots taken back.
 pub fn lanes_given_up() -> u64 {
     LANES_GIVEN_UP.load(Relaxed)
+}
+
+/// Requests entered by threads without a lane (beyond [`LANES`] at once, or a signal
+/// handler's inside its thread's entry).
+pub fn entered_without_a_lane() -> u64 {
+    SHARED_ENTERED.load(Acquire)
 }
 
 /// A ring of [`RING`] positions, or None if its memory cannot be had.
@@ -110,7 +120,8 @@ fn ring() -> Option<Box<[AtomicU32]>> {
 
 /// Allocates the pool and the ways (fallibly: under an address-space limit the line does not
 /// start). Once; false if it cannot.
-pub fn start() -> bool {
+pub fn start(after_owner_exits: fn()) -> bool {
+    let _ = AFTER_OWNER_EXITS.set(after_owner_exits);
     let Some(pool) = Pool::new() else {
         return false;
     };
@@ -146,13 +157,23 @@ pub fn start() -> bool {
         line.push_free(i);
     }
     let mut key: libc::pthread_key_t = 0;
-    // SAFETY: a new key with a destructor that only stores to atomics. Without one (the
-    // process used up its keys), lanes are kept for the threads' lives, as before.
-    if unsafe { libc::pthread_key_create(&mut key, Some(lane_owner_exits)) } == 0 {
-        let _ = EXIT_KEY.set(key);
+    // SAFETY: a new key with a destructor that only stores to atomics, deleted again if its
+    // value would cost an allocation. Without one, lanes are kept for the threads' lives.
+    unsafe {
+        if libc::pthread_key_create(&mut key, Some(lane_owner_exits)) == 0 {
+            if (key as usize) < KEYS_WITHOUT_ALLOCATION {
+                let _ = EXIT_KEY.set(key);
+            } else {
+                libc::pthread_key_delete(key);
+            }
+        }
     }
     LINE.set(line).is_ok()
 }
+
+/// What the line does once a lane's thread is gone (a flush, whose look at the lanes takes
+/// that lane's slots back at once, if no other thread holds the line).
+static AFTER_OWNER_EXITS: OnceLock<fn()> = OnceLock::new();
 
 /// The destructor of [`EXIT_KEY`], at the exit of a thread that had lane `value - 1`.
 unsafe extern "C" fn lane_owner_exits(value: *mut libc::c_void) {
@@ -162,6 +183,11 @@ unsafe extern "C" fn lane_owner_exits(value: *mut libc::c_void) {
     if let Some(l) = line().and_then(|line| line.lanes.get(lane)) {
         // Its writes to the lane before this store are the flusher's to read after it.
         l.flusher.state.store(GONE, Release);
+        // Now, not at the next flush: with the line empty a thread coming next (a pool's
+        // next worker) would find no lane to take over, and post without one for its life.
+        if let Some(after) = AFTER_OWNER_EXITS.get() {
+            after();
+        }
     }
 }
 
@@ -279,8 +305,8 @@ fn take_lane() -> u32 {
 }
 
 /// Makes lane `k` (in state `was`) the calling thread's, and arranges for it to be given up
-/// when the thread exits. Once per thread (one `pthread_setspecific`: glibc allocates only
-/// past its first 32 keys).
+/// when the thread exits. Once per thread (one `pthread_setspecific` of a key that needs no
+/// allocation: [`KEYS_WITHOUT_ALLOCATION`]).
 fn claim(k: u32, was: u32) {
     let Some(line) = line() else { return };
     if was == UNTAKEN {

@@ -92,7 +92,7 @@ static NOT_DELIVERED_NS: AtomicU64 = AtomicU64::new(0);
 pub fn start() -> bool {
     // The pool (a few MiB) is reserved fallibly: under an address-space limit (`ulimit -v`)
     // the line does not start and posts wait in place, never an abort.
-    if !lanes::start() || !flusher::start() {
+    if !lanes::start(flusher::after_lane_owner_exits) || !flusher::start() {
         say::warn(&format!(
             "IBJITTER_MODE=line: cannot allocate the delay line's {} KiB (address space \
              limit?); posts wait in place (spin)",
@@ -443,9 +443,11 @@ pub fn stats_json() -> serde_json::Value {
         "posted_in_place": IN_PLACE.load(Relaxed),
         "in_line_now": in_line(),
         // Posts that found every slot taken and waited for one to come back (the line
-        // holds 4,096 requests), and lanes of threads that exited whose slots came back.
+        // holds 4,096 requests), lanes of threads that exited whose slots came back, and
+        // requests of threads that had no lane (more than 16 posting at once).
         "waited_for_a_slot": WAITED_FOR_SLOT.load(Relaxed),
         "lanes_given_up": lanes::lanes_given_up(),
+        "entered_without_a_lane": lanes::entered_without_a_lane(),
         // Still in the line when the process ended: never reached the provider.
         "not_delivered": NOT_DELIVERED.load(Relaxed),
         // Who handed requests over: the program's own calls (posts and polls), or the
