@@ -97,7 +97,9 @@ fn child(scenario: &str) {
         .unwrap();
     let t0 = Instant::now();
     let mut posts = 0u64;
-    while t0.elapsed() < Duration::from_millis(hold) {
+    // A file the test makes ends the hold early (IBJITTER_TEST_STOP, if set).
+    let stop = std::env::var_os("IBJITTER_TEST_STOP").map(std::path::PathBuf::from);
+    while t0.elapsed() < Duration::from_millis(hold) && !stop.as_ref().is_some_and(|p| p.exists()) {
         // SAFETY: a fake QP of a patched fake context.
         assert_eq!(unsafe { ibv_post_send(qp) }, 0);
         posts += 1;
@@ -476,9 +478,17 @@ fn processes_of_one_pid_in_two_pid_namespaces_keep_their_own_files() {
     if !private() {
         return in_private_shm(NAME, "4m");
     }
-    // Each the first process of a new pid namespace (pid 1), as a container's program.
-    let container = ["unshare", "-p", "-f", "--mount-proc"];
-    let (first, pid_a) = spawn_child_under(&container, NAME, "hold", 400);
+    // Each the first process of a new pid namespace (pid 1), as a container's program; the
+    // first holds until the test makes its stop file (a time limit could end it before the
+    // second starts, on a loaded host), the second until it is killed (with unshare).
+    let stop = std::path::Path::new("/dev/shm/stop-first");
+    let container = ["unshare", "-p", "-f", "--mount-proc", "--kill-child"];
+    let first_stops = [
+        &["env", "IBJITTER_TEST_STOP=/dev/shm/stop-first"][..],
+        &container,
+    ]
+    .concat();
+    let (first, pid_a) = spawn_child_under(&first_stops, NAME, "hold", 60_000);
     let (mut second, pid_b) = spawn_child_under(&container, NAME, "hold", 60_000);
     assert_eq!((pid_a, pid_b), (1, 1));
     // Both serving: each wrote its segment and woke.
@@ -489,6 +499,7 @@ fn processes_of_one_pid_in_two_pid_namespaces_keep_their_own_files() {
         files[0].ns != files[1].ns && files.iter().all(|f| f.pid == 1 && f.ns != ours),
         "{files:?}"
     );
+    std::fs::write(stop, b"").unwrap();
     let (status, _, lines) = finish(first);
     assert!(status.success(), "{lines:?}");
     let left = ctl::listed();
