@@ -41,10 +41,10 @@ pub fn targets(pids: &[u32], all: bool) -> Result<Found, String> {
     for f in ctl::listed() {
         match ctl::open_path(&f.path, f.pid) {
             Ok(_) => found.live.push(f.pid),
-            Err(OpenError::Stale) => {
-                ctl::remove_path(&f.path);
-                found.removed.push(f.pid);
-            }
+            // Only the very file found stale (a process that took the pid may have put its
+            // own in its place meanwhile).
+            Err(OpenError::Stale) if ctl::remove_if_stale(&f) => found.removed.push(f.pid),
+            Err(OpenError::Stale) => {}
             Err(OpenError::Missing) => {}
             Err(e) => found.skipped.push((f.pid, e.describe_file(&f.path, f.pid))),
         }

@@ -857,15 +857,28 @@ fn sweep(f: &Listed, here: u64) -> Swept {
     if !gone_here(f, here) {
         return Swept::Left;
     }
-    let Some(ino) = stale_inode(&f.path, f.pid) else {
+    let Some(stale) = stale_file(&f.path, f.pid) else {
         return Swept::Opened;
     };
-    let same = std::fs::symlink_metadata(&f.path).is_ok_and(|m| m.ino() == ino);
+    let same = std::fs::symlink_metadata(&f.path).is_ok_and(|m| m.ino() == stale.ino());
     if same && std::fs::remove_file(&f.path).is_ok() {
-        let _ = std::fs::remove_file(wake_path_of(&f.path));
+        // Its FIFO was made before it: a FIFO changed after it is a new process's, which
+        // took the pid and makes its segment now.
+        let fifo = wake_path_of(&f.path);
+        let changed = |m: &std::fs::Metadata| (m.ctime(), m.ctime_nsec());
+        let theirs = std::fs::symlink_metadata(&fifo).is_ok_and(|m| changed(&m) > changed(&stale));
+        if !theirs {
+            let _ = std::fs::remove_file(fifo);
+        }
         return Swept::Removed;
     }
     Swept::Opened
+}
+
+/// Removes segment file `f` (listed by [`listed`]) if its process is gone, as this pid
+/// namespace proves, and it is still the file found stale; whether it did.
+pub fn remove_if_stale(f: &Listed) -> bool {
+    sweep(f, pid_ns().unwrap_or(0)) == Swept::Removed
 }
 
 /// Sweeps a segment's half-made file or wake FIFO `f` (named in a namespace) from `here`:
@@ -888,10 +901,10 @@ fn sweep_leftover(kind: Kind, f: &Listed, here: u64) -> Swept {
     }
 }
 
-/// The inode of file `p` when it is a segment of `pid` (this layout or 02, which keeps its
+/// The metadata of file `p` when it is a segment of `pid` (this layout or 02, which keeps its
 /// maker's pid, start time and namespace where 03 has them) made in this pid namespace by a
 /// process that is gone.
-fn stale_inode(p: &Path, pid: u32) -> Option<u64> {
+fn stale_file(p: &Path, pid: u32) -> Option<std::fs::Metadata> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = OpenOptions::new()
         .read(true)
@@ -904,7 +917,7 @@ fn stale_inode(p: &Path, pid: u32) -> Option<u64> {
     }
     let s = read(&f).ok()??;
     let layout = s.magic == MAGIC || s.magic == u64::from_le_bytes(*b"IBJCTL02");
-    (layout && s.pid == u64::from(pid) && maker_gone(&s, pid) == Some(true)).then_some(meta.ino())
+    (layout && s.pid == u64::from(pid) && maker_gone(&s, pid) == Some(true)).then_some(meta)
 }
 
 /// Whether the process that made segment `s` (of `pid`) is gone, as this pid namespace proves

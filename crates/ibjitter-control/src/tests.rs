@@ -279,3 +279,29 @@ fn leftovers_of_a_gone_process_are_swept() {
     assert_eq!(sweep_leftover(kind, &m, here), Swept::Left);
     std::fs::remove_file(&mine).unwrap();
 }
+
+/// A stale segment is swept with its FIFO, but not with a FIFO made after it: that one is a
+/// new process's, which took the pid and is making its segment now (its FIFO comes first).
+#[test]
+fn a_stale_segment_is_swept_without_a_newer_fifo() {
+    let fake = 4_000_018u32;
+    let here = pid_ns().unwrap();
+    let find = |p: &Path| listed().into_iter().find(|f| f.path == p).unwrap();
+    let (server, p) = create(fake).unwrap();
+    drop(server);
+    assert_eq!(sweep(&find(&p), here), Swept::Removed);
+    assert!(
+        std::fs::symlink_metadata(wake_path(fake)).is_err(),
+        "its own FIFO goes"
+    );
+    let (server, p) = create(fake).unwrap();
+    drop(server);
+    std::thread::sleep(Duration::from_millis(20));
+    let _newer = make_wake_fifo(&wake_path(fake)).unwrap();
+    assert_eq!(sweep(&find(&p), here), Swept::Removed);
+    assert!(
+        std::fs::symlink_metadata(wake_path(fake)).is_ok(),
+        "a newer FIFO stays"
+    );
+    remove(fake);
+}
