@@ -413,6 +413,36 @@ fn a_value_that_is_not_utf8_is_refused_by_name() {
         warnings.len() == 1 && warnings[0].contains("IBJITTER_DELAY=\"200\u{fffd}us\""),
         "{err}"
     );
+    // A path: refused, not written under another name (U+FFFD for the byte).
+    let dir = std::env::temp_dir().join(format!("ibjitter-utf8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut stats = dir.as_os_str().as_bytes().to_vec();
+    stats.extend_from_slice(b"/st\xe9.json");
+    let out = run_limited(
+        None,
+        &[
+            ("IBJITTER_CONTROL", std::ffi::OsStr::new("0")),
+            ("IBJITTER_DELAY", std::ffi::OsStr::new("1us")),
+            ("IBJITTER_STATS", std::ffi::OsStr::from_bytes(&stats)),
+        ],
+        driver,
+        &[stub.to_str().unwrap(), "5"],
+    );
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    assert!(stdout.contains("posts=5 provider=5 "), "{stdout}{err}");
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: warning:"))
+        .collect();
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains("IBJITTER_STATS=")
+            && warnings[0].contains("not valid UTF-8"),
+        "{err}"
+    );
+    let written: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert!(written.is_empty(), "{written:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A sandbox that refuses new threads (a container's seccomp profile refusing `clone3`; a

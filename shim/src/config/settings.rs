@@ -182,6 +182,21 @@ impl Reader<'_> {
         (self.var)(k).filter(|v| !v.trim().is_empty())
     }
 
+    /// A path the shim writes or searches (`IBJITTER_STATS`, `_TRACE`, `_DISTRIBUTIONS`):
+    /// one whose bytes are not UTF-8 was read with U+FFFD in their place ([`super::env_var`])
+    /// and would name another file, so it is refused (pass-through), not used mangled.
+    fn path(&mut self, k: &str) -> Option<String> {
+        let v = self.nonempty(k)?;
+        if v.contains(char::REPLACEMENT_CHARACTER) {
+            self.problem(format!(
+                "{k}={v:?}: not valid UTF-8 (the shim keeps paths as UTF-8; a byte it cannot \
+                 keep would name another file)"
+            ));
+            return None;
+        }
+        Some(v)
+    }
+
     fn problem(&mut self, p: impl Into<String>) {
         self.problems.push(p.into());
     }
@@ -276,8 +291,8 @@ impl Settings {
     /// least: the shim is not quiet (its warning shows anyway) and starts no live control.
     fn read_outputs(&mut self, r: &mut Reader<'_>) {
         self.quiet = Self::read_bool(r, "IBJITTER_QUIET", false, false);
-        self.stats = r.nonempty("IBJITTER_STATS");
-        self.distributions = r.nonempty("IBJITTER_DISTRIBUTIONS");
+        self.stats = r.path("IBJITTER_STATS");
+        self.distributions = r.path("IBJITTER_DISTRIBUTIONS");
         self.control = Self::read_bool(r, "IBJITTER_CONTROL", true, false);
     }
 
@@ -485,7 +500,7 @@ impl Settings {
                 Err(e) => r.problem(e),
             }
         }
-        let Some(path) = r.nonempty("IBJITTER_TRACE") else {
+        let Some(path) = r.path("IBJITTER_TRACE") else {
             return;
         };
         let max = match r.nonempty("IBJITTER_TRACE_MAX") {
