@@ -304,7 +304,8 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
 /// ([`BACKSTOP_NS`] .. [`BACKSTOP_MAX_NS`]; both longest sleeps longer where its wake-ups
 /// cost much: [`BACKSTOP_SHARE`]). Otherwise it sleeps until
 /// [`EARLY_NS`] before the earliest due time (at most [`IDLE_NS`], so it sees new requests)
-/// and spins the rest, unless a program call hands the request over first.
+/// and spins the rest, unless a program call hands the request over first. On one CPU it
+/// never spins and looks at most once per longest backstop ([`nap_on_one_cpu`]).
 pub fn timer_thread() {
     // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
@@ -430,7 +431,11 @@ pub fn timer_thread() {
                 units_to_ns(next - now).saturating_sub(early_ns).min(look)
             }
         };
-        std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
+        if one_cpu {
+            nap_on_one_cpu(nap.max(1), next);
+        } else {
+            std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
+        }
         TIMER_WAKEUPS.store(TIMER_WAKEUPS.load(Relaxed) + 1, Relaxed);
     }
 }
@@ -542,23 +547,49 @@ fn sleep_while_empty(ns: u64) {
     // sees NAPPING and rings (the bell then differs from `bell`, and the wait returns), or
     // this load sees the request.
     if NEXT_DUE.load(SeqCst) == u64::MAX {
-        let ts = libc::timespec {
-            tv_sec: (ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-        };
-        // SAFETY: a futex wait on a live word with a valid relative timeout; it returns at
-        // the timeout, on a wake, at once if the word is no longer `bell`, or on a signal.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                BELL.as_ptr(),
-                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                bell,
-                &ts as *const libc::timespec,
-            )
-        };
+        wait_for_the_bell(bell, ns);
     }
     NAPPING.store(false, SeqCst);
+}
+
+/// When the timer thread's nap on one CPU ends (clock units; u64::MAX: not in one).
+static NAP_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The timer thread's nap of `ns` on one CPU, planned for earliest due time `next`: its
+/// looks for new requests are as far apart as the longest backstop there, so a program that
+/// posts a request due sooner and then sleeps on a completion rings it awake
+/// ([`program_may_sleep`]), as it does the sleep on an empty line.
+fn nap_on_one_cpu(ns: u64, next: u64) {
+    let bell = BELL.load(SeqCst);
+    NAP_UNTIL.store(
+        now_units().saturating_add(clock::ns_to_units(ns, clock::kind())),
+        SeqCst,
+    );
+    // As in `sleep_while_empty`: either the program's call sees NAP_UNTIL and rings, or
+    // this load sees its earlier request.
+    if NEXT_DUE.load(SeqCst) >= next {
+        wait_for_the_bell(bell, ns);
+    }
+    NAP_UNTIL.store(u64::MAX, SeqCst);
+}
+
+/// Sleeps up to `ns` unless the bell rings (or rang since it read `bell`).
+fn wait_for_the_bell(bell: u32, ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: a futex wait on a live word with a valid relative timeout; it returns at the
+    // timeout, on a wake, at once if the word is no longer `bell`, or on a signal.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            BELL.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            bell,
+            &ts as *const libc::timespec,
+        )
+    };
 }
 
 /// The program is about to sleep for a completion (`ibv_req_notify_cq`, `ibv_get_cq_event`):
@@ -566,7 +597,8 @@ fn sleep_while_empty(ns: u64) {
 /// over: the timer thread spins to their due times rather than leave them to a backstop),
 /// and wakes the timer thread if requests wait in the line while it sleeps on an empty line
 /// (otherwise they would wait for its end; within the 5 ms grace that sleep is 50 us, and
-/// the ring only hastens it). A system call only then: not the post path, and a call that is
+/// the ring only hastens it), or one is due before its nap on one CPU ends
+/// ([`nap_on_one_cpu`]). A system call only then: not the post path, and a call that is
 /// about to sleep anyway.
 pub fn program_may_sleep() {
     if NEXT_DUE.load(Acquire) == u64::MAX {
@@ -574,7 +606,8 @@ pub fn program_may_sleep() {
     }
     flush(&BY_PROGRAM, None);
     PROGRAM_SEEN.store(0, Relaxed);
-    if NEXT_DUE.load(SeqCst) != u64::MAX && NAPPING.load(SeqCst) {
+    let next = NEXT_DUE.load(SeqCst);
+    if next != u64::MAX && (NAPPING.load(SeqCst) || next < NAP_UNTIL.load(SeqCst)) {
         RUNG.fetch_add(1, Relaxed);
         BELL.fetch_add(1, SeqCst);
         // SAFETY: a futex wake on a live word.
