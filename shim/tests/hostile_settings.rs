@@ -67,6 +67,22 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// The child's stderr and the shim's warnings on it; asserts that its `posts` posts all
+/// reached the provider (limited_post's line).
+fn passed_through(out: &Output, posts: u32) -> (String, Vec<String>) {
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        stdout.contains(&format!("posts={posts} provider={posts} ")),
+        "{stdout}{err}"
+    );
+    let warnings = err
+        .lines()
+        .filter(|l| l.starts_with("ibjitter: warning:"))
+        .map(String::from)
+        .collect();
+    (err, warnings)
+}
+
 /// An address space of 64 MiB holds a shell and the shim many times over: settings that
 /// asked for more at load (a 1 GiB or 64 MiB trace buffer, a rank list expanded to 2 GB)
 /// aborted even `/bin/sh -c true` (exit 134). Now the shell runs; a setting the shim refuses
@@ -403,12 +419,7 @@ fn a_value_that_is_not_utf8_is_refused_by_name() {
         driver,
         &[stub.to_str().unwrap(), "5"],
     );
-    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
-    assert!(stdout.contains("posts=5 provider=5 "), "{stdout}{err}");
-    let warnings: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("ibjitter: warning:"))
-        .collect();
+    let (err, warnings) = passed_through(&out, 5);
     assert!(
         warnings.len() == 1 && warnings[0].contains("IBJITTER_DELAY=\"200\u{fffd}us\""),
         "{err}"
@@ -428,12 +439,7 @@ fn a_value_that_is_not_utf8_is_refused_by_name() {
         driver,
         &[stub.to_str().unwrap(), "5"],
     );
-    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
-    assert!(stdout.contains("posts=5 provider=5 "), "{stdout}{err}");
-    let warnings: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("ibjitter: warning:"))
-        .collect();
+    let (err, warnings) = passed_through(&out, 5);
     assert!(
         warnings.len() == 1
             && warnings[0].contains("IBJITTER_STATS=")
@@ -469,12 +475,7 @@ fn a_sandbox_without_threads_or_fifos_is_said_and_passes_through() {
         sandbox,
         &args,
     );
-    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
-    assert!(stdout.contains("posts=20 provider=20 "), "{stdout}{err}");
-    let warnings: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("ibjitter: warning:"))
-        .collect();
+    let (err, warnings) = passed_through(&out, 20);
     let said = |name: &str, lost: &str| {
         warnings
             .iter()
@@ -502,12 +503,7 @@ fn a_sandbox_without_threads_or_fifos_is_said_and_passes_through() {
         "20",
     ];
     let out = run_limited(None, &[("IBJITTER_DELAY", "1us")], sandbox, &args);
-    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
-    assert!(stdout.contains("posts=20 provider=20 "), "{stdout}{err}");
-    let said: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("ibjitter: warning:"))
-        .collect();
+    let (err, said) = passed_through(&out, 20);
     assert!(
         said.len() == 1
             && said[0].contains("live control: no wake FIFO")
