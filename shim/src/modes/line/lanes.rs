@@ -8,8 +8,9 @@
 //! indices (no memory but the line's own), where any thread finds them. A thread holds its
 //! lane while it enters ([`hold_my_lane`]): a signal handler posting on a thread it
 //! interrupted there takes the stacks too. A thread that exits gives its lane up (a
-//! thread-specific key's destructor): the next flush moves the free slots left on its way
-//! back to the shared stack, and a thread that comes later takes the lane over. Kept for
+//! thread-specific key's destructor): a flush then (or the next, if another thread holds the
+//! line) moves the free slots left on its way back to the shared stack, and a thread that
+//! comes later takes the lane over. Kept for
 //! the life of the process, a lane left by a thread that posted a burst held up to 3,072
 //! of the 4,096 slots where nobody took them again: threads coming and going (a pool's
 //! workers) found the line full and waited.
@@ -60,7 +61,7 @@ struct FlusherSide {
 const UNTAKEN: u32 = 0;
 /// A live thread's.
 const OWNED: u32 = 1;
-/// Its thread exited: the next flush takes its slots back, then frees it.
+/// Its thread exited: a flush takes its slots back, then frees it.
 const GONE: u32 = 2;
 /// Free for a thread that comes later to take over.
 const FREE: u32 = 3;
