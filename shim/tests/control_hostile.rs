@@ -85,6 +85,21 @@ fn child(scenario: &str) {
     let qpx: *mut verbs_abi::ibv_qp_ex = &mut *q;
     // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
     let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    // What a program may do to descriptors it did not open: close them (`closefrom`, a
+    // daemon's close-all loop) or put its own files under their numbers (`dup2`, a shell's
+    // `exec 4<file`).
+    let mine: Vec<std::fs::File> = match scenario {
+        "close" | "replace" => {
+            let fds = shims_descriptors();
+            assert!(fds.len() >= 2, "the shim's segment and wake FIFO: {fds:?}");
+            // Above the numbers the program's own opens take first.
+            assert!(fds.iter().all(|&fd| fd >= 100), "{fds:?}");
+            fds.iter()
+                .filter_map(|&fd| take_descriptor(fd, scenario == "replace"))
+                .collect()
+        }
+        _ => Vec::new(),
+    };
     println!("READY {}", std::process::id());
     if scenario == "exec" {
         use std::os::unix::process::CommandExt;
@@ -109,6 +124,47 @@ fn child(scenario: &str) {
     unsafe { (shim.close_device)(ctx) };
     let provider = PROVIDER_POSTS.load(std::sync::atomic::Ordering::Relaxed);
     println!("RESULT posts {posts} provider {provider}");
+    for mut f in mine {
+        // Everything the program put there is still there for it to read.
+        use std::io::Read;
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).unwrap();
+        println!("KEPT {} of {}", got.len(), OWN_FILE.len());
+    }
+}
+
+/// What the program's own files (put under the shim's descriptors) hold.
+const OWN_FILE: &[u8] = &[b'x'; 4096];
+
+/// The descriptors the shim holds open in this process: those whose file is in the control
+/// directory.
+fn shims_descriptors() -> Vec<i32> {
+    let dir = ctl::dir();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(&dir)))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Closes descriptor `fd`; with `replace`, puts a file of the program's own under its number
+/// (as `dup2` does) and returns it, for reading at the end.
+fn take_descriptor(fd: i32, replace: bool) -> Option<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    if !replace {
+        // SAFETY: closing a descriptor we do not own is the point (the shim's).
+        assert_eq!(unsafe { libc::close(fd) }, 0);
+        return None;
+    }
+    let path = std::env::temp_dir().join(format!("ibjitter-own-file.{}.{fd}", std::process::id()));
+    std::fs::write(&path, OWN_FILE).unwrap();
+    let own = std::fs::File::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    // SAFETY: dup2 of our own file onto the shim's number (closing its file there).
+    assert_eq!(unsafe { libc::dup2(own.as_raw_fd(), fd) }, fd);
+    // SAFETY: fd is now ours (a duplicate of `own`, dropped here).
+    Some(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// Starts the injected child for `scenario` (from the private copy), returns it and its pid.
@@ -558,4 +614,80 @@ fn the_control_thread_sleeps_until_asked() {
     assert!(a.is_ok(), "{a:?}");
     assert!(idle <= 6, "{idle} wake-ups in 2 s");
     assert!(took < Duration::from_millis(500), "{took:?}");
+}
+
+/// The CPU time (ms) the thread named `name` of `pid` used so far; None if it has none.
+fn thread_cpu_ms(pid: u32, name: &str) -> Option<u64> {
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // After the ")" that ends the name: utime and stime are the 12th and 13th.
+            let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let ticks: u64 = f[11].parse::<u64>().ok()? + f[12].parse::<u64>().ok()?;
+            // SAFETY: sysconf has no preconditions.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+            return Some(ticks * 1000 / hz);
+        }
+    }
+    None
+}
+
+/// A program that closes the shim's descriptors (a daemon's close-all loop, `closefrom`) or
+/// puts its own files under their numbers (`dup2`, a shell's `exec 4<file`): the control
+/// thread says once that live control stops, removes its file, and never reads, writes or
+/// closes those numbers again. Before, a closed wake FIFO made its thread spin a core (poll
+/// answering at once), and a file put under the FIFO's number was read to its end by it:
+/// the program's reads found nothing.
+#[test]
+fn a_program_that_takes_the_shims_descriptors_keeps_its_files_and_its_cores() {
+    const NAME: &str = "a_program_that_takes_the_shims_descriptors_keeps_its_files_and_its_cores";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "1m");
+    }
+    for scenario in ["close", "replace"] {
+        let (child, pid) = spawn_child(NAME, scenario, 2600);
+        // Past the control thread's next look (a second at most while nobody asks).
+        std::thread::sleep(Duration::from_millis(1300));
+        let file_left = ctl::path(pid).exists();
+        let before = thread_cpu_ms(pid, "ibjitter-contro");
+        std::thread::sleep(Duration::from_millis(1000));
+        let after = thread_cpu_ms(pid, "ibjitter-contro");
+        let (status, stdout, lines) = finish(child);
+        eprintln!(
+            "{scenario}: {status}\n{stdout}\n{lines:?}\ncontrol thread {before:?} -> {after:?} ms"
+        );
+        assert!(status.success(), "{scenario}: {status}: {lines:?}");
+        let spent = after.unwrap_or(0).saturating_sub(before.unwrap_or(0));
+        assert!(
+            spent < 200,
+            "{scenario}: the control thread used {spent} ms of 1 s"
+        );
+        let said: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains("live control stops"))
+            .collect();
+        assert_eq!(said.len(), 1, "{scenario}: {lines:?}");
+        assert!(
+            !file_left,
+            "{scenario}: {} still there",
+            ctl::path(pid).display()
+        );
+        if scenario == "replace" {
+            let kept: Vec<&str> = stdout.lines().filter(|l| l.contains("KEPT ")).collect();
+            assert!(kept.len() >= 2, "{stdout}");
+            for k in kept {
+                assert!(
+                    k.ends_with("KEPT 4096 of 4096"),
+                    "the program's own file was read: {k}"
+                );
+            }
+        }
+    }
 }

@@ -308,11 +308,73 @@ macro_rules! field {
 
 /// The process's side: the segment it made, served by its control thread.
 pub struct Server {
-    file: File,
+    file: Held,
     pid: u64,
     /// Its wake FIFO, open for reading (and writing: never at end of file); why not when it
     /// could not be made (the thread then looks every [`POLL_MS`] ms).
-    wake: Result<File, String>,
+    wake: Result<Held, String>,
+}
+
+/// The lowest number the server's descriptors take: above those a program's own opens take
+/// first, so that a program that closed every descriptor it did not know (`closefrom`, a
+/// daemon's close-all loop) does not get their numbers back at its next opens.
+const FD_FLOOR: libc::c_int = 100;
+
+/// A descriptor the server opened, and the file it names (device, inode). The program the
+/// server lives in may close that number or put a file of its own under it (`dup2`, a
+/// shell's `exec 4<file`): the server then must not read, write or close it
+/// ([`Held::ours`]); dropped, it is closed only while it is still the server's.
+struct Held {
+    file: std::mem::ManuallyDrop<File>,
+    id: (u64, u64),
+}
+
+impl Held {
+    fn new(f: File) -> std::io::Result<Held> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: fcntl on our own descriptor; on success the new one is ours alone.
+        let high = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, FD_FLOOR) };
+        // Below a small `ulimit -n` it stays where it is.
+        let f = if high >= 0 {
+            // SAFETY: `high` is a descriptor just made for us; `f` is closed by its drop.
+            unsafe { File::from_raw_fd(high) }
+        } else {
+            f
+        };
+        let m = f.metadata()?;
+        Ok(Held {
+            id: (m.dev(), m.ino()),
+            file: std::mem::ManuallyDrop::new(f),
+        })
+    }
+
+    /// Whether its number still names the file opened (one `fstat`).
+    fn ours(&self) -> bool {
+        // SAFETY: fstat into a zeroed stat; a closed number is an error, not a fault.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let stated = unsafe { libc::fstat(self.file.as_raw_fd(), &mut st) } == 0;
+        stated && (st.st_dev, st.st_ino) == self.id
+    }
+
+    fn fd(&self) -> libc::c_int {
+        self.file.as_raw_fd()
+    }
+}
+
+impl std::ops::Deref for Held {
+    type Target = File;
+    fn deref(&self) -> &File {
+        &self.file
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.ours() {
+            // SAFETY: dropped once, here; the number is still the file we opened.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.file) };
+        }
+    }
 }
 
 /// A request read from the segment.
@@ -363,11 +425,14 @@ pub fn create(pid: u32) -> std::io::Result<(Server, PathBuf)> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
-    let made = fill(&file, pid);
-    if let Err(e) = made {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
+    let made = fill(&file, pid).and_then(|()| Held::new(file));
+    let file = match made {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
     // The FIFO first: a client that finds the segment finds the FIFO it wakes.
     let wake = make_wake_fifo(&wake_path_of(&p));
     std::fs::rename(&tmp, &p)?;
@@ -383,7 +448,7 @@ pub fn create(pid: u32) -> std::io::Result<(Server, PathBuf)> {
 
 /// Makes wake FIFO `w` (replacing an old one) and opens it without blocking; why not if it
 /// cannot be made or is not then a FIFO of this user's.
-fn make_wake_fifo(w: &Path) -> Result<File, String> {
+fn make_wake_fifo(w: &Path) -> Result<Held, String> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let why = |e: std::io::Error| format!("{}: {e}", w.display());
@@ -401,7 +466,7 @@ fn make_wake_fifo(w: &Path) -> Result<File, String> {
         .map_err(why)?;
     let m = f.metadata().map_err(why)?;
     if m.file_type().is_fifo() && m.uid() == uid() {
-        Ok(f)
+        Held::new(f).map_err(why)
     } else {
         Err(format!("{}: not a FIFO of uid {}", w.display(), uid()))
     }
@@ -434,22 +499,38 @@ impl Server {
     }
 
     /// Sleeps until a client wakes this thread or [`IDLE_WAKE_MS`] pass ([`POLL_MS`] without
-    /// a FIFO); the wake-ups pending are taken.
+    /// a FIFO); the wake-ups pending are taken. Returns at once when the FIFO's number is no
+    /// longer the FIFO ([`Server::lost`] then says so): nothing is read from it.
     pub fn wait(&self) {
         let Ok(f) = &self.wake else {
             std::thread::sleep(Duration::from_millis(POLL_MS));
             return;
         };
         let mut p = libc::pollfd {
-            fd: f.as_raw_fd(),
+            fd: f.fd(),
             events: libc::POLLIN,
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut p, 1, IDLE_WAKE_MS as libc::c_int) } > 0 {
+        let ready = unsafe { libc::poll(&mut p, 1, IDLE_WAKE_MS as libc::c_int) } > 0;
+        // A closed number answers POLLNVAL at once; a file the program put under it may read
+        // as ready: checked just before the read, which would take the program's data.
+        if ready && p.revents & libc::POLLIN != 0 && f.ours() {
             let mut b = [0u8; 64];
             // SAFETY: reads into our buffer from our non-blocking descriptor, until empty.
-            while unsafe { libc::read(f.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
+            while unsafe { libc::read(f.fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
+        }
+    }
+
+    /// Which of the server's descriptors the program closed or put another file under, if
+    /// any: the server must stop (and drop, which leaves that number alone).
+    pub fn lost(&self) -> Option<String> {
+        if !self.file.ours() {
+            return Some(format!("descriptor {} (its control file)", self.file.fd()));
+        }
+        match &self.wake {
+            Ok(w) if !w.ours() => Some(format!("descriptor {} (its wake FIFO)", w.fd())),
+            _ => None,
         }
     }
 

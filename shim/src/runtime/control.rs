@@ -41,7 +41,8 @@ pub fn arm() {
                  removed)",
                 path.display()
             );
-            if threads::spawn_or_say("ibjitter-control", &lost, move || serve(server)) {
+            let served = path.clone();
+            if threads::spawn_or_say("ibjitter-control", &lost, move || serve(server, &served)) {
                 let _ = PATH.set(path);
             } else {
                 ctl::remove_path(&path);
@@ -67,7 +68,7 @@ fn create_without_sigxfsz(pid: u32) -> std::io::Result<(Server, PathBuf)> {
     })
 }
 
-fn serve(server: Server) {
+fn serve(server: Server, path: &std::path::Path) {
     // On this thread, not the program's: its device open does not wait for it.
     ctl::remove_stale(STALE_SWEPT);
     // A same-user process may truncate or overwrite the file: the server reads and writes it
@@ -77,6 +78,16 @@ fn serve(server: Server) {
     loop {
         // Until `ibjitter inject` wakes it, or a second passes (its heartbeat).
         server.wait();
+        if let Some(taken) = server.lost() {
+            // Its numbers are the program's now (or nothing): never used or closed again.
+            say::warn(&format!(
+                "live control stops: the program closed or reused the shim's {taken}; \
+                 `ibjitter inject` cannot reach this process ({} removed)",
+                path.display()
+            ));
+            ctl::remove_path(path);
+            return;
+        }
         match server.poll() {
             Ok(Some(req)) => {
                 let reply = answer(&req);
