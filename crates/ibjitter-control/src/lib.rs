@@ -164,7 +164,15 @@ fn uid() -> u32 {
 
 /// The directory of this user's segments.
 pub fn dir() -> PathBuf {
-    PathBuf::from(format!("/dev/shm/ibjitter.{}", uid()))
+    // This crate's unit tests make segments for pids that run nothing: in the real directory,
+    // any injected process's start (its sweep of files of processes gone) could take them
+    // mid-test.
+    let name = if cfg!(test) {
+        "ibjitter-unit-tests"
+    } else {
+        "ibjitter"
+    };
+    PathBuf::from(format!("/dev/shm/{name}.{}", uid()))
 }
 
 /// The segment file of `pid` in this pid namespace: `<pid>.<namespace>`, the namespace being

@@ -78,8 +78,8 @@ fn a_segment_round_trips_text_and_knows_its_process() {
     std::fs::copy(&p, &fp).unwrap();
     assert!(matches!(open(fake), Err(OpenError::Foreign)));
     assert!(matches!(open(4_000_001), Err(OpenError::Missing)));
-    let _ = std::fs::remove_file(path(fake));
-    let _ = std::fs::remove_file(p);
+    remove_path(&path(fake));
+    remove_path(&p);
     assert_eq!(Command::from_u32(2), Some(Command::Set));
     assert_eq!(Command::from_u32(9), None);
 }
@@ -118,7 +118,7 @@ fn a_text_without_its_terminator_is_no_settings_and_garbage_no_command() {
     write(&f, &s, field!(command)).unwrap();
     write(&f, &s, field!(request)).unwrap();
     assert_eq!(server.poll().unwrap().unwrap().command, Err(0xdead_beef));
-    let _ = std::fs::remove_file(p);
+    remove_path(&p);
 }
 
 #[test]
@@ -133,7 +133,7 @@ fn a_truncated_or_overwritten_segment_is_no_request_and_no_fault() {
     assert_eq!(f.metadata().unwrap().len(), 0, "nothing written to it");
     f.write_all_at(&[0x5a; SIZE], 0).unwrap();
     assert!(server.poll().unwrap_err().contains("overwritten"));
-    let _ = std::fs::remove_file(p);
+    remove_path(&p);
 }
 
 #[test]
@@ -149,7 +149,7 @@ fn a_segment_of_another_layout_is_another_version() {
         "{e:?}"
     );
     assert!(e.describe(fake).contains("another ibjitter version"));
-    let _ = std::fs::remove_file(p);
+    remove_path(&p);
 }
 
 #[test]
@@ -167,7 +167,7 @@ fn a_segment_of_another_pid_namespace_is_unreachable_not_stale() {
         write(&f, &s, field!(pid_ns)).unwrap();
         assert!(matches!(open(fake), Err(OpenError::Unreachable)), "{ns}");
     }
-    let _ = std::fs::remove_file(p);
+    remove_path(&p);
 }
 
 /// The wake FIFO wakes the server's wait at once; a wake needs a FIFO of this user's with a
@@ -240,6 +240,7 @@ fn a_pid_of_another_namespace_keeps_its_file_and_a_legacy_name_is_found() {
     assert_eq!(old.ns, None);
     assert_eq!(sweep(&old, here), Swept::Removed);
     assert!(!legacy.exists(), "a gone process's legacy file is swept");
+    remove_path(&p3);
     assert_eq!(parse_name("12.34"), Some((Kind::Segment, 12, Some(34))));
     assert_eq!(parse_name("12"), Some((Kind::Segment, 12, None)));
     assert_eq!(parse_name("12.34.wake"), Some((Kind::Wake, 12, Some(34))));
