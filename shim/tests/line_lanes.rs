@@ -423,6 +423,46 @@ fn child(how: &str) {
             std::thread::sleep(Duration::from_millis(200));
             10
         }
+        "reset" | "close" => {
+            // Requests in the line when the program resets the QP (to connect it elsewhere)
+            // or closes its device without destroying it: a reset discards a send queue, a
+            // closed device takes nothing more. Handed over later, they went out on the new
+            // connection, or into a provider whose device was gone.
+            let mut q = fake_qp(ctx as *mut _);
+            let qp = new_qp(&mut q);
+            for k in 0..10u64 {
+                // SAFETY: a patched fake QP of a live context.
+                unsafe { post(qp as *mut _, k, &[k as u8], 1, std::ptr::null_mut()) };
+            }
+            if how == "reset" {
+                // SAFETY: bindgen's attributes are valid all-zero (RESET is 0).
+                let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+                let state = ibv_qp_attr_mask_IBV_QP_STATE as c_int;
+                // SAFETY: the stub's modify does nothing; the shim sees the transitions.
+                unsafe {
+                    attr.qp_state = ibv_qp_state_IBV_QPS_RESET;
+                    assert_eq!((shim.modify_qp)(qp as *mut _, &mut attr, state), 0);
+                    attr.qp_state = ibv_qp_state_IBV_QPS_RTS;
+                    assert_eq!((shim.modify_qp)(qp as *mut _, &mut attr, state), 0);
+                }
+                for k in 100..110u64 {
+                    // SAFETY: as above.
+                    unsafe { post(qp as *mut _, k, &[k as u8], 1, std::ptr::null_mut()) };
+                }
+            } else {
+                // SAFETY: the stub's close does nothing: the fake provider still records
+                // what the shim hands it.
+                assert_eq!(unsafe { (shim.close_device)(ctx as *mut _) }, 0);
+            }
+            // Past the first 10's due time: none of them may arrive.
+            std::thread::sleep(Duration::from_millis(200));
+            std::mem::forget(q);
+            if how == "reset" {
+                10
+            } else {
+                0
+            }
+        }
         "chain" => {
             let mut q = fake_qp(ctx as *mut _);
             let qp = new_qp(&mut q);
@@ -872,6 +912,52 @@ fn a_destroyed_qps_requests_are_dropped_and_a_new_qp_at_its_address_gets_its_own
         stderr.contains("delayed 10 of 20 sends")
             && stderr.contains("500.000 ms in all")
             && stderr.contains("; dropped 50 (their QP was destroyed"),
+        "{stderr}"
+    );
+}
+
+/// A QP reset (as a program does to connect it again, elsewhere) with 10 requests in the line:
+/// they are dropped (counted), as a reset discards a send queue, and only the 10 posted once it
+/// is connected again reach the provider. Before, the first 10 went out on the new connection.
+#[test]
+fn a_reset_qps_requests_are_dropped_not_sent_on_its_next_connection() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "a_reset_qps_requests_are_dropped_not_sent_on_its_next_connection",
+        "reset",
+        "50ms",
+        "0us",
+    );
+    let ids: Vec<u64> = seen_of(&r).iter().map(|x| x.1).collect();
+    assert_eq!(ids, (100..110).collect::<Vec<u64>>(), "{stderr}");
+    assert_eq!(s["line"]["dropped"], 10, "{s}");
+    assert!(
+        stderr.contains("delayed 10 of 20 sends") && stderr.contains("; dropped 10 (their QP was"),
+        "{stderr}"
+    );
+}
+
+/// A device closed while its QP (never destroyed) has 10 requests in the line: they are
+/// dropped (counted), never handed to the closed device's provider (before, all 10 were, after
+/// the close: on a real provider, a doorbell page unmapped or a command descriptor the
+/// program may have reopened as its own file).
+#[test]
+fn a_closed_devices_requests_never_reach_its_provider() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "a_closed_devices_requests_never_reach_its_provider",
+        "close",
+        "50ms",
+        "0us",
+    );
+    assert_eq!(seen_of(&r).len(), 0, "{stderr}");
+    assert_eq!(s["line"]["dropped"], 10, "{s}");
+    assert!(
+        stderr.contains("delayed 0 of 10 sends") && stderr.contains("device closed"),
         "{stderr}"
     );
 }

@@ -77,7 +77,8 @@ pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
     ctx
 }
 
-/// Interposed `ibv_close_device@IBVERBS_1.1`: restore the provider's pointers first.
+/// Interposed `ibv_close_device@IBVERBS_1.1`: restore the provider's pointers first, and drop
+/// what the delay line still holds for the context's QPs ([`line::context_closed`]).
 ///
 /// # Safety
 /// Same contract as libibverbs' `ibv_close_device`.
@@ -87,6 +88,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
         *libc::__errno_location() = libc::ENOSYS;
         return -1;
     };
+    line::context_closed(ctx);
     patch::unpatch_context(ctx);
     registry::forget_ucx_context(ctx);
     real(ctx)
@@ -136,7 +138,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 }
 
 /// Interposed `ibv_modify_qp@IBVERBS_1.1`: a QP being connected to a destination that
-/// `IBJITTER_DEST` selects joins the selected QPs ([`select::qp_modified`]).
+/// `IBJITTER_DEST` selects joins the selected QPs ([`select::qp_modified`]); one being reset
+/// loses what the delay line holds for it ([`line::before_modify_qp`]).
 ///
 /// # Safety
 /// Same contract as libibverbs' `ibv_modify_qp`.
@@ -149,6 +152,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
     let Some(real) = MODIFY_QP.get() else {
         return libc::ENOSYS;
     };
+    line::before_modify_qp(qp, attr, attr_mask);
     let rc = real(qp, attr, attr_mask);
     if rc == 0 {
         select::qp_modified(qp, attr, attr_mask);

@@ -174,7 +174,8 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
         }
         if dropped > 0 {
             line += &format!(
-                "; dropped {dropped} (their QP was destroyed while they were in the delay line)"
+                "; dropped {dropped} (their QP was destroyed or reset, or its device closed, \
+                 while they were in the delay line)"
             );
         }
         if refused > 0 {

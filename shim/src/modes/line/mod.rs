@@ -123,7 +123,7 @@ pub unsafe fn post(
     // serves both that check and this request's due time.
     let now = now_units();
     flusher::flush_if_due(Some(now));
-    let (Some(line), Some(q)) = (lanes::line(), qps::entry(qp, true)) else {
+    let (Some(line), Some(q)) = (lanes::line(), qps::entry_made(qp)) else {
         return direct(qp, wr, bad, units, None);
     };
     if units == 0 && q.idle() {
@@ -328,13 +328,13 @@ pub fn program_may_sleep() {
 
 /// A QP was created: its entry is made now, while line mode is on, rather than at its first
 /// post, where the threads of a program that share it might wait for each other's insertion
-/// ([`qps::entry`]).
+/// ([`qps::entry_made`]).
 ///
 /// # Safety
 /// `qp` null or a live QP.
 pub unsafe fn qp_created(qp: *mut ibv_qp) {
     if !qp.is_null() && crate::state::line_mode() {
-        let _ = qps::entry(qp, true);
+        let _ = qps::entry_made(qp);
     }
 }
 
@@ -355,6 +355,33 @@ pub unsafe fn qp_destroyed(qp: *mut ibv_qp) {
     if !qp.is_null() {
         qps::destroyed(qp);
     }
+}
+
+/// Before `ibv_modify_qp(qp, attr, mask)`: a QP moved to RESET loses its requests in the line
+/// (dropped, counted), as the reset discards its send queue ([`qps::reset`]).
+///
+/// # Safety
+/// `qp` null or a live QP; `attr` null or readable.
+pub unsafe fn before_modify_qp(qp: *mut ibv_qp, attr: *const ibv_qp_attr, mask: c_int) {
+    let state = ibv_qp_attr_mask_IBV_QP_STATE as c_int;
+    if qp.is_null() || attr.is_null() || mask & state == 0 {
+        return;
+    }
+    if (*attr).qp_state == ibv_qp_state_IBV_QPS_RESET && may_destroy(qp) {
+        qps::reset(qp);
+    }
+}
+
+/// Before `ibv_close_device(ctx)`: the requests in the line of its QPs still alive are
+/// dropped (counted), never handed to a closed device ([`qps::context_closed`]).
+pub fn context_closed(ctx: *mut ibv_context) {
+    // A hand-over this thread's own signal handler interrupted: not waited for.
+    let mine = if flusher::flushing_here() {
+        qps::posting_now()
+    } else {
+        std::ptr::null_mut()
+    };
+    qps::context_closed(ctx, mine);
 }
 
 /// At exit: hands over (up to `limit_ns` from now) the requests still in the line as they

@@ -11,6 +11,9 @@ use crate::abi::verbs::ibv_qp;
 
 pub struct QpLine {
     key: AtomicUsize,
+    /// The QP's context, as it was when the entry was made: a device closed with QPs still
+    /// alive drops their requests ([`context_closed`]) without reading a QP that may be gone.
+    ctx: AtomicUsize,
     /// 0 while the entry is being set up; then unique over the process (a new QP at a
     /// destroyed one's address never takes over that QP's requests).
     gen: AtomicU32,
@@ -23,6 +26,7 @@ const MAX_PROBES: usize = 256;
 #[allow(clippy::declare_interior_mutable_const)]
 const QP_EMPTY: QpLine = QpLine {
     key: AtomicUsize::new(0),
+    ctx: AtomicUsize::new(0),
     gen: AtomicU32::new(0),
     last_due: AtomicU64::new(0),
     handed_due: AtomicU64::new(0),
@@ -36,18 +40,28 @@ fn key_of(e: &QpLine) -> &AtomicUsize {
     &e.key
 }
 
-/// The QP's entry; with `insert`, made if it has none (at its creation in line mode, else at
-/// its first post). None when the table has no room within its probe limit (or, rarely, an
-/// insertion could not be had: see [`insert`]).
-pub fn entry(qp: *mut ibv_qp, insert: bool) -> Option<&'static QpLine> {
-    let key = qp as usize;
-    let e = match addr_table::find(&QPS, key, MAX_PROBES, key_of) {
+/// The QP's entry, if it has one.
+pub fn entry(qp: *mut ibv_qp) -> Option<&'static QpLine> {
+    settled(addr_table::find(&QPS, qp as usize, MAX_PROBES, key_of)?, qp)
+}
+
+/// The QP's entry, made if it has none (at its creation in line mode, else at its first
+/// post). None when the table has no room within its probe limit (or, rarely, an insertion
+/// could not be had: see [`insert`]).
+///
+/// # Safety
+/// `qp` is a live QP (its context is read when the entry is made).
+pub unsafe fn entry_made(qp: *mut ibv_qp) -> Option<&'static QpLine> {
+    let e = match addr_table::find(&QPS, qp as usize, MAX_PROBES, key_of) {
         Some(e) => e,
-        None if insert => self::insert(key)?,
-        None => return None,
+        None => insert(qp as usize, (*qp).context as usize)?,
     };
-    // A destroy of a QP that was at this address is resetting the entry.
-    while e.gen.load(Acquire) == 0 && e.key.load(Acquire) == key {
+    settled(e, qp)
+}
+
+/// `e`, once a destroy of a QP that was at this address has finished resetting it.
+fn settled(e: &'static QpLine, qp: *mut ibv_qp) -> Option<&'static QpLine> {
+    while e.gen.load(Acquire) == 0 && e.key.load(Acquire) == qp as usize {
         std::hint::spin_loop();
     }
     Some(e)
@@ -67,7 +81,7 @@ const INSERT_WAIT_NS: u64 = 200_000_000;
 /// thread that holds it) gets no entry: its requests are posted directly, in place.
 #[cold]
 #[inline(never)]
-fn insert(key: usize) -> Option<&'static QpLine> {
+fn insert(key: usize, ctx: usize) -> Option<&'static QpLine> {
     let _held = INSERTING.lock_within(std::time::Duration::from_nanos(INSERT_WAIT_NS))?;
     // Another thread may have made it while this one waited.
     addr_table::find(&QPS, key, MAX_PROBES, key_of).or_else(|| {
@@ -75,6 +89,7 @@ fn insert(key: usize) -> Option<&'static QpLine> {
         // Set up, then publish the generation (lookups wait for it).
         e.last_due.store(0, Relaxed);
         e.handed_due.store(0, Relaxed);
+        e.ctx.store(ctx, Relaxed);
         e.gen.store(GEN.fetch_add(1, Relaxed).max(1), Release);
         Some(e)
     })
@@ -135,7 +150,7 @@ impl QpLine {
 /// first and the requests are dropped. [`done_posting`] ends it.
 pub fn posting(qp: *mut ibv_qp) -> (Option<&'static QpLine>, Option<u32>) {
     POSTING.store(qp, SeqCst);
-    let q = entry(qp, false);
+    let q = entry(qp);
     (q, q.map(|q| q.gen.load(SeqCst)))
 }
 
@@ -151,17 +166,47 @@ pub fn done_posting() {
 /// Before `ibv_destroy_qp`: the QP's requests still in the line will be dropped, and a
 /// hand-over to it in progress finishes first.
 pub fn destroyed(qp: *mut ibv_qp) {
-    let Some(q) = entry(qp, false) else { return };
+    let Some(q) = entry(qp) else { return };
+    retire(q, qp);
+    // Free for another QP; this one's requests still in the line find no entry (or a new
+    // QP's, at this address, with another generation) and are dropped.
+    q.gen.store(0, Release);
+    q.key.store(REMOVED, Release);
+}
+
+/// Before `ibv_modify_qp` to RESET: the QP's requests still in the line will be dropped, as
+/// a reset discards what a send queue holds (handed over later, they would leave on the
+/// connection the QP is given next); its entry stays, for what it is posted once connected
+/// again. A hand-over to it in progress finishes first.
+pub fn reset(qp: *mut ibv_qp) {
+    if let Some(q) = entry(qp) {
+        retire(q, qp);
+    }
+}
+
+/// Before `ibv_close_device` of `ctx`: the requests still in the line of its QPs (a program
+/// that closes its device without destroying them, as sloppy exits do) will be dropped:
+/// handed over later, they would reach a provider whose device is gone (a doorbell page
+/// unmapped, a command descriptor the program may have reopened as its own file).
+/// `skip`: a QP not to wait for (the calling thread's own hand-over to it, interrupted).
+pub fn context_closed(ctx: *mut crate::abi::verbs::ibv_context, skip: *mut ibv_qp) {
+    for q in QPS.iter() {
+        let key = q.key.load(Acquire);
+        if key > REMOVED && q.ctx.load(Relaxed) == ctx as usize && key != skip as usize {
+            retire(q, key as *mut ibv_qp);
+        }
+    }
+}
+
+/// Gives the QP's entry a new generation (its requests in the line are dropped at their hand-
+/// over) and a fresh due order, once a hand-over to it in progress is done.
+fn retire(q: &QpLine, qp: *mut ibv_qp) {
     q.gen.store(GEN.fetch_add(1, SeqCst).max(1), SeqCst);
     while POSTING.load(SeqCst) == qp {
         std::hint::spin_loop();
     }
     q.last_due.store(0, Release);
     q.handed_due.store(0, Release);
-    // Free for another QP; this one's requests still in the line find no entry (or a new
-    // QP's, at this address, with another generation) and are dropped.
-    q.gen.store(0, Release);
-    q.key.store(REMOVED, Release);
 }
 
 #[cfg(test)]
@@ -172,6 +217,13 @@ mod tests {
     /// The tests share the table and its insertion flag: one at a time.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+    /// `n` QPs (zeroed, never freed): an entry reads its QP's context when it is made.
+    fn qps(n: usize) -> &'static mut [ibv_qp] {
+        // SAFETY: bindgen's ibv_qp is valid all-zero.
+        let v: Vec<ibv_qp> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        v.leak()
+    }
+
     /// Threads that post a QP's first requests at once (a QP shared by many threads) must all
     /// get its one entry: a second entry for the same QP gives its requests a generation the
     /// hand-over does not find (dropped) and a due order of their own.
@@ -181,6 +233,8 @@ mod tests {
         const THREADS: usize = 8;
         const QPS: usize = 3000;
         let start = Barrier::new(THREADS);
+        let all = qps(QPS).as_mut_ptr() as usize;
+        let qp = |k: usize| (all as *mut ibv_qp).wrapping_add(k);
         let got: Vec<Vec<usize>> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..THREADS)
                 .map(|_| {
@@ -188,8 +242,7 @@ mod tests {
                         (0..QPS)
                             .map(|k| {
                                 start.wait();
-                                let qp = (0x7f00_0000_0000usize + k * 0x240) as *mut ibv_qp;
-                                let e = entry(qp, true).expect("room in the table");
+                                let e = unsafe { entry_made(qp(k)) }.expect("room in the table");
                                 e as *const QpLine as usize
                             })
                             .collect()
@@ -202,7 +255,7 @@ mod tests {
             .filter(|&k| got.iter().any(|g| g[k] != got[0][k]))
             .count();
         for k in 0..QPS {
-            destroyed((0x7f00_0000_0000usize + k * 0x240) as *mut ibv_qp);
+            destroyed(qp(k));
         }
         assert_eq!(split, 0, "QPs given two entries by threads posting at once");
     }
@@ -213,13 +266,14 @@ mod tests {
     #[test]
     fn a_new_qp_waits_for_a_stuck_insertion_for_a_bounded_time() {
         let _one = ONE_AT_A_TIME.lock().unwrap();
-        let known = 0x7f10_0000_0000usize as *mut ibv_qp;
-        let e = entry(known, true).expect("room in the table") as *const QpLine;
+        let two = qps(2);
+        let known: *mut ibv_qp = &mut two[0];
+        let e = unsafe { entry_made(known) }.expect("room in the table") as *const QpLine;
         let held = INSERTING.lock();
         let t = std::time::Instant::now();
-        let fresh = entry(0x7f10_0000_1000usize as *mut ibv_qp, true);
+        let fresh = unsafe { entry_made(&mut two[1]) };
         let waited = t.elapsed();
-        let again = entry(known, true).map(|e| e as *const QpLine);
+        let again = unsafe { entry_made(known) }.map(|e| e as *const QpLine);
         drop(held);
         destroyed(known);
         assert!(fresh.is_none());
