@@ -1,4 +1,5 @@
-//! The ends of a process that run no exit handler, with the built libibjitter.so
+//! The ends of a process that run no exit handler (and of a thread: cancelled inside the
+//! shim), with the built libibjitter.so
 //! LD_PRELOADed over the stub libibverbs (tests/support/exec_exit.c): before an `exec` the
 //! delay line is handed over (within the 2 s drain) and what is left is said; `_exit` and
 //! `_Exit` say what the line loses; a `vfork` child leaves its parent's line alone; without
@@ -25,7 +26,11 @@ fn built() -> &'static Built {
     B.get_or_init(|| {
         let so = build_shim();
         let stub = build_stub();
-        let program = build_c("exec_exit", "exec_exit", &[stub.to_str().unwrap()]);
+        let program = build_c(
+            "exec_exit",
+            "exec_exit",
+            &[stub.to_str().unwrap(), "-pthread"],
+        );
         Built { so, stub, program }
     })
 }
@@ -149,6 +154,54 @@ fn exit_says_what_the_line_loses() {
             r.stderr
         );
     }
+}
+
+/// `quick_exit` runs only its own handlers and ends the process as `_exit` does (glibc's
+/// internal call, which the shim's `_exit` does not see): said as `_exit` is. It was silent.
+#[test]
+fn quick_exit_says_what_the_line_loses() {
+    let r = run(true, 3, "quick_exit", &line("5s"));
+    assert_eq!(r.code, 6, "{}{}", r.stdout, r.stderr);
+    assert_eq!(r.handed(), [], "{}", r.stdout);
+    assert_eq!(
+        r.warnings(),
+        ["ibjitter: warning: quick_exit: 3 requests still in the delay line were not delivered"],
+        "{}",
+        r.stderr
+    );
+}
+
+/// A thread cancelled inside the line's hand-over (at a cancellation point of the provider's
+/// call, as rxe's doorbell `write` is) finishes it first: the line goes on for the other
+/// threads. Before, the cancel unwound out of the hand-over with the line still taken: every
+/// later request stayed in it (provider got 0 of 10), silently.
+#[test]
+fn a_thread_cancelled_in_a_hand_over_leaves_the_line_working() {
+    let r = run(true, 1, "cancel-handover", &line("1ms"));
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("after the cancel: provider got 10 of 10\n"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    assert!(r.stdout.contains("destroy rc 0\n"), "{}", r.stdout);
+}
+
+/// A thread cancelled during the shim's first use (its clock choice reads files:
+/// cancellation points) finishes it first. Before, the first use stayed "starting" and every
+/// later device open of the process waited for it for ever (in any mode).
+#[test]
+fn a_thread_cancelled_in_the_first_use_leaves_device_opens_working() {
+    let r = run(true, 0, "cancel-open", &[("IBJITTER_DELAY", "1us")]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("main opened a device after"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
 }
 
 /// Each exec function hands the line over before the new image replaces the process: the

@@ -51,6 +51,7 @@ fn load() {
         return;
     }
     register_fork_handlers();
+    register_quick_exit_handler();
     claim_stats_path();
     install(Settings::from_vars(config::env_var));
 }
@@ -65,6 +66,21 @@ extern "C" {
         dso_handle: *mut std::ffi::c_void,
     ) -> std::ffi::c_int;
     static __dso_handle: u8;
+    /// What glibc's `at_quick_exit` wrapper calls with the caller's object (idem).
+    fn __cxa_at_quick_exit(
+        f: extern "C" fn(),
+        dso_handle: *mut std::ffi::c_void,
+    ) -> std::ffi::c_int;
+}
+
+/// `quick_exit` runs only the handlers registered for it, then ends the process as `_exit`
+/// does (glibc's internal call, which the shim's `_exit` does not see): said as `_exit` is.
+fn register_quick_exit_handler() {
+    extern "C" fn at_quick_exit() {
+        at_immediate_exit("quick_exit");
+    }
+    // SAFETY: a plain function of this object, unregistered by glibc with the object.
+    unsafe { __cxa_at_quick_exit(at_quick_exit, std::ptr::addr_of!(__dso_handle) as *mut _) };
 }
 
 /// Registers [`before_fork`], [`after_fork_parent`] and [`after_fork_child`] (before any
@@ -203,6 +219,9 @@ fn choose_clock() {
 /// line, start the threads the settings need (window, episodes, delay line), live control
 /// and the signal-time stats' handlers. Once.
 pub fn first_use() {
+    // Other threads wait for the first use to end: it is not cancelled on the way (its
+    // clock choice reads files, cancellation points).
+    let _not_cancelled = crate::sys::threads::NoCancel::hold();
     // Before the shim's constructor (a device opened from another library's): without the
     // settings, the first use chose no clock and started nothing, and the posts counted as
     // delayed later were never waited for.

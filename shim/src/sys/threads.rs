@@ -66,3 +66,33 @@ pub fn allowed_cpus() -> Option<usize> {
             .then(|| libc::CPU_COUNT(&set) as usize)
     }
 }
+
+extern "C" {
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+/// glibc's `PTHREAD_CANCEL_DISABLE`.
+const CANCEL_DISABLE: libc::c_int = 1;
+
+/// Cancellation of the calling thread held off while it lives, then put back as it was: a
+/// program's thread cancelled inside the shim (at a cancellation point of the provider's
+/// call in a hand-over, e.g. rxe's doorbell `write`, or of the first use's file reads) would
+/// leave what the shim holds taken for ever: the delay line, the first use that every
+/// other thread waits for. A cancel sent meanwhile acts at the thread's next cancellation
+/// point after it. An atomic update of the thread's own state in glibc, no system call.
+pub struct NoCancel(libc::c_int);
+
+impl NoCancel {
+    pub fn hold() -> NoCancel {
+        let mut before = 0;
+        // SAFETY: the calling thread's own state, a valid pointer.
+        unsafe { pthread_setcancelstate(CANCEL_DISABLE, &mut before) };
+        NoCancel(before)
+    }
+}
+
+impl Drop for NoCancel {
+    fn drop(&mut self) {
+        // SAFETY: as in hold.
+        unsafe { pthread_setcancelstate(self.0, std::ptr::null_mut()) };
+    }
+}

@@ -13,9 +13,20 @@
  *        are still in the line); the parent says how long vfork took to return and the
  *        child's status, then execv's `sh -c 'exit 5'` itself.
  *        fork: sleeps 50 ms (a line hands the requests over), forks; the child posts 2
- *        more and exits 0; the parent says the child's status and exits 0. */
+ *        more and exits 0; the parent says the child's status and exits 0.
+ *        quick_exit: quick_exit(6).
+ *        cancel-handover: a second thread posts 4 and polls; the hand-over in its poll
+ *        calls the provider, which waits 200 ms in usleep (a cancellation point, as rxe's
+ *        doorbell write is), where that thread is cancelled. The main thread then posts
+ *        10 more and polls (up to 3 s): says "after the cancel: provider got N of 10",
+ *        then destroys the QP ("destroy rc R") and returns 0.
+ *        cancel-open (POSTS 0): a second thread with a cancel pending opens a device (the
+ *        shim's first use, whose file reads are cancellation points); the main thread
+ *        then opens one, posts 1 and says "main opened a device after T us". */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <stdarg.h>
@@ -38,12 +49,31 @@ static void say(const char *fmt, ...) {
         _exit(90);
 }
 
+/* cancel-handover: the thread to hold up in the provider once, and what was handed. */
+static pthread_t held_thread;
+static atomic_int hold_it, held;
+static atomic_long handed_count;
+
 static int provider_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
                               struct ibv_send_wr **bad) {
     (void)qp;
     (void)bad;
-    for (; wr; wr = wr->next)
-        say("handed %ld by %ld\n", (long)wr->wr_id, (long)getpid());
+    if (atomic_load(&hold_it) && pthread_equal(pthread_self(), held_thread)) {
+        atomic_store(&held, 1);
+        usleep(200000);
+    }
+    for (; wr; wr = wr->next) {
+        atomic_fetch_add(&handed_count, 1);
+        if (!atomic_load(&hold_it))
+            say("handed %ld by %ld\n", (long)wr->wr_id, (long)getpid());
+    }
+    return 0;
+}
+
+static int no_completions(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
+    (void)cq;
+    (void)n;
+    (void)wc;
     return 0;
 }
 
@@ -65,6 +95,57 @@ static void post(long n) {
     say("posted %ld by %ld\n", n, (long)getpid());
 }
 
+static struct ibv_cq cq;
+
+static void *post_and_poll(void *unused) {
+    (void)unused;
+    for (int i = 0; i < 4; i++) {
+        struct ibv_send_wr wr, *bad;
+        memset(&wr, 0, sizeof wr);
+        ibv_post_send(qp, &wr, &bad);
+    }
+    struct ibv_wc wc;
+    for (;;) {
+        ibv_poll_cq(&cq, 1, &wc);
+        pthread_testcancel();
+    }
+    return NULL;
+}
+
+static atomic_int go;
+static struct verbs_context other_vctx;
+
+static void *open_with_a_cancel_pending(void *unused) {
+    (void)unused;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+    while (!atomic_load(&go))
+        ;
+    pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+    other_vctx.sz = sizeof other_vctx;
+    other_vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    other_vctx.context.ops.post_send = provider_post_send;
+    ibv_open_device((struct ibv_device *)&other_vctx.context);
+    pthread_testcancel();
+    return NULL;
+}
+
+static void open_fake_device(void) {
+    vctx.sz = sizeof vctx;
+    vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    vctx.context.ops.post_send = provider_post_send;
+    vctx.context.ops.poll_cq = no_completions;
+    /* The stub's ibv_open_device returns its argument: our fake context. */
+    struct ibv_context *ctx = ibv_open_device((struct ibv_device *)&vctx.context);
+    if (ctx != &vctx.context) {
+        fprintf(stderr, "exec_exit: ibv_open_device did not return the fake context\n");
+        exit(1);
+    }
+    cq.context = ctx;
+    qpx.qp_base.context = ctx;
+    /* The stub's ibv_create_qp returns its pd argument: our fake QP. */
+    qp = ibv_create_qp((struct ibv_pd *)&qpx, NULL);
+}
+
 static long now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -81,22 +162,43 @@ int main(int argc, char **argv) {
     long posts = atol(argv[1]);
     const char *how = argv[2];
     if (posts > 0) {
-        vctx.sz = sizeof vctx;
-        vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
-        vctx.context.ops.post_send = provider_post_send;
-        /* The stub's ibv_open_device returns its argument: our fake context. */
-        struct ibv_context *ctx = ibv_open_device((struct ibv_device *)&vctx.context);
-        if (ctx != &vctx.context) {
-            fprintf(stderr, "exec_exit: ibv_open_device did not return the fake context\n");
-            return 1;
-        }
-        qpx.qp_base.context = ctx;
-        /* The stub's ibv_create_qp returns its pd argument: our fake QP. */
-        qp = ibv_create_qp((struct ibv_pd *)&qpx, NULL);
+        open_fake_device();
         post(posts);
     }
     if (!strcmp(how, "_exit"))
         _exit(6);
+    if (!strcmp(how, "quick_exit"))
+        quick_exit(6);
+    if (!strcmp(how, "cancel-handover")) {
+        atomic_store(&hold_it, 1);
+        pthread_create(&held_thread, NULL, post_and_poll, NULL);
+        long t0 = now_us();
+        while (!atomic_load(&held) && now_us() - t0 < 5000000)
+            usleep(100);
+        pthread_cancel(held_thread);
+        pthread_join(held_thread, NULL);
+        long before = atomic_load(&handed_count);
+        post(10);
+        struct ibv_wc wc;
+        t0 = now_us();
+        while (atomic_load(&handed_count) - before < 10 && now_us() - t0 < 3000000)
+            ibv_poll_cq(&cq, 1, &wc);
+        say("after the cancel: provider got %ld of 10\n", atomic_load(&handed_count) - before);
+        say("destroy rc %d\n", ibv_destroy_qp(qp));
+        return 0;
+    }
+    if (!strcmp(how, "cancel-open")) {
+        pthread_t t;
+        pthread_create(&t, NULL, open_with_a_cancel_pending, NULL);
+        pthread_cancel(t);
+        atomic_store(&go, 1);
+        pthread_join(t, NULL);
+        long t0 = now_us();
+        open_fake_device();
+        post(1);
+        say("main opened a device after %ld us\n", now_us() - t0);
+        return 0;
+    }
     if (!strcmp(how, "_Exit"))
         _Exit(6);
     if (!strcmp(how, "execv"))
