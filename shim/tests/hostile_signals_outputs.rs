@@ -295,6 +295,30 @@ fn a_small_alternate_signal_stack_still_gets_the_stats() {
     assert_eq!(s["delay_ns"]["percentiles"]["p50"], 1000, "{s}");
 }
 
+/// A process in line mode ended by SIGTERM (the default action: no drain) with requests
+/// still in the line: the signal-time stats say how many (`line.in_line_at_signal`), and
+/// stderr says they were not delivered. Both were silent: the file had no line object and
+/// counted the 10 as delays injected.
+#[test]
+fn a_signal_that_ends_a_line_says_what_it_loses() {
+    let dir = scratch("line-term");
+    let stats = dir.join("stats.json");
+    let r = run(driver(0, 10, "term")
+        .env("IBJITTER_MODE", "line")
+        .env("IBJITTER_DELAY", "5s")
+        .env("IBJITTER_STATS", &stats));
+    assert_eq!(r.status.signal(), Some(libc::SIGTERM), "{}", r.stderr);
+    let s = read_json(&stats);
+    assert_eq!(s["ended_by"], "SIGTERM", "{s}");
+    assert_eq!(s["line"]["in_line_at_signal"], 10, "{s}");
+    assert_eq!(
+        warnings(&r.stderr),
+        ["ibjitter: warning: SIGTERM: 10 requests still in the delay line were not delivered"],
+        "{}",
+        r.stderr
+    );
+}
+
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a valid path string.

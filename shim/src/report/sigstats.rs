@@ -196,7 +196,12 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     let prev = unsafe { &(*PREVIOUS.0.get())[k] };
     if crate::state::in_use() {
         // The three signals' default action ends the process; a program's handler may not.
-        write_at_signal(sig, prev.sa_sigaction == libc::SIG_DFL);
+        let ends = prev.sa_sigaction == libc::SIG_DFL;
+        write_at_signal(sig, ends);
+        if ends {
+            // No drain at a signal: what the line still holds is lost, and said (as `_exit`).
+            crate::modes::line::say_lost_at_end(signal_name(sig));
+        }
     }
     // SAFETY: the calls are async-signal-safe; `prev` is a valid action.
     unsafe {
@@ -357,6 +362,14 @@ impl Out {
     }
 }
 
+fn signal_name(sig: c_int) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "SIGHUP",
+    }
+}
+
 /// Writes the stats document; returns the errno of a write that failed (0: none).
 fn write_document(sig: c_int) -> c_int {
     let path = PATH.load(Acquire);
@@ -378,11 +391,7 @@ fn write_document(sig: c_int) -> c_int {
     } else {
         "ns"
     };
-    let name = match sig {
-        libc::SIGINT => "SIGINT",
-        libc::SIGTERM => "SIGTERM",
-        _ => "SIGHUP",
-    };
+    let name = signal_name(sig);
     // SAFETY: a leaked Epoch that is not written while WRITER is held (`publish`), or null.
     let epoch = unsafe { PUBLISHED.load(SeqCst).as_ref() };
     let counts = counts::signal_safe_counts();
@@ -431,6 +440,18 @@ fn write_document(sig: c_int) -> c_int {
     o.s("]");
     if let Some(e) = epoch.filter(|_| injecting) {
         write_delays(&mut o, u, e);
+    }
+    if crate::state::line_mode() {
+        // What the line held at the signal: handed over only if the process goes on (their
+        // draws are in delays_injected: the line cannot be taken here to count them out).
+        use crate::modes::line;
+        o.s(",\n  \"line\": { \"in_line_at_signal\": ");
+        o.u(line::own_requests());
+        o.s(", \"dropped\": ");
+        o.u(line::dropped());
+        o.s(", \"refused\": ");
+        o.u(line::refused());
+        o.s(" }");
     }
     o.s("\n}\n");
     o.flush();

@@ -488,22 +488,13 @@ fn write_stats(nothing_delayed: Option<String>) {
     }
 }
 
-/// Requests in this process's own delay line now: 0 when the line is off (never started, or
-/// a fork child) or is a `vfork` parent's. Atomic loads and `getpid` only (`_exit` calls it).
-fn own_line_requests() -> u64 {
-    if !state::line_mode() || !state::owns_threads() {
-        return 0;
-    }
-    line::in_line()
-}
-
 /// `call` (an `exec` function) is about to replace this process's image: the end of the
 /// process as far as the shim goes, but no exit handler runs. What is in the delay line goes
 /// out as at exit (as it falls due, within 2 s); what is left then is said. Nothing in a
 /// vfork child (the line is its parent's, which goes on). If the exec fails, the process and
 /// its line go on.
 pub fn before_exec(call: &str) {
-    if own_line_requests() == 0 {
+    if line::own_requests() == 0 {
         return;
     }
     let left = line::drain(2_000_000_000);
@@ -519,33 +510,5 @@ pub fn before_exec(call: &str) {
 /// and fork children call it), so no drain, no lock, no allocation: one `write` says how
 /// many requests of this process's line are lost.
 pub fn at_immediate_exit(call: &str) {
-    let n = own_line_requests();
-    if n == 0 {
-        return;
-    }
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut v = n;
-    while v > 0 || at == digits.len() {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-    }
-    let mut msg = [0u8; 128];
-    let mut len = 0;
-    for part in [
-        b"ibjitter: warning: ".as_slice(),
-        call.as_bytes(),
-        b": ",
-        &digits[at..],
-        b" requests still in the delay line were not delivered\n",
-    ] {
-        let k = part.len().min(msg.len() - len);
-        msg[len..len + k].copy_from_slice(&part[..k]);
-        len += k;
-    }
-    say::write_to_stderr(&[libc::iovec {
-        iov_base: msg.as_mut_ptr().cast(),
-        iov_len: len,
-    }]);
+    line::say_lost_at_end(call);
 }

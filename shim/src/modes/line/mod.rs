@@ -406,6 +406,51 @@ pub fn drain(limit_ns: u64) -> u64 {
     left
 }
 
+/// Requests in this process's own delay line now: 0 when the line is off (never started, or
+/// a fork child) or is a `vfork` parent's. Atomic loads and `getpid` only (`_exit` and a
+/// signal handler call it).
+pub fn own_requests() -> u64 {
+    if !crate::state::line_mode() || !crate::state::owns_threads() {
+        return 0;
+    }
+    in_line()
+}
+
+/// The process ends now without a drain (`call`: `_exit`, `quick_exit`, a signal's default
+/// action): one write says how many requests of its own line are lost, if any.
+/// Async-signal-safe: no drain, no lock, no allocation.
+pub fn say_lost_at_end(call: &str) {
+    let n = own_requests();
+    if n == 0 {
+        return;
+    }
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut v = n;
+    while v > 0 || at == digits.len() {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    let mut msg = [0u8; 128];
+    let mut len = 0;
+    for part in [
+        b"ibjitter: warning: ".as_slice(),
+        call.as_bytes(),
+        b": ",
+        &digits[at..],
+        b" requests still in the delay line were not delivered\n",
+    ] {
+        let k = part.len().min(msg.len() - len);
+        msg[len..len + k].copy_from_slice(&part[..k]);
+        len += k;
+    }
+    say::write_to_stderr(&[libc::iovec {
+        iov_base: msg.as_mut_ptr().cast(),
+        iov_len: len,
+    }]);
+}
+
 /// Requests never handed over (still in the line at exit).
 pub fn not_delivered() -> u64 {
     NOT_DELIVERED.load(Relaxed)
