@@ -267,6 +267,103 @@ fn wait_bounded(
     }
 }
 
+/// Why the dynamic loader will not load `LD_PRELOAD` into `program` (as `execvp` finds it on
+/// `PATH`), if it can tell: nothing would be injected into that process (its children, if
+/// dynamically linked and not privileged, still load the shim).
+pub fn preload_ignored_by(program: &OsStr) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let path = resolve_program(program)?;
+    let name = path.display();
+    if is_static_elf(&path) {
+        return Some(format!(
+            "{name} is statically linked: no dynamic loader runs in it, so LD_PRELOAD (the \
+             injector) is not loaded and nothing is injected into it"
+        ));
+    }
+    let m = std::fs::metadata(&path).ok()?;
+    // SAFETY: geteuid/getegid cannot fail.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let setuid = m.mode() & 0o4000 != 0 && m.uid() != euid;
+    let setgid = m.mode() & 0o2000 != 0 && m.gid() != egid;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a NUL-terminated path and name; a null buffer of size 0 asks for the size.
+    let caps = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    } > 0;
+    let why = if setuid {
+        "set-user-ID"
+    } else if setgid {
+        "set-group-ID"
+    } else if caps {
+        "given file capabilities"
+    } else {
+        return None;
+    };
+    Some(format!(
+        "{name} is {why}: the dynamic loader runs it in secure mode and ignores LD_PRELOAD (the \
+         injector), so nothing is injected into it"
+    ))
+}
+
+/// `program` as `execvp` finds it: as given if it has a slash, else the first executable
+/// file of that name in `PATH`.
+fn resolve_program(program: &OsStr) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    if program.as_bytes().contains(&b'/') {
+        return Some(PathBuf::from(program));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Whether `path` is an ELF executable without a program interpreter (`PT_INTERP`): one the
+/// kernel starts itself, with no dynamic loader. Reads the ELF header and program headers
+/// only (a check this small needs no ELF crate); anything unreadable or not ELF is "no".
+fn is_static_elf(path: &Path) -> bool {
+    const PT_INTERP: u32 = 3;
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut h = [0u8; 64];
+    if f.read_exact(&mut h).is_err() || &h[..4] != b"\x7fELF" {
+        return false;
+    }
+    // 64-bit little-endian only (x86_64, aarch64): others are "can't tell".
+    if h[4] != 2 || h[5] != 1 {
+        return false;
+    }
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let e_type = u16_at(&h, 16);
+    // ET_EXEC or ET_DYN (a static PIE is ET_DYN without PT_INTERP; a shared library
+    // run directly is not a program anyone passes here).
+    if e_type != 2 && e_type != 3 {
+        return false;
+    }
+    let phoff = u64::from_le_bytes(h[32..40].try_into().unwrap());
+    let (phentsize, phnum) = (u16_at(&h, 54) as usize, u16_at(&h, 56) as usize);
+    if phentsize < 4 || phnum == 0 || phnum > 4096 {
+        return false;
+    }
+    let mut ph = vec![0u8; phentsize * phnum];
+    use std::io::{Seek, SeekFrom};
+    if f.seek(SeekFrom::Start(phoff)).is_err() || f.read_exact(&mut ph).is_err() {
+        return false;
+    }
+    !ph.chunks(phentsize)
+        .any(|p| u32::from_le_bytes(p[..4].try_into().unwrap()) == PT_INTERP)
+}
+
 /// A program that does nothing, to load the shim in for [`InjectorEnv::check`].
 pub fn probe_program() -> Result<PathBuf, String> {
     ["/bin/true", "/usr/bin/true"]

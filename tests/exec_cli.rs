@@ -160,6 +160,70 @@ fn an_accepted_setting_runs_the_program_in_the_same_process_under_the_shim() {
     assert!(dir.join("ran").exists());
 }
 
+/// A program the dynamic loader will not preload into (statically linked; set-user-ID to
+/// another user) runs, but with a warning that nothing is injected into it: it ran silently
+/// uninjected before. A dynamically linked one (the `sh` of the other tests) gets none.
+#[test]
+fn a_program_the_loader_will_not_preload_into_is_said() {
+    let dir = scratch_dir("exec-unpreloadable");
+    let src = dir.join("hello.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\nint main(void) { puts(\"ran\"); return 0; }\n",
+    )
+    .unwrap();
+    let fixed = dir.join("hello-static");
+    let cc = Command::new("cc")
+        .arg("-static")
+        .arg("-o")
+        .arg(&fixed)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(cc.success(), "cc -static (libc6-dev's libc.a)");
+    let out = exec(&["--delay", "10us"], &[fixed.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(text(&out.stdout), "ran\n");
+    assert!(
+        err.contains("warning")
+            && err.contains("is statically linked")
+            && err.contains("nothing is injected"),
+        "{err}"
+    );
+    // Set-user-ID to another user (root makes it, as CI runs the tests).
+    let privileged = dir.join("true-setuid");
+    std::fs::copy(true_program(), &privileged).unwrap();
+    let own = Command::new("sh")
+        .arg("-c")
+        .arg("chown 65534 \"$0\" && chmod 4755 \"$0\"")
+        .arg(&privileged)
+        .status()
+        .unwrap();
+    assert!(own.success(), "chown/chmod (needs root)");
+    let out = exec(&["--delay", "10us"], &[privileged.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("is set-user-ID") && err.contains("ignores LD_PRELOAD"),
+        "{err}"
+    );
+    let out = exec(&["--delay", "10us"], &["sh", "-c", "true"]);
+    assert!(
+        !text(&out.stderr).contains("warning"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// `true`, a dynamically linked program every Debian machine has.
+fn true_program() -> &'static str {
+    ["/bin/true", "/usr/bin/true"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .expect("a true program")
+}
+
 #[test]
 fn exit_status_and_signal_death_are_the_programs() {
     let out = exec(&["--delay", "10us"], &["sh", "-c", "exit 7"]);

@@ -106,6 +106,11 @@ pub fn run(a: ExecArgs) -> i32 {
         }
     };
     let program = &a.command[0];
+    if let Some(why) = inject_env::preload_ignored_by(program) {
+        // Run anyway: what it starts may be dynamically linked (a static shell running the
+        // real program) and load the injector from the environment it passes on.
+        eprintln!("ibjitter exec: warning: {why}");
+    }
     let mut cmd = std::process::Command::new(program);
     cmd.args(&a.command[1..]);
     env.apply(&mut cmd);
