@@ -452,6 +452,44 @@ fn serve_incast_and_study_refuse_before_they_start() {
     );
 }
 
+/// An output that is a FIFO nobody reads is refused at once, naming it: `table -o` waited
+/// for a reader before any work (for ever), and a study's `study.csv` made a FIFO waited in
+/// its open, restarted after Ctrl-C and SIGTERM (only SIGKILL ended it).
+#[test]
+fn outputs_that_are_fifos_nobody_reads_are_refused_at_once() {
+    let dir = TempDir::new("fifo-out");
+    let fifo = dir.path("out.fifo");
+    mkfifo(&fifo);
+    let f = fifo.to_str().unwrap();
+    for args in [
+        &["table", "constant", "--value", "5us", "-o", f][..],
+        &["table", "seed", "-o", f][..],
+    ] {
+        refused(args, 1, &[f, "FIFO nobody reads"]);
+    }
+    let table = dir.path("t.dist");
+    let t = table.to_str().unwrap();
+    let made = ibjitter(&["table", "constant", "--value", "5us", "-o", t]);
+    assert_eq!(made.code, Some(0), "{}", made.stderr);
+    let out = dir.path("study");
+    std::fs::create_dir_all(&out).unwrap();
+    mkfifo(&out.join("study.csv"));
+    let o = out.to_str().unwrap();
+    refused(
+        &[
+            "study", "--out", o, "--tables", t, "--reps", "1", "--", "true",
+        ],
+        SETUP,
+        &["study.csv", "not a regular file"],
+    );
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
 #[test]
 fn study_reads_a_huge_output_in_bounded_memory() {
     let dir = TempDir::new("study-out");

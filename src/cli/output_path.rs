@@ -3,9 +3,32 @@
 
 /// A buffered output file, or the error naming it.
 pub(super) fn create(path: &std::path::Path) -> Result<std::io::BufWriter<std::fs::File>, String> {
-    std::fs::File::create(path)
+    open_without_waiting(path, true)
         .map(std::io::BufWriter::new)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Opens `path` for writing (created and emptied with `create`) without waiting for a FIFO's
+/// reader: a FIFO nobody reads is an error ("no reader"), not an open that waits before any
+/// work, or for ever. The descriptor then blocks again, for the writes. A FIFO with a
+/// reader (`-o >(gzip > f)`) and `/dev/stdout` work as before.
+fn open_without_waiting(path: &std::path::Path, create: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(create)
+        .truncate(create)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => {
+                std::io::Error::other("it is a FIFO nobody reads (writing would wait for a reader)")
+            }
+            _ => e,
+        })?;
+    // The writes block again.
+    ibjitter::table::input::clear_nonblock(&f)?;
+    Ok(f)
 }
 
 /// Whether `path` can be written, without changing anything: an existing file must open for
@@ -16,9 +39,7 @@ pub(super) fn check_writable(path: &std::path::Path) -> Result<(), String> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => return refuse("it is a directory".into()),
         Ok(_) => {
-            return std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
+            return open_without_waiting(path, false)
                 .map(drop)
                 .or_else(|e| refuse(e.to_string()))
         }

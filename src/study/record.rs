@@ -221,12 +221,35 @@ pub struct Writer {
 
 impl Writer {
     pub fn open(path: &Path) -> Result<Writer, String> {
+        use std::os::unix::fs::OpenOptionsExt;
         let err = |e: io::Error| format!("{}: {e}", path.display());
+        let not_regular = || {
+            format!(
+                "{}: not a regular file (a study's record is one; a FIFO there would wait \
+                 for a reader)",
+                path.display()
+            )
+        };
+        if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Err(not_regular());
+        }
+        // The study's own record: a regular file, never a link. A FIFO put there made this
+        // open wait for a reader (restarted after Ctrl-C: only SIGKILL ended it).
         let mut file = OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
             .open(path)
-            .map_err(err)?;
+            .map_err(|e| match e.raw_os_error() {
+                // Made a FIFO (or a link) since the look above.
+                Some(libc::ENXIO | libc::ELOOP) => not_regular(),
+                _ => err(e),
+            })?;
+        if !file.metadata().map_err(err)?.is_file() {
+            return Err(not_regular());
+        }
+        // Appends block again.
+        crate::table::input::clear_nonblock(&file).map_err(err)?;
         if file.metadata().map_err(err)?.len() == 0 {
             file.write_all(format!("{HEADER}\n").as_bytes())
                 .map_err(err)?;

@@ -186,7 +186,9 @@ pub fn read_bytes(path: &Path, what: &str, limits: Limits) -> Result<Vec<u8>, In
     Ok(out)
 }
 
-fn clear_nonblock(file: &std::fs::File) -> io::Result<()> {
+/// Makes `file` (opened with `O_NONBLOCK`, so that a FIFO nobody writes or reads did not
+/// make the open wait) block again for its reads and writes.
+pub fn clear_nonblock(file: &std::fs::File) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
     // SAFETY: fcntl on a descriptor this function's caller owns; no memory is passed.
