@@ -21,6 +21,7 @@ pub mod inject_env;
 pub mod pcap;
 pub mod report;
 pub mod study;
+pub mod temp_files;
 pub mod verbs;
 
 /// Delay tables: the `ibjitter-table` crate (crates/ibjitter-table), which the shim uses alone.

@@ -79,9 +79,13 @@ fn doctor_run(a: DoctorArgs) -> Result<i32, String> {
         }
     };
     let shim = std::fs::canonicalize(&shim).unwrap_or(shim);
-    let work_dir = std::env::temp_dir().join(format!("ibjitter-doctor.{}", std::process::id()));
-    std::fs::create_dir_all(&work_dir)
-        .map_err(|e| format!("cannot create {}: {e}", work_dir.display()))?;
+    // Its own new directory: a name another user could have made first is never used.
+    let work_dir = ibjitter::temp_files::private_dir("ibjitter-doctor").map_err(|e| {
+        format!(
+            "cannot create a directory in {}: {e}",
+            std::env::temp_dir().display()
+        )
+    })?;
     let opts = Options {
         device: a.device,
         port: a.port,

@@ -507,14 +507,22 @@ impl JsonOut {
             return Ok(());
         };
         let failed = format!("writing {}: {e}", self.path.display());
-        let fallback = fallback_dir.join(format!("ibjitter-run-{}.json", std::process::id()));
-        let saved = create(&fallback).and_then(|mut f| {
+        // A new file of its own: the fallback is a shared directory (/tmp).
+        let saved = ibjitter::temp_files::new_file(
+            fallback_dir,
+            &format!("ibjitter-run-{}", std::process::id()),
+            "json",
+        )
+        .map_err(|e| format!("cannot save it elsewhere: {e}"))
+        .and_then(|(f, fallback)| {
+            let mut f = BufWriter::new(f);
             write(&mut f)
                 .and_then(|()| f.flush())
+                .map(|()| fallback.clone())
                 .map_err(|e| format!("writing {}: {e}", fallback.display()))
         });
         Err(match saved {
-            Ok(()) => format!(
+            Ok(fallback) => format!(
                 "{failed}; the JSON report is in {} instead",
                 fallback.display()
             ),
@@ -627,7 +635,7 @@ mod tests {
             created: false,
         };
         let e = full().write_or_save_elsewhere(&write, &dir).unwrap_err();
-        let fallback = dir.join(format!("ibjitter-run-{}.json", std::process::id()));
+        let fallback = dir.join(format!("ibjitter-run-{}.0.json", std::process::id()));
         assert!(e.starts_with("writing /dev/full: "), "{e}");
         assert!(
             e.contains(&format!("is in {} instead", fallback.display())),

@@ -5,7 +5,6 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How much of a child's output is read back.
@@ -133,17 +132,20 @@ pub fn listening_in(table: &str, port: u16) -> bool {
 }
 
 fn spawn_logged(cmd: &mut Command, log: Option<&Path>) -> Result<(Child, PathBuf), String> {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let path = match log {
-        Some(p) => p.to_path_buf(),
-        None => std::env::temp_dir().join(format!(
-            "ibjitter-doctor.{}.{}.out",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        )),
+    let (out, path) = match log {
+        Some(p) => {
+            let out = File::create(p).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            (out, p.to_path_buf())
+        }
+        // A new file of its own in the shared temporary directory.
+        None => crate::temp_files::new_file(
+            &std::env::temp_dir(),
+            &format!("ibjitter-doctor.{}", std::process::id()),
+            "out",
+        )
+        .map_err(|e| format!("cannot write a temporary file: {e}"))?,
     };
     let prog = cmd.get_program().to_string_lossy().into_owned();
-    let out = File::create(&path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let err = out
         .try_clone()
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
