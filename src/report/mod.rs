@@ -314,7 +314,7 @@ pub struct ThreadReport {
 /// tools exchange.
 pub mod hist {
     use base64::Engine;
-    use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
+    use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
     use hdrhistogram::Histogram;
 
     pub fn encode(h: &Histogram<u64>) -> String {
@@ -325,13 +325,14 @@ pub mod hist {
         base64::engine::general_purpose::STANDARD.encode(bytes)
     }
 
+    /// A sender's histogram: its stated lengths checked before it is decoded (one crafted or
+    /// corrupt report must not make a merge allocate gigabytes and abort, losing the others).
     pub fn decode(text: &str) -> Result<Histogram<u64>, String> {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(text)
             .map_err(|e| format!("histogram is not base64: {e}"))?;
-        Deserializer::new()
-            .deserialize(&mut bytes.as_slice())
-            .map_err(|e| format!("histogram does not decode: {e:?}"))
+        crate::table::samples::decode_histogram_bytes(&bytes)
+            .map_err(|e| format!("histogram does not decode: {e}"))
     }
 }
 

@@ -257,9 +257,65 @@ pub(crate) fn decode_histogram(payload: &str) -> Result<hdrhistogram::Histogram<
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(payload)
         .map_err(|e| format!("expected a base64 HdrHistogram, found invalid base64 ({e})"))?;
+    decode_histogram_bytes(&bytes)
+}
+
+/// Decodes a serialized V2 histogram (plain or compressed) whose stated lengths were checked
+/// first: hdrhistogram sizes its buffer by the counts' length the bytes state, before it
+/// reads them (a crafted 0xffffffff: 4 GiB allocated, or an abort, for a 91-byte line).
+pub fn decode_histogram_bytes(bytes: &[u8]) -> Result<hdrhistogram::Histogram<u64>, String> {
+    check_histogram_lengths(bytes)?;
     hdrhistogram::serialization::Deserializer::new()
-        .deserialize(&mut bytes.as_slice())
+        .deserialize(&mut &bytes[..])
         .map_err(|e| format!("expected an HdrHistogram (V2), could not decode it ({e:?})"))
+}
+
+/// Whether the counts' length a V2 histogram states fits in what it holds: after its 40-byte
+/// header (plain), or in its zlib stream (compressed; inflated to count, never kept).
+fn check_histogram_lengths(bytes: &[u8]) -> Result<(), String> {
+    use std::io::Read;
+    const V2: u32 = 0x1c84_9313;
+    const V2_COMPRESSED: u32 = 0x1c84_9314;
+    const HEADER: u64 = 40;
+    let be32 = |b: &[u8]| {
+        b.get(..4)
+            .map(|b| u32::from_be_bytes(b.try_into().unwrap()))
+    };
+    let short = || "expected an HdrHistogram (V2), found too few bytes".to_string();
+    let stated_past = |stated: u64, held: u64| {
+        format!(
+            "expected an HdrHistogram (V2) holding the {stated} bytes of counts it states, \
+             found {held}"
+        )
+    };
+    match be32(bytes).ok_or_else(short)? {
+        V2 => {
+            let stated = u64::from(be32(&bytes[4..]).ok_or_else(short)?);
+            let held = (bytes.len() as u64).saturating_sub(HEADER);
+            if stated > held {
+                return Err(stated_past(stated, held));
+            }
+        }
+        V2_COMPRESSED => {
+            let compressed = u64::from(be32(&bytes[4..]).ok_or_else(short)?);
+            let mut inflated =
+                flate2::read::ZlibDecoder::new(bytes[8..].take(compressed)).take(u64::MAX);
+            let mut header = [0u8; HEADER as usize];
+            inflated.read_exact(&mut header).map_err(|_| short())?;
+            let stated = u64::from(be32(&header[4..]).ok_or_else(short)?);
+            // Counted up to one byte past what it states, as it inflates.
+            inflated.set_limit(stated + 1);
+            let held = std::io::copy(&mut inflated, &mut std::io::sink()).map_err(|e| {
+                format!("expected an HdrHistogram (V2), its compressed bytes do not inflate ({e})")
+            })?;
+            if stated > held {
+                return Err(stated_past(stated, held));
+            }
+        }
+        // Left to the decoder's own error (an unknown cookie).
+        _ => {}
+    }
+    Ok(())
 }
 
 fn parse_hdrlog(lines: &[&str], origin: &str, unit: Option<Unit>) -> Result<Samples, ParseError> {
@@ -291,13 +347,27 @@ fn parse_hdrlog(lines: &[&str], origin: &str, unit: Option<Unit>) -> Result<Samp
         }
     }
     let h = merged.expect("at least one payload line");
-    let mut raw = Vec::with_capacity(usize::try_from(h.len()).unwrap_or(0));
+    // Each recorded value, as often as recorded, up to MAX_EXPANDED samples in all; beyond,
+    // each its share of them by cumulative count.
+    let total = u128::from(h.len());
+    let made_in_all = total.min(u128::from(MAX_EXPANDED));
+    let mut raw = Vec::with_capacity(made_in_all as usize);
+    let (mut cum, mut made) = (0u128, 0u128);
     for v in h.iter_recorded() {
         let value = h.median_equivalent(v.value_iterated_to()) as f64;
-        raw.extend(std::iter::repeat_n(value, v.count_at_value() as usize));
+        cum += u128::from(v.count_at_value());
+        let upto = cum * made_in_all / total.max(1);
+        raw.extend(std::iter::repeat_n(value, (upto - made) as usize));
+        made = upto;
     }
     finish(raw, Layout::HdrLog, unit, origin)
 }
+
+/// The most samples made from an HdrHistogram log: its counts are expanded into samples, and a
+/// count of 10^9 (a crafted 91-byte line, or a day-long log at 10^4 ops/s) made as many (7.8
+/// GB; 2^63 panicked). Beyond, each value gets its share of these by cumulative count: the
+/// distribution to one part in 8 Mi, far finer than a table's 4096 entries.
+const MAX_EXPANDED: u64 = 1 << 23;
 
 fn finish(raw: Vec<f64>, layout: Layout, unit: Unit, origin: &str) -> Result<Samples, ParseError> {
     if raw.is_empty() {
@@ -387,6 +457,64 @@ mod tests {
         let e = parse_samples(&bad, "f", None).unwrap_err();
         assert!(e.message.contains("base64"), "{e}");
         assert!(e.line > 1 && e.col > 1, "{e}");
+    }
+
+    /// One interval-log line whose histogram is `bytes` (serialized, base64'd), in ns.
+    fn log_of(bytes: &[u8]) -> String {
+        use base64::Engine;
+        format!(
+            "# unit: ns\n0.000,1.000,1000.000,HIST{}\n",
+            &base64::engine::general_purpose::STANDARD.encode(bytes)[4..]
+        )
+    }
+
+    /// A count of 10^9 in one bucket (a few bytes of log) made 10^9 samples (7.8 GB; 2^63
+    /// panicked "capacity overflow"): now at most MAX_EXPANDED, each value its share.
+    #[test]
+    fn a_huge_count_is_expanded_into_a_bounded_share() {
+        use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
+        for huge in [1_000_000_000u64, 1 << 62] {
+            let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+            h.record_n(1000, huge).unwrap();
+            h.record_n(5000, huge).unwrap();
+            let mut bytes = Vec::new();
+            V2DeflateSerializer::new()
+                .serialize(&h, &mut bytes)
+                .unwrap();
+            let s = parse_samples(&log_of(&bytes), "huge.hlog", None).unwrap();
+            assert_eq!(s.values_ns.len() as u64, MAX_EXPANDED, "{huge}");
+            let small = s.values_ns.iter().filter(|&&v| v < 2000.0).count() as u64;
+            assert_eq!(small, MAX_EXPANDED / 2, "{huge}: each value its share");
+        }
+    }
+
+    /// A histogram that states 0xffffffff bytes of counts made hdrhistogram allocate 4 GiB
+    /// before reading them (and abort under `ulimit -v`, or the merge of an incast's reports):
+    /// refused first, saying what it states and holds, plain or compressed.
+    #[test]
+    fn a_histogram_stating_more_counts_than_it_holds_is_refused_before_any_allocation() {
+        use hdrhistogram::serialization::{Serializer, V2Serializer};
+        use std::io::Write;
+        let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+        h.record(1000).unwrap();
+        let mut plain = Vec::new();
+        V2Serializer::new().serialize(&h, &mut plain).unwrap();
+        plain[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(&plain).unwrap();
+        let z = z.finish().unwrap();
+        let mut compressed = 0x1c84_9314u32.to_be_bytes().to_vec();
+        compressed.extend_from_slice(&(z.len() as u32).to_be_bytes());
+        compressed.extend_from_slice(&z);
+        for bytes in [&plain, &compressed] {
+            let e = decode_histogram_bytes(bytes).unwrap_err();
+            assert!(
+                e.contains("holding the 4294967295 bytes of counts it states"),
+                "{e}"
+            );
+            let e = parse_samples(&log_of(bytes), "crafted.hlog", None).unwrap_err();
+            assert!(e.line == 2 && e.message.contains("4294967295"), "{e}");
+        }
     }
 
     #[test]
