@@ -442,6 +442,24 @@ fn serve_incast_and_study_refuse_before_they_start() {
             &[var, "set by study itself"],
         );
     }
+    // Counts that would wrap the number of runs (2^63 rounds ran once, then said
+    // "--until-ci: not every 95 % CI is within the target", never asked for).
+    let table = dir.path("t.dist");
+    let t = table.to_str().unwrap();
+    assert_eq!(
+        ibjitter(&["table", "constant", "--value", "5us", "-o", t]).code,
+        Some(0)
+    );
+    for (flag, n) in [
+        ("--reps", "9223372036854775808"),
+        ("--warmup", "18446744073709551615"),
+    ] {
+        refused(
+            &["study", "--out", out, "--tables", t, flag, n, "--", "true"],
+            SETUP,
+            &[&format!("{flag} {n}: at most 100000")],
+        );
+    }
     // A study's CSV grown beyond the limit (crafted: a hole) is refused, naming it.
     std::fs::create_dir_all(dir.path("study")).unwrap();
     let csv = sparse(&dir.path("study").join("study.csv"), (64 << 20) + 1);

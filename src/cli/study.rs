@@ -364,6 +364,22 @@ fn tolerance(a: &StudyArgs, stopping: Stopping) -> Result<Option<Tolerance>, Str
 
 /// Everything checked, tables generated: the plan and its runner.
 fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
+    // Each round runs the program once per configuration: past this, a count is a typo (or a
+    // wrapping number: 2^63 rounds wrapped the run count to one run).
+    const MOST_ROUNDS: usize = 100_000;
+    for (flag, n) in [
+        ("--reps", a.reps),
+        ("--max-reps", a.max_reps),
+        ("--min-reps", a.min_reps),
+        ("--warmup", a.warmup),
+    ] {
+        if n > MOST_ROUNDS {
+            return Err(format!(
+                "{flag} {n}: at most {MOST_ROUNDS} (each round runs the program once per \
+                 configuration)"
+            ));
+        }
+    }
     let stopping = match &a.until_ci {
         Some(p) => {
             if a.min_reps < 2 || a.max_reps < a.min_reps {

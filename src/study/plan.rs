@@ -174,7 +174,11 @@ impl Plan {
 
     /// The most runs the study may take (warm-up included).
     pub fn max_runs(&self) -> usize {
-        self.warmup + self.stopping.max_rounds() * self.configurations.len()
+        // Saturating: a plan.json read back may hold any numbers.
+        self.stopping
+            .max_rounds()
+            .saturating_mul(self.configurations.len())
+            .saturating_add(self.warmup)
     }
 
     /// What run `index` is. Warm-up runs are the clean configuration (index 0); then each round
