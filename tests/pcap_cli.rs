@@ -278,6 +278,29 @@ fn rocev2_ipv4_flows_bytes_opcodes_ipd_json_and_timeseries() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A reader of stdout that stops early (`| head -1`) costs neither the files asked for nor
+/// the exit status: stdout was written first, its EPIPE ended the run with exit 2 ("stdout:
+/// Broken pipe", documented as "cannot be read") and the JSON was never written.
+#[test]
+fn a_closed_stdout_keeps_the_files_and_the_exit_status() {
+    let dir = scratch("epipe");
+    let file = write(&dir, "w.pcap", &pcap(1, false, &two_write_flows(100)));
+    let js = dir.join("r.json");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ibjitter"))
+        .args(["pcap", &file, "--flows", "--ipd", "--json"])
+        .arg(&js)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Nobody reads its stdout: the first write fails with EPIPE.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{:?}: {err}", o.status);
+    assert_eq!(json(&js)["flows"].as_array().unwrap().len(), 4, "{err}");
+}
+
 #[test]
 fn pcapng_ipv6_vlan_retransmission_gap_and_nak() {
     let dir = scratch("v6");

@@ -80,18 +80,7 @@ fn analyse(a: &PcapArgs) -> Result<(), String> {
     let (analysis, read) = analyze_file(&a.file, options)?;
     let report = PcapReport::new(&a.file, &analysis, &read);
 
-    let out = io::stdout();
-    let mut out = out.lock();
-    let stdout_err = |e: io::Error| format!("stdout: {e}");
-    export::summary(&report, &mut out).map_err(stdout_err)?;
-    if a.flows {
-        export::flow_table(&report, &mut out).map_err(stdout_err)?;
-    }
-    if a.ipd {
-        export::ipd_tables(&report, &mut out).map_err(stdout_err)?;
-    }
-    out.flush().map_err(stdout_err)?;
-
+    // The files first: a reader of stdout that stops early (`| head`) must not cost them.
     if let Some(path) = &a.json {
         let failed = |e: io::Error| format!("{}: {e}", path.display());
         let mut w = create(path)?;
@@ -118,6 +107,23 @@ fn analyse(a: &PcapArgs) -> Result<(), String> {
         for p in export::plots(dir, &report, &analysis)? {
             eprintln!("ibjitter pcap: wrote {}", p.display());
         }
+    }
+    let printed = (|| {
+        let mut out = io::stdout().lock();
+        export::summary(&report, &mut out)?;
+        if a.flows {
+            export::flow_table(&report, &mut out)?;
+        }
+        if a.ipd {
+            export::ipd_tables(&report, &mut out)?;
+        }
+        out.flush()
+    })();
+    match printed {
+        // Its reader stopped reading (`| head -1`): what it read is what it wanted.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+        Err(e) => return Err(format!("stdout: {e}")),
+        Ok(()) => {}
     }
     let name = a.file.display();
     if let Some(t) = &read.truncated {
