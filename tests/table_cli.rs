@@ -197,6 +197,68 @@ fn perftest_dump_and_empirical() {
     assert!((s.mean - 6_495.0).abs() < 5.0, "{s:?}");
 }
 
+/// A family's file names come from its fractions and --prefix: two fractions that name one
+/// file (0.5 and 0.5000000001; 1, the base's) are refused, as is a prefix that is a path;
+/// nothing is written then. Before: 6 rows printed, 4 files written (the base's overwritten by
+/// the 1.0 member), or every table written outside -o.
+#[test]
+fn family_names_never_collide_or_leave_the_output_directory() {
+    let d = TempDir::new("family-names");
+    let dir = d.path("fam");
+    let base = [
+        "table",
+        "family",
+        "--shape",
+        "0.5",
+        "--scale",
+        "10us",
+        "-o",
+        p(&dir),
+    ];
+    for fractions in ["0.5,0.5000000001", "0.5,1"] {
+        let out = ibjitter(&[&base[..], &["--fractions", fractions]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{fractions}: {err}");
+        assert!(err.contains("two members would both be"), "{err}");
+        assert!(!dir.exists(), "{fractions}: nothing written");
+    }
+    let elsewhere = d.path("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let prefix = format!("{}/pwn", p(&elsewhere));
+    let out = ibjitter(&[&base[..], &["--fractions", "0.5", "--prefix", &prefix]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("expected a file name"), "{err}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+}
+
+/// A location (or netem's mu) may be negative, as documented: "--loc -1us" was refused by
+/// the argument parser ("unexpected argument '-1' found"); only "--loc=-1us" worked.
+#[test]
+fn a_negative_location_is_a_value_not_a_flag() {
+    let d = TempDir::new("negative-loc");
+    let t = d.path("t.dist");
+    for args in [
+        &[
+            "lognormal",
+            "--shape",
+            "0.5",
+            "--scale",
+            "10us",
+            "--loc",
+            "-1us",
+        ][..],
+        &["exponential", "--mean", "10us", "--loc", "-1us"][..],
+    ] {
+        let out = ibjitter(&[&["table"][..], args, &["-o", p(&t)]].concat());
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn family_from_samples_writes_all_tables() {
     let d = TempDir::new("family");

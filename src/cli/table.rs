@@ -102,8 +102,8 @@ struct LognormalArgs {
     /// Standard deviation (with --mean)
     #[arg(long)]
     sd: Option<Duration>,
-    /// Location shift
-    #[arg(long, default_value = "0ns")]
+    /// Location shift (may be negative: `--loc -1us`)
+    #[arg(long, default_value = "0ns", allow_hyphen_values = true)]
     loc: Duration,
     #[command(flatten)]
     out: OutputArgs,
@@ -128,7 +128,7 @@ struct ConstantArgs {
 #[derive(Args)]
 struct NetemDistArgs {
     /// netem's mu (absolute tables only; netem tables take it at use)
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     mu: Option<Duration>,
     /// netem's sigma (absolute tables only)
     #[arg(long)]
@@ -141,7 +141,8 @@ struct NetemDistArgs {
 struct ExponentialArgs {
     #[arg(long)]
     mean: Duration,
-    #[arg(long, default_value = "0ns")]
+    /// Location shift (may be negative: `--loc -1us`)
+    #[arg(long, default_value = "0ns", allow_hyphen_values = true)]
     loc: Duration,
     #[command(flatten)]
     out: OutputArgs,
@@ -194,7 +195,12 @@ struct FamilyArgs {
     #[arg(long, requires = "shape")]
     scale: Option<Duration>,
     /// Base lognormal location
-    #[arg(long, default_value = "0ns", conflicts_with = "from")]
+    #[arg(
+        long,
+        default_value = "0ns",
+        conflicts_with = "from",
+        allow_hyphen_values = true
+    )]
     loc: Duration,
     /// Fractions of the base scale
     #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75")]
@@ -236,7 +242,12 @@ struct StatsArgs {
     /// The table is netem-format; with --mu/--sigma, report the delays it stands for
     #[arg(long)]
     netem: bool,
-    #[arg(long, requires = "netem", requires = "sigma")]
+    #[arg(
+        long,
+        requires = "netem",
+        requires = "sigma",
+        allow_hyphen_values = true
+    )]
     mu: Option<Duration>,
     #[arg(long, requires = "netem", requires = "mu")]
     sigma: Option<Duration>,
@@ -461,6 +472,17 @@ fn fit(a: FitArgs) -> Result<(), TableError> {
     })
 }
 
+/// A `--prefix` names files inside the output directory: never a path out of it.
+fn check_prefix(prefix: &str) -> Result<(), TableError> {
+    if prefix.is_empty() || prefix.contains(['/', '\0']) || prefix == ".." {
+        return Err(TableError::new(format!(
+            "--prefix {prefix:?}: expected a file name (no '/'): the tables go into the output \
+             directory"
+        )));
+    }
+    Ok(())
+}
+
 /// A file of the family: name, (fraction, lognormal) unless uniform, table.
 type FamilyFile<'a> = (String, Option<(f64, LogNormal)>, &'a Table);
 
@@ -482,9 +504,8 @@ fn run_family(a: FamilyArgs) -> Result<(), TableError> {
             ))
         }
     };
+    check_prefix(&a.prefix)?;
     let fam = family(&base, &a.fractions, &source)?;
-    std::fs::create_dir_all(&a.output)
-        .map_err(|e| TableError::new(format!("{}: cannot create: {e}", a.output.display())))?;
     let mut files: Vec<FamilyFile> = fam
         .members
         .iter()
@@ -497,6 +518,19 @@ fn run_family(a: FamilyArgs) -> Result<(), TableError> {
         })
         .collect();
     files.push((uniform_name(&a.prefix), None, &fam.uniform));
+    // Names are the fractions to 1e-6 %: two that round alike would write one file twice.
+    for (k, (name, ..)) in files.iter().enumerate() {
+        if files[..k].iter().any(|(other, ..)| other == name) {
+            return Err(TableError::new(format!(
+                "family: two members would both be {name}.dist (--fractions {:?}: the base \
+                 is 1.0 and is always made; fractions are named to 0.000001 %): give distinct \
+                 fractions",
+                a.fractions
+            )));
+        }
+    }
+    std::fs::create_dir_all(&a.output)
+        .map_err(|e| TableError::new(format!("{}: cannot create: {e}", a.output.display())))?;
     let mut report = FamilyReport {
         base: base.describe(),
         target_mean_ns: fam.target_mean_ns,
@@ -528,6 +562,7 @@ fn run_episodes(a: EpisodesArgs) -> Result<(), TableError> {
         a.from.display(),
         series.unit
     );
+    check_prefix(&a.prefix)?;
     let fit = fit_episodes(&series.points)?;
     let tables = fit.tables(&series.points, &source)?;
     std::fs::create_dir_all(&a.out_dir)
