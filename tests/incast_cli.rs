@@ -4,6 +4,11 @@
 //! binary under an address-space limit and a time bound, and must end in a clear error or a
 //! bounded run with its results written: never an abort, a file outside --out, or a process
 //! of its own left running.
+mod common;
+
+use ibjitter::gen::stats::new_histogram;
+use ibjitter::report::{hist, Latency};
+use serde_json::json;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -114,6 +119,71 @@ fn refused(dir: &TempDir, args: &[&str], says: &[&str]) {
     }
 }
 
+/// A launcher for every host, `sh fake.sh HOST BIN SUBCOMMAND ...`: `serve` exits at once,
+/// `run` prints `reports/HOST.json` (see [`report`]). Returns the `--launcher` template.
+fn fake_launcher(dir: &TempDir) -> String {
+    std::fs::create_dir_all(dir.path("reports")).unwrap();
+    let script = dir.path("fake.sh");
+    std::fs::write(
+        &script,
+        "host=$1\ncase $3 in\nserve) exit 0 ;;\nrun) exec cat \"$(dirname \"$0\")/reports/$host.json\" ;;\nesac\nexit 9\n",
+    )
+    .unwrap();
+    format!("sh {} {{host}}", script.display())
+}
+
+/// Gives `host` (see [`fake_launcher`]) a report of `flows` flows numbered from 0, started at
+/// `start_unix_ns`: 1 s of 100 series points, 100 KiB a flow.
+fn sender_reports(dir: &TempDir, host: &str, start_unix_ns: u64, flows: u32) {
+    sender_reports_flows(dir, host, start_unix_ns, &(0..flows).collect::<Vec<_>>());
+}
+
+/// The same with these flow numbers.
+fn sender_reports_flows(dir: &TempDir, host: &str, start_unix_ns: u64, numbers: &[u32]) {
+    let path = dir.path("reports").join(format!("{host}.json"));
+    std::fs::write(path, report(start_unix_ns, numbers)).unwrap();
+}
+
+/// A report as `ibjitter run --json - --json-series` prints it.
+fn report(start_unix_ns: u64, numbers: &[u32]) -> String {
+    let mut h = new_histogram::<u64>();
+    h.record_n(10_000, 100).unwrap();
+    let latency = serde_json::to_value(Latency::of(&h)).unwrap();
+    let n = numbers.len() as u64;
+    let flows: Vec<_> = numbers
+        .iter()
+        .map(|&f| {
+            json!({
+                "flow": f, "ops": 100, "bytes": 100 << 10, "gbps": 0.8192, "status": "ok",
+                "first_post_ns": 1000, "latency": latency, "series": vec![1024u64; 100],
+            })
+        })
+        .collect();
+    let mut all = new_histogram::<u64>();
+    all.record_n(10_000, 100 * n).unwrap();
+    json!({
+        "tool": "ibjitter test", "device": "fake0", "server": "r", "op": "RDMA_WRITE",
+        "mode": "closed", "size": 1024, "depth": 1, "threads": 1,
+        "flows_requested": n, "flows_started": n, "setup_s": 0.1, "start_skew_us": 1.0,
+        "start_unix_ns": start_unix_ns, "series_interval_s": 0.01, "duration_s": 1.0,
+        "outcome": "completed",
+        "total": {
+            "ops": 100 * n, "bytes": (100 << 10) * n, "gbps": 0.8192 * n as f64,
+            "mops": 1e-4 * n as f64, "latency": Latency::of(&all),
+        },
+        "fairness": 1.0, "rss_per_flow_bytes": 0, "server_received_bytes": null,
+        "histogram": hist::encode(&all), "flows": flows,
+    })
+    .to_string()
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
 #[test]
 fn step_and_pair_counts_are_refused_beyond_their_limits_before_anything_is_allocated() {
     let dir = TempDir::new("steps");
@@ -156,4 +226,78 @@ fn step_and_pair_counts_are_refused_beyond_their_limits_before_anything_is_alloc
         &["67231800 pairs", "at most 65536"],
     );
     assert!(!dir.path("out").exists(), "nothing was launched");
+}
+
+#[test]
+fn flows_per_sender_is_refused_outside_its_range() {
+    let dir = TempDir::new("flows");
+    let out = dir.arg("out");
+    // 4294967295 flows for each of 2 senders was reported as "4294967294 flows".
+    for (flag, value) in [
+        ("--flows-per-sender", "4294967295"),
+        ("--flows-per-sender", "0"),
+        ("--flows-per-sender", "65537"),
+        ("--sweep", "4,0"),
+        ("--sweep", "4,65537"),
+    ] {
+        refused(
+            &dir,
+            &[
+                "incast",
+                "--receiver",
+                "r",
+                "--senders",
+                "a,b",
+                flag,
+                value,
+                "--launcher",
+                "false",
+                "--out",
+                &out,
+            ],
+            &[flag, "1..=65536"],
+        );
+    }
+    assert!(!dir.path("out").exists(), "nothing was launched");
+}
+
+#[test]
+fn flows_a_sender_reports_past_its_request_are_said_and_never_renumber_others() {
+    let dir = TempDir::new("flow-ids");
+    let launcher = fake_launcher(&dir);
+    let t = now_ns();
+    // Asked for 2 flows, a reports 3: its flow 2 took b's flow 0's id.
+    sender_reports_flows(&dir, "a", t, &[0, 1, 2]);
+    sender_reports(&dir, "b", t, 2);
+    let out = dir.arg("out");
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--receiver",
+            "r",
+            "--senders",
+            "a,b",
+            "--flows-per-sender",
+            "2",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    let r = common::read_json(&dir.path("out/incast.json"));
+    let mut ids: Vec<u64> = r["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_u64().unwrap())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1, 2, 3], "{r}");
+    let a = r["senders"][0]["status"].as_str().unwrap();
+    assert!(a.contains("flow 2") && a.contains("2 requested"), "{a}");
+    assert_eq!(r["senders"][1]["status"], "ok");
+    assert!(ran.stdout.contains("flow 2"), "{}", ran.stdout);
 }

@@ -5,6 +5,7 @@ use clap::Args;
 use ibjitter::gen::server::ServeConfig;
 use ibjitter::gen::stats::new_histogram;
 use ibjitter::gen::stop::{self, StopToken};
+use ibjitter::gen::wire::MAX_FLOWS;
 use ibjitter::incast::pattern::{self, Host, Pattern};
 use ibjitter::incast::{run_step, IncastConfig};
 use ibjitter::report::export::incast as export;
@@ -43,7 +44,7 @@ pub struct IncastArgs {
     /// incast)
     #[arg(long, value_delimiter = ',')]
     hosts: Vec<String>,
-    /// Flows (QPs) started by each sender toward each of its receivers
+    /// Flows (QPs) started by each sender toward each of its receivers (1..=65536)
     #[arg(long, alias = "flows-per-pair", default_value_t = 10)]
     flows_per_sender: u32,
     /// A series of flows-per-sender values, one step each: 10,20,30 (not with rotating-incast)
@@ -149,6 +150,24 @@ fn hosts_of(a: &IncastArgs) -> Result<Vec<Host>, String> {
             hosts.len(),
             pattern::MAX_PAIRS
         ));
+    }
+    // A receiver takes at most MAX_FLOWS flows from one sender (`run`'s own limit), and the
+    // report numbers flows across senders in 32 bits.
+    let flows = std::iter::once(("--flows-per-sender", a.flows_per_sender))
+        .chain(a.sweep.iter().map(|&n| ("--sweep", n)));
+    for (flag, n) in flows {
+        if n == 0 || n > MAX_FLOWS {
+            return Err(format!(
+                "{flag} {n}: must be 1..={MAX_FLOWS}, the flows a receiver takes from one sender"
+            ));
+        }
+        if u64::from(n) * pairs > u64::from(u32::MAX) {
+            return Err(format!(
+                "{flag} {n} for each of {pairs} pairs makes {} flows in a step, more than a \
+                 report numbers (32 bits)",
+                u64::from(n) * pairs
+            ));
+        }
     }
     let steps = a.steps.unwrap_or(hosts.len());
     if a.pattern == Pattern::RotatingIncast && steps > pattern::MAX_STEPS {

@@ -79,8 +79,14 @@ pub fn merge(
         }
         // Series start at this sender's start: shift them onto the common time axis.
         let shift = (offset_ns as f64 / 1e9 / interval_s).round() as usize;
+        let mut strays = (0, None);
         for f in &r.flows {
-            let id = k as u32 * flows_per_sender + f.flow;
+            // Sender k's flow i is k * flows_per_sender + i: a flow numbered past the request
+            // would take another sender's id (or wrap), so it is left out and said.
+            let Some(id) = flow_id(k, flows_per_sender, f.flow) else {
+                strays = (strays.0 + 1, strays.1.or(Some(f.flow)));
+                continue;
+            };
             if let Some(first) = f.first_post_ns {
                 firsts.push(r.start_unix_ns + first);
             }
@@ -99,6 +105,17 @@ pub fn merge(
             ids.push(id);
             series.push(s);
         }
+        if let (n, Some(first)) = strays {
+            let what = format!(
+                "reported {n} flows numbered past the {flows_per_sender} requested (flow {first}): \
+                 left out of the per-flow figures"
+            );
+            summary.status = if summary.status == "ok" {
+                what
+            } else {
+                format!("{} ({what})", summary.status)
+            };
+        }
     }
     let (ops, bytes) = flows
         .iter()
@@ -114,7 +131,9 @@ pub fn merge(
         tool: format!("ibjitter {}", crate::VERSION),
         receiver: receiver.to_string(),
         flows_per_sender,
-        flows_requested: flows_per_sender * senders.len() as u32,
+        // The CLI keeps it within 32 bits; saturated rather than wrapped if not.
+        flows_requested: u32::try_from(u64::from(flows_per_sender) * senders.len() as u64)
+            .unwrap_or(u32::MAX),
         flows_started: firsts.len() as u32,
         launch_to_first_byte_s: first_byte_s,
         start_skew_us: skew_us,
@@ -146,6 +165,16 @@ pub fn merge(
     }
 }
 
+/// The id of sender `k`'s flow `flow` across senders, `k * flows_per_sender + flow`; `None` for
+/// a flow numbered past the request or an id past 32 bits.
+fn flow_id(k: usize, flows_per_sender: u32, flow: u32) -> Option<u32> {
+    if flow >= flows_per_sender {
+        return None;
+    }
+    let id = (k as u64).checked_mul(u64::from(flows_per_sender))? + u64::from(flow);
+    u32::try_from(id).ok()
+}
+
 /// Adds a sender's figures by op type: its op's own histogram with a mix, the run's (`all`)
 /// when it ran one op.
 fn add_ops(
@@ -170,5 +199,20 @@ fn add_ops(
             (None, Some(all)) if r.ops.len() == 1 => h.add(all).expect("histograms grow to fit"),
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flow_ids_are_unique_across_senders_or_none() {
+        assert_eq!(flow_id(0, 2, 1), Some(1));
+        assert_eq!(flow_id(1, 2, 0), Some(2));
+        assert_eq!(flow_id(0, 2, 2), None);
+        assert_eq!(flow_id(1, u32::MAX, 0), Some(u32::MAX));
+        assert_eq!(flow_id(1, u32::MAX, 1), None);
+        assert_eq!(flow_id(usize::MAX, u32::MAX, 0), None);
     }
 }
