@@ -141,11 +141,11 @@ fn sender_reports(dir: &TempDir, host: &str, start_unix_ns: u64, flows: u32) {
 /// The same with these flow numbers.
 fn sender_reports_flows(dir: &TempDir, host: &str, start_unix_ns: u64, numbers: &[u32]) {
     let path = dir.path("reports").join(format!("{host}.json"));
-    std::fs::write(path, report(start_unix_ns, numbers)).unwrap();
+    std::fs::write(path, report(start_unix_ns, numbers, 1.0)).unwrap();
 }
 
-/// A report as `ibjitter run --json - --json-series` prints it.
-fn report(start_unix_ns: u64, numbers: &[u32]) -> String {
+/// A report as `ibjitter run --json - --json-series` prints it, saying it ran `duration_s`.
+fn report(start_unix_ns: u64, numbers: &[u32], duration_s: f64) -> String {
     let mut h = new_histogram::<u64>();
     h.record_n(10_000, 100).unwrap();
     let latency = serde_json::to_value(Latency::of(&h)).unwrap();
@@ -165,7 +165,7 @@ fn report(start_unix_ns: u64, numbers: &[u32]) -> String {
         "tool": "ibjitter test", "device": "fake0", "server": "r", "op": "RDMA_WRITE",
         "mode": "closed", "size": 1024, "depth": 1, "threads": 1,
         "flows_requested": n, "flows_started": n, "setup_s": 0.1, "start_skew_us": 1.0,
-        "start_unix_ns": start_unix_ns, "series_interval_s": 0.01, "duration_s": 1.0,
+        "start_unix_ns": start_unix_ns, "series_interval_s": 0.01, "duration_s": duration_s,
         "outcome": "completed",
         "total": {
             "ops": 100 * n, "bytes": (100 << 10) * n, "gbps": 0.8192 * n as f64,
@@ -300,4 +300,93 @@ fn flows_a_sender_reports_past_its_request_are_said_and_never_renumber_others() 
     assert!(a.contains("flow 2") && a.contains("2 requested"), "{a}");
     assert_eq!(r["senders"][1]["status"], "ok");
     assert!(ran.stdout.contains("flow 2"), "{}", ran.stdout);
+}
+
+#[test]
+fn a_sender_whose_clock_is_off_is_named_and_merged_in_bounded_memory() {
+    let dir = TempDir::new("skew");
+    let launcher = fake_launcher(&dir);
+    let out = dir.arg("out");
+    let t = now_ns();
+    // c a day behind, then a year ahead: the merge padded every one of the others' 100 flows
+    // with a day of zeros (gigabytes; an abort, nothing written), or a year of them (41 s,
+    // 0.000 Gb/s).
+    for (skew_s, says) in [
+        (-86_400i64, "86400.000 s behind"),
+        (31_536_000, "31535999.998 s ahead"),
+    ] {
+        sender_reports(&dir, "a", t, 100);
+        sender_reports(&dir, "b", t + 2_000_000, 100);
+        sender_reports(
+            &dir,
+            "c",
+            t.saturating_add_signed(skew_s * 1_000_000_000),
+            100,
+        );
+        let ran = ibjitter(
+            &dir,
+            &[
+                "incast",
+                "--receiver",
+                "r",
+                "--senders",
+                "a,b,c",
+                "--flows-per-sender",
+                "100",
+                "--launcher",
+                &launcher,
+                "--out",
+                &out,
+            ],
+        );
+        // Never silent: on stderr, in the report, and in the exit status.
+        assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+        assert!(
+            ran.stderr.contains("sender c") && ran.stderr.contains(says),
+            "{}",
+            ran.stderr
+        );
+        let r = common::read_json(&dir.path("out/incast.json"));
+        let c = r["senders"][2]["status"].as_str().unwrap();
+        assert!(c.contains(says), "{c}");
+        assert_eq!(r["senders"][0]["status"], "ok");
+        assert_eq!(r["senders"][1]["status"], "ok");
+        // Every flow kept, on the common time axis.
+        assert_eq!(r["flows"].as_array().unwrap().len(), 300);
+        let duration = r["duration_s"].as_f64().unwrap();
+        assert!((1.0..1.1).contains(&duration), "{duration}");
+        let gbps = r["total"]["gbps"].as_f64().unwrap();
+        assert!(gbps > 0.2, "{gbps}");
+        let series = std::fs::metadata(dir.path("out/timeseries.csv")).unwrap();
+        assert!(series.len() < 4 << 20, "{}", series.len());
+    }
+    // A duration no step lasts (10^30 s) panicked writing latency.hlog: nothing written.
+    let numbers: Vec<u32> = (0..100).collect();
+    std::fs::write(dir.path("reports/c.json"), report(t, &numbers, 1e30)).unwrap();
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--receiver",
+            "r",
+            "--senders",
+            "a,b,c",
+            "--flows-per-sender",
+            "100",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    let r = common::read_json(&dir.path("out/incast.json"));
+    let c = r["senders"][2]["status"].as_str().unwrap();
+    assert!(c.contains("ran 1e30 s"), "{c}");
+    let duration = r["duration_s"].as_f64().unwrap();
+    assert!(
+        (1.0..TIME_LIMIT.as_secs_f64()).contains(&duration),
+        "{duration}"
+    );
+    assert!(dir.path("out/latency.hlog").exists());
 }

@@ -425,7 +425,8 @@ mod tests {
             })
             .collect();
         let none: Vec<_> = pairs.iter().map(|_| None).collect();
-        let mut m = ibjitter::incast::merge::merge("r", 1, &none, senders, 0);
+        let clocks = ibjitter::incast::clocks::Clocks::of(&[], 0, Default::default());
+        let mut m = ibjitter::incast::merge::merge("r", 1, &none, senders, &clocks, 0);
         m.sender_latency = pairs
             .iter()
             .map(|&(_, _, ns)| {

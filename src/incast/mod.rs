@@ -3,6 +3,7 @@
 //! sinks) it starts `serve` on every receiver and one `run` per (sender, receiver) pair
 //! through the cluster's launcher, all flows released by one start barrier, then merges what
 //! every sender measured.
+pub mod clocks;
 pub mod launcher;
 pub mod merge;
 pub mod pattern;
@@ -11,6 +12,7 @@ use crate::gen::server::{ServeConfig, READY_LINE};
 use crate::gen::stop::{Reason, StopToken};
 use crate::report::incast::{Merged, SenderSummary};
 use crate::report::RunReport;
+use clocks::Clocks;
 use pattern::{Host, Layout};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -83,6 +85,7 @@ pub fn run_step(
         File::create(&path).map_err(|e| format!("{}: {e}", path.display()))
     };
     let launch_unix_ns = unix_ns(SystemTime::now());
+    let launched = Instant::now();
     let receivers_of_step = layout.receivers();
     // With several receivers, each holds its start barrier until all are ready: one start.
     let hold = receivers_of_step.len() > 1;
@@ -244,11 +247,25 @@ pub fn run_step(
         .map(|&r| format!("{} ({})", cfg.hosts[r].name, cfg.hosts[r].addr))
         .collect::<Vec<_>>()
         .join(", ");
+    let starts: Vec<Option<u64>> = reports
+        .iter()
+        .map(|r| r.as_ref().map(|r| r.start_unix_ns))
+        .collect();
+    let clocks = Clocks::of(&starts, launch_unix_ns, launched.elapsed());
+    for (k, s) in summaries.iter().enumerate() {
+        if let Some(off) = clocks.off(k) {
+            eprintln!(
+                "ibjitter incast: sender {} -> {}: {off}",
+                s.host, s.receiver
+            );
+        }
+    }
     let merged = merge::merge(
         &receiver,
         flows_per_sender,
         &reports,
         summaries,
+        &clocks,
         launch_unix_ns,
     );
     Ok(Step {
