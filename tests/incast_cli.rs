@@ -10,7 +10,7 @@ use ibjitter::gen::stats::new_histogram;
 use ibjitter::report::{hist, Latency};
 use serde_json::json;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -389,4 +389,67 @@ fn a_sender_whose_clock_is_off_is_named_and_merged_in_bounded_memory() {
         "{duration}"
     );
     assert!(dir.path("out/latency.hlog").exists());
+}
+
+#[test]
+fn host_names_never_lead_files_outside_out() {
+    let dir = TempDir::new("names");
+    let launcher = fake_launcher(&dir);
+    sender_reports(&dir, "b", now_ns(), 2);
+    let out = dir.arg("out");
+    // A rotating incast's sink named ../../../x1 wrote its step into DIR/../x1.
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--pattern",
+            "rotating-incast",
+            "--hosts",
+            "../../../x1,b",
+            "--steps",
+            "1",
+            "--flows-per-sender",
+            "2",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
+    assert!(!dir.path("x1").exists());
+    let p = common::read_json(&dir.path("out/pattern.json"));
+    let step = Path::new(p["steps"][0]["dir"].as_str().unwrap());
+    assert_eq!(step.parent(), Some(dir.path("out").as_path()), "{p}");
+    assert!(step.join("incast.json").exists());
+    assert_eq!(p["steps"][0]["sink"], "../../../x1");
+    // A sender named ../x2: its log went to DIR/sender-0-../x2.err (no such directory).
+    sender_reports(&dir, "c", now_ns(), 2);
+    let out = dir.arg("out2");
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--receiver",
+            "r",
+            "--senders",
+            "../x2,c",
+            "--flows-per-sender",
+            "2",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    // The fake has no report for ../x2: it fails, named as given.
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    assert!(ran.stdout.contains("sender ../x2 -> r"), "{}", ran.stdout);
+    let logs: Vec<String> = std::fs::read_dir(dir.path("out2"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("sender-"))
+        .collect();
+    assert_eq!(logs.len(), 2, "{logs:?}");
+    assert!(!dir.path("x2.err").exists());
 }

@@ -320,7 +320,7 @@ fn rotate(a: &IncastArgs, cfg: &IncastConfig, names: &[String]) -> i32 {
         // Made as it runs: a rotation's steps are many.
         let layout = pattern::layout(a.pattern, names.len(), a.seed, k);
         let sink = &names[layout.receivers()[0]];
-        let dir = a.out.join(format!("step-{k}-{sink}"));
+        let dir = a.out.join(format!("step-{k}-{}", pattern::file_name(sink)));
         let step = match run_step(cfg, &layout, a.flows_per_sender, &dir, StopToken::process()) {
             Ok(s) => s,
             Err(e) => {

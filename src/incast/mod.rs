@@ -103,7 +103,7 @@ pub fn run_step(
             .collect();
         let line = launcher::command_line(&cfg.launcher, &host.name, &args);
         let name = if hold {
-            format!("serve-{}", host.name)
+            format!("serve-{}", pattern::file_name(&host.name))
         } else {
             "serve".into()
         };
@@ -279,9 +279,10 @@ fn port_of(cfg: &IncastConfig, host: usize) -> u16 {
     cfg.port.saturating_add(host as u16)
 }
 
-/// A sender's stderr log: `sender-K-HOST.err`, K its pair's number in the step.
+/// A sender's stderr log: `sender-K-HOST.err`, K its pair's number in the step (HOST as
+/// [`pattern::file_name`] writes it).
 fn sender_log(k: usize, s: &SenderSummary) -> String {
-    format!("sender-{k}-{}.err", s.host)
+    format!("sender-{k}-{}.err", pattern::file_name(&s.host))
 }
 
 /// Copies a held receiver's stdout to its log, noting when it says it is ready.

@@ -48,6 +48,22 @@ impl Host {
     }
 }
 
+/// A host's name as it appears in file names under --out (`step-K-HOST/`, `serve-HOST.log`,
+/// `sender-K-HOST.err`): '/', '%' and control characters percent-encoded. Each such name has a
+/// prefix, so `..` is never a whole component: `../../x` stays one file inside --out. The
+/// encoding is one to one: two hosts never share a file.
+pub fn file_name(host: &str) -> String {
+    let mut out = String::with_capacity(host.len());
+    for c in host.chars() {
+        if c == '/' || c == '%' || c.is_ascii_control() {
+            out.push_str(&format!("%{:02X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// One step: the pairs that send, as indices into the pattern's host list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -184,6 +200,15 @@ mod tests {
             }
         }
         assert_eq!(pairs_per_step(Pattern::Alltoall, 8200), 67_231_800);
+    }
+
+    #[test]
+    fn host_names_become_one_file_name_each() {
+        assert_eq!(file_name("node7.cluster"), "node7.cluster");
+        assert_eq!(file_name("../../x1"), "..%2F..%2Fx1");
+        assert_eq!(file_name("a%2Fb"), "a%252Fb");
+        assert_eq!(file_name("a\0b\n"), "a%00b%0A");
+        assert_ne!(file_name("a/b"), file_name("a%2Fb"));
     }
 
     #[test]
