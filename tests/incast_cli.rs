@@ -453,3 +453,94 @@ fn host_names_never_lead_files_outside_out() {
     assert_eq!(logs.len(), 2, "{logs:?}");
     assert!(!dir.path("x2.err").exists());
 }
+
+/// Whether process `pid` still runs (a zombie does not).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses.
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn an_error_after_launching_stops_everything_launched() {
+    let dir = TempDir::new("leak");
+    let out = dir.arg("out");
+    // Sender 1's log cannot be made (a directory is in its place): after the receiver and
+    // sender 0 were launched.
+    std::fs::create_dir_all(dir.path("out/sender-1-b.err")).unwrap();
+    // Every process launched notes its pid (its group's) and sleeps.
+    let pids = dir.path("pids");
+    let launcher = format!("echo $$ >> {}; exec sleep 25 #{{host}}", pids.display());
+    let start = Instant::now();
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--receiver",
+            "r",
+            "--senders",
+            "a,b",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("sender-1-b.err"), "{}", ran.stderr);
+    assert!(start.elapsed() < TIME_LIMIT);
+    // A launched shell may note its pid after ibjitter ended: give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let pids: Vec<i32> = std::fs::read_to_string(&pids)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let running: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &running {
+        // SAFETY: kill(2) of a process this test launched (through ibjitter).
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    assert!(running.is_empty(), "left running: {running:?} of {pids:?}");
+}
+
+#[test]
+fn a_step_that_fails_keeps_the_steps_before_it() {
+    let dir = TempDir::new("partial");
+    let launcher = fake_launcher(&dir);
+    sender_reports(&dir, "a", now_ns(), 2);
+    sender_reports(&dir, "b", now_ns(), 2);
+    let out = dir.arg("out");
+    // Step 1's sender a cannot have its log: step 0 was measured, and pattern.json was lost.
+    std::fs::create_dir_all(dir.path("out/step-1-b/sender-0-a.err")).unwrap();
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--pattern",
+            "rotating-incast",
+            "--hosts",
+            "a,b",
+            "--flows-per-sender",
+            "2",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(2), "{}{}", ran.stdout, ran.stderr);
+    assert!(ran.stderr.contains("sender-0-a.err"), "{}", ran.stderr);
+    let p = common::read_json(&dir.path("out/pattern.json"));
+    let steps = p["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{p}");
+    assert_eq!(steps[0]["sink"], "a");
+    assert!(dir.path("out/step-0-a/incast.json").exists());
+}

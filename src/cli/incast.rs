@@ -26,8 +26,9 @@ holds its start barrier until all are ready: one start for every flow. A rotatin
 incast per step (--steps), its sink moving to the next host each step, into DIR/step-K-HOST/. \
 Per-pair figures: pairs.csv and the JSON's `pairs` (sender x receiver matrices).\n\nExit status: \
 0 every sender ran and every flow completed; 1 a sender failed or died, flows ended with errors, \
-or a pair moved nothing (the report says which and why); 2 bad arguments or a receiver could not \
-be launched; 130 interrupted (partial results written)."
+or a pair moved nothing (the report says which and why); 2 bad arguments, or a step could not be \
+launched (what it launched is stopped, the steps before it written); 130 interrupted (partial \
+results written)."
 )]
 pub struct IncastArgs {
     /// Who sends to whom
@@ -256,7 +257,9 @@ pub fn run(a: IncastArgs) -> i32 {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("ibjitter incast: {e}");
-                return exit::SETUP;
+                // What the sweep's steps before measured is still written.
+                code = code.max(exit::SETUP);
+                break;
             }
         };
         if is_pattern {
@@ -283,7 +286,7 @@ pub fn run(a: IncastArgs) -> i32 {
             break;
         }
     }
-    if !a.sweep.is_empty() {
+    if !a.sweep.is_empty() && !rows.is_empty() {
         if let Err(e) = export::sweep_csv(&rows, &a.out.join("sweep.csv")) {
             eprintln!("ibjitter incast: {e}");
             code = exit::with_write_failure(code);
@@ -325,7 +328,12 @@ fn rotate(a: &IncastArgs, cfg: &IncastConfig, names: &[String]) -> i32 {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("ibjitter incast: {e}");
-                return exit::SETUP;
+                if steps.is_empty() {
+                    return exit::SETUP;
+                }
+                // What the steps before measured is still written, pattern.json with them.
+                code = code.max(exit::SETUP);
+                break;
             }
         };
         if let Err(e) = export::step_files(&step.merged, &dir, a.plot) {
