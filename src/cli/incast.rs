@@ -3,13 +3,16 @@
 use super::{exit, units};
 use clap::Args;
 use ibjitter::gen::server::ServeConfig;
+use ibjitter::gen::stats::new_histogram;
 use ibjitter::gen::stop::{self, StopToken};
-use ibjitter::incast::pattern::{self, Host, Layout, Pattern};
+use ibjitter::gen::wire::MAX_FLOWS;
+use ibjitter::incast::pattern::{self, Host, Pattern};
 use ibjitter::incast::{run_step, IncastConfig};
 use ibjitter::report::export::incast as export;
 use ibjitter::report::export::pairs as pairs_export;
-use ibjitter::report::incast::{RotationReport, RotationStep, SweepRow};
+use ibjitter::report::incast::{Merged, RotationReport, RotationStep, SweepRow};
 use ibjitter::report::pairs::PairMatrix;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,8 +26,9 @@ holds its start barrier until all are ready: one start for every flow. A rotatin
 incast per step (--steps), its sink moving to the next host each step, into DIR/step-K-HOST/. \
 Per-pair figures: pairs.csv and the JSON's `pairs` (sender x receiver matrices).\n\nExit status: \
 0 every sender ran and every flow completed; 1 a sender failed or died, flows ended with errors, \
-or a pair moved nothing (the report says which and why); 2 bad arguments or a receiver could not \
-be launched; 130 interrupted (partial results written)."
+or a pair moved nothing (the report says which and why); 2 bad arguments, or a step could not be \
+launched (what it launched is stopped, the steps before it written); 130 interrupted (partial \
+results written)."
 )]
 pub struct IncastArgs {
     /// Who sends to whom
@@ -41,13 +45,13 @@ pub struct IncastArgs {
     /// incast)
     #[arg(long, value_delimiter = ',')]
     hosts: Vec<String>,
-    /// Flows (QPs) started by each sender toward each of its receivers
+    /// Flows (QPs) started by each sender toward each of its receivers (1..=65536)
     #[arg(long, alias = "flows-per-pair", default_value_t = 10)]
     flows_per_sender: u32,
     /// A series of flows-per-sender values, one step each: 10,20,30 (not with rotating-incast)
     #[arg(long, value_delimiter = ',')]
     sweep: Vec<u32>,
-    /// Steps of a rotating incast (default: one per host, each host a sink once)
+    /// Steps of a rotating incast (default: one per host, each host a sink once; at most 10000)
     #[arg(long)]
     steps: Option<usize>,
     /// Seed of the permutation pattern's random pairing
@@ -136,6 +140,49 @@ fn hosts_of(a: &IncastArgs) -> Result<Vec<Host>, String> {
     if a.steps == Some(0) {
         return Err("--steps must be at least 1".into());
     }
+    // Counted before any step or pair is made: a step's pairs, and a rotation's steps, are
+    // allocated (and launched) from these.
+    let pairs = pattern::pairs_per_step(a.pattern, hosts.len());
+    if pairs > pattern::MAX_PAIRS {
+        return Err(format!(
+            "--pattern {} over {} hosts makes {pairs} pairs in a step, at most {}: each pair is \
+             a process launched from here, with a thread reading its report",
+            a.pattern.name(),
+            hosts.len(),
+            pattern::MAX_PAIRS
+        ));
+    }
+    // A receiver takes at most MAX_FLOWS flows from one sender (`run`'s own limit), and the
+    // report numbers flows across senders in 32 bits.
+    let flows = std::iter::once(("--flows-per-sender", a.flows_per_sender))
+        .chain(a.sweep.iter().map(|&n| ("--sweep", n)));
+    for (flag, n) in flows {
+        if n == 0 || n > MAX_FLOWS {
+            return Err(format!(
+                "{flag} {n}: must be 1..={MAX_FLOWS}, the flows a receiver takes from one sender"
+            ));
+        }
+        if u64::from(n) * pairs > u64::from(u32::MAX) {
+            return Err(format!(
+                "{flag} {n} for each of {pairs} pairs makes {} flows in a step, more than a \
+                 report numbers (32 bits)",
+                u64::from(n) * pairs
+            ));
+        }
+    }
+    let steps = a.steps.unwrap_or(hosts.len());
+    if a.pattern == Pattern::RotatingIncast && steps > pattern::MAX_STEPS {
+        return Err(format!(
+            "--steps {steps}{}: at most {}: each step is a whole incast with a directory of its \
+             own, and pattern.json keeps a summary of every one",
+            if a.steps.is_none() {
+                " (one per host)"
+            } else {
+                ""
+            },
+            pattern::MAX_STEPS
+        ));
+    }
     Ok(hosts)
 }
 
@@ -171,8 +218,6 @@ pub fn run(a: IncastArgs) -> i32 {
         return exit::SETUP;
     }
     let names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
-    let steps = a.steps.unwrap_or(hosts.len());
-    let layouts = pattern::layouts(a.pattern, hosts.len(), a.seed, steps);
     let cfg = IncastConfig {
         hosts,
         launcher: a.launcher.clone(),
@@ -192,8 +237,9 @@ pub fn run(a: IncastArgs) -> i32 {
     stop::install_signal_handlers();
     let is_pattern = a.pattern != Pattern::Incast;
     if a.pattern == Pattern::RotatingIncast {
-        return rotate(&a, &cfg, &layouts, &names);
+        return rotate(&a, &cfg, &names);
     }
+    let layout = pattern::layout(a.pattern, names.len(), a.seed, 0);
     let steps = if a.sweep.is_empty() {
         vec![a.flows_per_sender]
     } else {
@@ -207,11 +253,13 @@ pub fn run(a: IncastArgs) -> i32 {
         } else {
             a.out.join(format!("flows-{n}"))
         };
-        let mut step = match run_step(&cfg, &layouts[0], n, &dir, StopToken::process()) {
+        let mut step = match run_step(&cfg, &layout, n, &dir, StopToken::process()) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("ibjitter incast: {e}");
-                return exit::SETUP;
+                // What the sweep's steps before measured is still written.
+                code = code.max(exit::SETUP);
+                break;
             }
         };
         if is_pattern {
@@ -238,7 +286,7 @@ pub fn run(a: IncastArgs) -> i32 {
             break;
         }
     }
-    if !a.sweep.is_empty() {
+    if !a.sweep.is_empty() && !rows.is_empty() {
         if let Err(e) = export::sweep_csv(&rows, &a.out.join("sweep.csv")) {
             eprintln!("ibjitter incast: {e}");
             code = exit::with_write_failure(code);
@@ -267,18 +315,25 @@ fn pairs_out(pairs: &PairMatrix, dir: &std::path::Path) -> i32 {
 
 /// A rotating incast: one incast per step into DIR/step-K-SINK, then the pairs of all steps
 /// in DIR/pattern.json and DIR/pairs.csv.
-fn rotate(a: &IncastArgs, cfg: &IncastConfig, layouts: &[Layout], names: &[String]) -> i32 {
+fn rotate(a: &IncastArgs, cfg: &IncastConfig, names: &[String]) -> i32 {
     let mut code = exit::OK;
-    let mut merged = Vec::new();
+    let mut kept = KeptSteps::default();
     let mut steps = Vec::new();
-    for (k, layout) in layouts.iter().enumerate() {
+    for k in 0..a.steps.unwrap_or(names.len()) {
+        // Made as it runs: a rotation's steps are many.
+        let layout = pattern::layout(a.pattern, names.len(), a.seed, k);
         let sink = &names[layout.receivers()[0]];
-        let dir = a.out.join(format!("step-{k}-{sink}"));
-        let step = match run_step(cfg, layout, a.flows_per_sender, &dir, StopToken::process()) {
+        let dir = a.out.join(format!("step-{k}-{}", pattern::file_name(sink)));
+        let step = match run_step(cfg, &layout, a.flows_per_sender, &dir, StopToken::process()) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("ibjitter incast: {e}");
-                return exit::SETUP;
+                if steps.is_empty() {
+                    return exit::SETUP;
+                }
+                // What the steps before measured is still written, pattern.json with them.
+                code = code.max(exit::SETUP);
+                break;
             }
         };
         if let Err(e) = export::step_files(&step.merged, &dir, a.plot) {
@@ -292,13 +347,13 @@ fn rotate(a: &IncastArgs, cfg: &IncastConfig, layouts: &[Layout], names: &[Strin
         }
         steps.push(RotationStep::of(k, sink, &dir, &step.merged.report));
         let interrupted = step.interrupted;
-        merged.push(step.merged);
+        kept.push(step.merged);
         if interrupted {
             code = exit::INTERRUPTED;
             break;
         }
     }
-    let all: Vec<&_> = merged.iter().collect();
+    let all: Vec<&_> = kept.steps.iter().collect();
     let pairs = PairMatrix::of(names, &all);
     code = code.max(pairs_out(&pairs, &a.out));
     let report = RotationReport {
@@ -315,4 +370,101 @@ fn rotate(a: &IncastArgs, cfg: &IncastConfig, layouts: &[Layout], names: &[Strin
     let _ = pairs_export::gbps_table(&report.pairs, std::io::stdout().lock());
     println!("  report: {}", path.display());
     code
+}
+
+/// What pattern.json's pair matrix needs of a rotation's past steps, in memory that does not
+/// grow with their flows, series or latencies: each step's sender summaries, and each pair's
+/// latency added into the histogram of the first step it sent in (the matrix sums a pair's
+/// steps, so the sum is the same). A step's own files have all the rest.
+#[derive(Default)]
+struct KeptSteps {
+    steps: Vec<Merged>,
+    /// (sender, receiver) -> (step, sender) holding the pair's latency so far.
+    first: HashMap<(String, String), (usize, usize)>,
+}
+
+impl KeptSteps {
+    fn push(&mut self, mut m: Merged) {
+        let step = self.steps.len();
+        m.report.flows = Vec::new();
+        m.latency = new_histogram();
+        m.latency_intervals = Vec::new();
+        m.series = Vec::new();
+        m.ids = Vec::new();
+        for (k, s) in m.report.senders.iter().enumerate() {
+            let pair = (s.host.clone(), s.receiver.clone());
+            let Some(&(i, j)) = self.first.get(&pair) else {
+                self.first.insert(pair, (step, k));
+                continue;
+            };
+            if let Some(h) = m.sender_latency.get_mut(k).and_then(Option::take) {
+                match &mut self.steps[i].sender_latency[j] {
+                    Some(sum) => sum.add(&h).expect("histograms grow to fit"),
+                    slot => *slot = Some(h),
+                }
+            }
+        }
+        self.steps.push(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ibjitter::report::incast::SenderSummary;
+
+    /// A step whose pairs (sender, receiver, latency) each ran one operation.
+    fn step(pairs: &[(&str, &str, u64)]) -> Merged {
+        let senders = pairs
+            .iter()
+            .map(|&(s, r, _)| SenderSummary {
+                host: s.into(),
+                receiver: r.into(),
+                status: "ok".into(),
+                exit_code: Some(0),
+                outcome: None,
+                flows_requested: 1,
+                flows_started: 1,
+                ops: 1,
+                bytes: 8,
+                gbps: 1.0,
+                port_counters: Default::default(),
+                stderr_tail: String::new(),
+            })
+            .collect();
+        let none: Vec<_> = pairs.iter().map(|_| None).collect();
+        let clocks = ibjitter::incast::clocks::Clocks::of(&[], 0, Default::default());
+        let mut m = ibjitter::incast::merge::merge("r", 1, &none, senders, &clocks, 0);
+        m.sender_latency = pairs
+            .iter()
+            .map(|&(_, _, ns)| {
+                let mut h = new_histogram();
+                h.record(ns).unwrap();
+                Some(h)
+            })
+            .collect();
+        m
+    }
+
+    #[test]
+    fn kept_steps_give_the_pair_matrix_of_the_whole_steps() {
+        let names: Vec<String> = ["a", "b", "c"].map(String::from).into();
+        let steps = || {
+            vec![
+                step(&[("b", "a", 10), ("c", "a", 20)]),
+                step(&[("a", "b", 30), ("c", "b", 40)]),
+                step(&[("b", "a", 50), ("c", "a", 60)]),
+            ]
+        };
+        let whole = steps();
+        let mut kept = KeptSteps::default();
+        for m in steps() {
+            kept.push(m);
+        }
+        assert!(kept.steps.iter().all(|m| m.series.is_empty()));
+        assert_eq!(
+            PairMatrix::of(&names, &kept.steps.iter().collect::<Vec<_>>()),
+            PairMatrix::of(&names, &whole.iter().collect::<Vec<_>>())
+        );
+    }
 }

@@ -3,6 +3,7 @@
 //! sinks) it starts `serve` on every receiver and one `run` per (sender, receiver) pair
 //! through the cluster's launcher, all flows released by one start barrier, then merges what
 //! every sender measured.
+pub mod clocks;
 pub mod launcher;
 pub mod merge;
 pub mod pattern;
@@ -11,6 +12,7 @@ use crate::gen::server::{ServeConfig, READY_LINE};
 use crate::gen::stop::{Reason, StopToken};
 use crate::report::incast::{Merged, SenderSummary};
 use crate::report::RunReport;
+use clocks::Clocks;
 use pattern::{Host, Layout};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -67,6 +69,26 @@ struct Receiver {
     ready: Arc<AtomicBool>,
 }
 
+/// A sender: its process (`None`: it could not be launched), the thread reading its report,
+/// and how it fared.
+type Sender = (Option<Child>, Option<ReportReader>, SenderSummary);
+
+/// Everything a step launched. Dropped with any of it still running (an error after some were
+/// launched, a panic), it stops them all: nothing a step launched outlives it.
+#[derive(Default)]
+struct Started {
+    receivers: Vec<Receiver>,
+    senders: Vec<Sender>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let receivers = self.receivers.iter_mut().map(|r| &mut r.child);
+        let senders = self.senders.iter_mut().filter_map(|s| s.0.as_mut());
+        stop_all(receivers.chain(senders).collect());
+    }
+}
+
 /// Runs one step of `layout`: `flows_per_sender` flows for each (sender, receiver) pair, its
 /// logs and reports in `dir`. Ctrl-C on `stop` is passed on to every sender (they write what
 /// they measured).
@@ -83,10 +105,13 @@ pub fn run_step(
         File::create(&path).map_err(|e| format!("{}: {e}", path.display()))
     };
     let launch_unix_ns = unix_ns(SystemTime::now());
+    let launched = Instant::now();
     let receivers_of_step = layout.receivers();
     // With several receivers, each holds its start barrier until all are ready: one start.
     let hold = receivers_of_step.len() > 1;
-    let mut receivers: Vec<Receiver> = Vec::new();
+    // From here on, any return stops what was launched (the receivers already started would
+    // wait for senders that never come).
+    let mut started = Started::default();
     for &r in &receivers_of_step {
         let host = &cfg.hosts[r];
         let args: Vec<String> = [cfg.bin.clone(), "serve".into()]
@@ -100,7 +125,7 @@ pub fn run_step(
             .collect();
         let line = launcher::command_line(&cfg.launcher, &host.name, &args);
         let name = if hold {
-            format!("serve-{}", host.name)
+            format!("serve-{}", pattern::file_name(&host.name))
         } else {
             "serve".into()
         };
@@ -112,25 +137,13 @@ pub fn run_step(
             Stdio::from(out.try_clone().map_err(|e| e.to_string())?)
         };
         let stdin = if hold { Stdio::piped() } else { Stdio::null() };
-        let mut child = match launcher::spawn(&line, stdin, stdio, Stdio::from(err)) {
-            Ok(c) => c,
-            Err(e) => {
-                // The receivers already started would wait for senders that never come.
-                for r in &mut receivers {
-                    launcher::signal_group(&r.child, libc::SIGTERM);
-                    let _ = r.child.wait();
-                }
-                return Err(format!(
-                    "cannot launch the receiver on {} ({line}): {e}",
-                    host.name
-                ));
-            }
-        };
+        let mut child = launcher::spawn(&line, stdin, stdio, Stdio::from(err))
+            .map_err(|e| format!("cannot launch the receiver on {} ({line}): {e}", host.name))?;
         let ready = Arc::new(AtomicBool::new(false));
         if let Some(stdout) = child.stdout.take() {
             watch_ready(stdout, out, ready.clone());
         }
-        receivers.push(Receiver {
+        started.receivers.push(Receiver {
             stdin: child.stdin.take(),
             child,
             host: host.name.clone(),
@@ -139,7 +152,6 @@ pub fn run_step(
     }
 
     // Senders: each reports JSON on stdout, read by a thread so a full pipe never blocks it.
-    let mut senders: Vec<(Option<Child>, Option<ReportReader>, SenderSummary)> = Vec::new();
     for (k, &(s, d)) in layout.pairs.iter().enumerate() {
         let (host, to) = (&cfg.hosts[s], &cfg.hosts[d]);
         let args: Vec<String> = [cfg.bin.clone(), "run".into()]
@@ -171,11 +183,13 @@ pub fn run_step(
             Ok(mut child) => {
                 let mut out = child.stdout.take().expect("piped stdout");
                 let reader = std::thread::spawn(move || read_report(&mut out, MAX_REPORT));
-                senders.push((Some(child), Some(reader), summary));
+                started.senders.push((Some(child), Some(reader), summary));
             }
             Err(e) => {
                 let status = format!("failed to launch: {e}");
-                senders.push((None, None, SenderSummary { status, ..summary }));
+                started
+                    .senders
+                    .push((None, None, SenderSummary { status, ..summary }));
             }
         }
     }
@@ -185,13 +199,14 @@ pub fn run_step(
     let mut forwarded = false;
     loop {
         if stop.requested() == Some(Reason::Interrupted) && !forwarded {
-            for child in senders.iter().filter_map(|s| s.0.as_ref()) {
+            for child in started.senders.iter().filter_map(|s| s.0.as_ref()) {
                 launcher::signal_group(child, libc::SIGINT);
             }
             forwarded = true;
         }
-        release_when_all_ready(&mut receivers);
-        let running = senders
+        release_when_all_ready(&mut started.receivers);
+        let running = started
+            .senders
             .iter_mut()
             .filter_map(|s| s.0.as_mut())
             .map(|c| matches!(c.try_wait(), Ok(None)))
@@ -203,10 +218,12 @@ pub fn run_step(
         std::thread::sleep(Duration::from_millis(100));
     }
     // Receivers exit by themselves once their senders are done; one that does not is stopped.
-    for r in &mut receivers {
+    for r in &mut started.receivers {
         r.stdin = None;
         wait_or_stop(&mut r.child, Duration::from_secs(10));
     }
+    // Every sender has exited: what is left of them is read below.
+    let senders = std::mem::take(&mut started.senders);
 
     let mut reports = Vec::new();
     let mut summaries = Vec::new();
@@ -244,11 +261,25 @@ pub fn run_step(
         .map(|&r| format!("{} ({})", cfg.hosts[r].name, cfg.hosts[r].addr))
         .collect::<Vec<_>>()
         .join(", ");
+    let starts: Vec<Option<u64>> = reports
+        .iter()
+        .map(|r| r.as_ref().map(|r| r.start_unix_ns))
+        .collect();
+    let clocks = Clocks::of(&starts, launch_unix_ns, launched.elapsed());
+    for (k, s) in summaries.iter().enumerate() {
+        if let Some(off) = clocks.off(k) {
+            eprintln!(
+                "ibjitter incast: sender {} -> {}: {off}",
+                s.host, s.receiver
+            );
+        }
+    }
     let merged = merge::merge(
         &receiver,
         flows_per_sender,
         &reports,
         summaries,
+        &clocks,
         launch_unix_ns,
     );
     Ok(Step {
@@ -262,9 +293,10 @@ fn port_of(cfg: &IncastConfig, host: usize) -> u16 {
     cfg.port.saturating_add(host as u16)
 }
 
-/// A sender's stderr log: `sender-K-HOST.err`, K its pair's number in the step.
+/// A sender's stderr log: `sender-K-HOST.err`, K its pair's number in the step (HOST as
+/// [`pattern::file_name`] writes it).
 fn sender_log(k: usize, s: &SenderSummary) -> String {
-    format!("sender-{k}-{}.err", s.host)
+    format!("sender-{k}-{}.err", pattern::file_name(&s.host))
 }
 
 /// Copies a held receiver's stdout to its log, noting when it says it is ready.
@@ -297,6 +329,27 @@ fn release_when_all_ready(receivers: &mut [Receiver]) {
                 eprintln!("ibjitter incast: cannot release receiver {}: {e}", r.host);
             }
         }
+    }
+}
+
+/// Stops every child still running, together: SIGTERM to each one's group, SIGKILL to the
+/// groups of those still running after a grace; each reaped.
+fn stop_all(mut children: Vec<&mut Child>) {
+    children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+    for c in &children {
+        launcher::signal_group(c, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+        if children.is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for c in children {
+        launcher::signal_group(c, libc::SIGKILL);
+        let _ = c.wait();
     }
 }
 

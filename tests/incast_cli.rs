@@ -1,0 +1,546 @@
+//! Host-only: `ibjitter incast` against hostile arguments and hostile sender reports. A fake
+//! launcher (a shell script playing every host: `serve` exits at once, `run` prints a canned
+//! report) stands in for the cluster, so nothing touches a device. Each case runs the real
+//! binary under an address-space limit and a time bound, and must end in a clear error or a
+//! bounded run with its results written: never an abort, a file outside --out, or a process
+//! of its own left running.
+mod common;
+
+use ibjitter::gen::stats::new_histogram;
+use ibjitter::report::{hist, Latency};
+use serde_json::json;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Address space of each run: a merge of a few senders fits well within it; allocating what a
+/// hostile argument or report asks for does not.
+const MEMORY_LIMIT: u64 = 1 << 30;
+/// Longest a case may take: each is done in well under a second.
+const TIME_LIMIT: Duration = Duration::from_secs(20);
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("ibjitter-incast-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn arg(&self, name: &str) -> String {
+        self.path(name).display().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Ran {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `ibjitter ARGS` under [`MEMORY_LIMIT`] and [`TIME_LIMIT`], its output in files of `dir`
+/// (a pipe left unread could block it). It must end by itself, with an exit status.
+fn ibjitter(dir: &TempDir, args: &[&str]) -> Ran {
+    let (out_path, err_path) = (dir.path("stdout"), dir.path("stderr"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ibjitter"));
+    cmd.args(args)
+        // Few malloc arenas: their reservations would count against the limit.
+        .env("MALLOC_ARENA_MAX", "2")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    // SAFETY: setrlimit is async-signal-safe and touches only this child's limits.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: MEMORY_LIMIT,
+                rlim_max: MEMORY_LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > TIME_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("ibjitter {args:?}: still running after {TIME_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let ran = Ran {
+        code: status.code(),
+        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
+        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+    };
+    assert!(
+        ran.code.is_some() && !ran.stderr.contains("panicked"),
+        "ibjitter {args:?}: {status}: {}",
+        ran.stderr
+    );
+    ran
+}
+
+/// The run is refused (exit status 2) and its stderr says every one of `says`.
+#[track_caller]
+fn refused(dir: &TempDir, args: &[&str], says: &[&str]) {
+    let ran = ibjitter(dir, args);
+    assert_eq!(
+        ran.code,
+        Some(2),
+        "ibjitter {args:?}: {}{}",
+        ran.stdout,
+        ran.stderr
+    );
+    for s in says {
+        assert!(
+            ran.stderr.contains(s),
+            "ibjitter {args:?}: expected {s:?} in: {}",
+            ran.stderr
+        );
+    }
+}
+
+/// A launcher for every host, `sh fake.sh HOST BIN SUBCOMMAND ...`: `serve` exits at once,
+/// `run` prints `reports/HOST.json` (see [`report`]). Returns the `--launcher` template.
+fn fake_launcher(dir: &TempDir) -> String {
+    std::fs::create_dir_all(dir.path("reports")).unwrap();
+    let script = dir.path("fake.sh");
+    std::fs::write(
+        &script,
+        "host=$1\ncase $3 in\nserve) exit 0 ;;\nrun) exec cat \"$(dirname \"$0\")/reports/$host.json\" ;;\nesac\nexit 9\n",
+    )
+    .unwrap();
+    format!("sh {} {{host}}", script.display())
+}
+
+/// Gives `host` (see [`fake_launcher`]) a report of `flows` flows numbered from 0, started at
+/// `start_unix_ns`: 1 s of 100 series points, 100 KiB a flow.
+fn sender_reports(dir: &TempDir, host: &str, start_unix_ns: u64, flows: u32) {
+    sender_reports_flows(dir, host, start_unix_ns, &(0..flows).collect::<Vec<_>>());
+}
+
+/// The same with these flow numbers.
+fn sender_reports_flows(dir: &TempDir, host: &str, start_unix_ns: u64, numbers: &[u32]) {
+    let path = dir.path("reports").join(format!("{host}.json"));
+    std::fs::write(path, report(start_unix_ns, numbers, 1.0)).unwrap();
+}
+
+/// A report as `ibjitter run --json - --json-series` prints it, saying it ran `duration_s`.
+fn report(start_unix_ns: u64, numbers: &[u32], duration_s: f64) -> String {
+    let mut h = new_histogram::<u64>();
+    h.record_n(10_000, 100).unwrap();
+    let latency = serde_json::to_value(Latency::of(&h)).unwrap();
+    let n = numbers.len() as u64;
+    let flows: Vec<_> = numbers
+        .iter()
+        .map(|&f| {
+            json!({
+                "flow": f, "ops": 100, "bytes": 100 << 10, "gbps": 0.8192, "status": "ok",
+                "first_post_ns": 1000, "latency": latency, "series": vec![1024u64; 100],
+            })
+        })
+        .collect();
+    let mut all = new_histogram::<u64>();
+    all.record_n(10_000, 100 * n).unwrap();
+    json!({
+        "tool": "ibjitter test", "device": "fake0", "server": "r", "op": "RDMA_WRITE",
+        "mode": "closed", "size": 1024, "depth": 1, "threads": 1,
+        "flows_requested": n, "flows_started": n, "setup_s": 0.1, "start_skew_us": 1.0,
+        "start_unix_ns": start_unix_ns, "series_interval_s": 0.01, "duration_s": duration_s,
+        "outcome": "completed",
+        "total": {
+            "ops": 100 * n, "bytes": (100 << 10) * n, "gbps": 0.8192 * n as f64,
+            "mops": 1e-4 * n as f64, "latency": Latency::of(&all),
+        },
+        "fairness": 1.0, "rss_per_flow_bytes": 0, "server_received_bytes": null,
+        "histogram": hist::encode(&all), "flows": flows,
+    })
+    .to_string()
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+#[test]
+fn step_and_pair_counts_are_refused_beyond_their_limits_before_anything_is_allocated() {
+    let dir = TempDir::new("steps");
+    let out = dir.arg("out");
+    // 10^9 steps took 24 GB of step layouts, u64::MAX a "capacity overflow" panic.
+    for steps in ["1000000000", "18446744073709551615", "10001"] {
+        refused(
+            &dir,
+            &[
+                "incast",
+                "--pattern",
+                "rotating-incast",
+                "--hosts",
+                "a,b",
+                "--steps",
+                steps,
+                "--launcher",
+                "false",
+                "--out",
+                &out,
+            ],
+            &["--steps", "at most 10000"],
+        );
+    }
+    // Every pair is a process started from here: 8,200 hosts all-to-all make 67 million.
+    let hosts: Vec<String> = (0..8200).map(|i| format!("h{i}")).collect();
+    refused(
+        &dir,
+        &[
+            "incast",
+            "--pattern",
+            "alltoall",
+            "--hosts",
+            &hosts.join(","),
+            "--launcher",
+            "false",
+            "--out",
+            &out,
+        ],
+        &["67231800 pairs", "at most 65536"],
+    );
+    assert!(!dir.path("out").exists(), "nothing was launched");
+}
+
+#[test]
+fn flows_per_sender_is_refused_outside_its_range() {
+    let dir = TempDir::new("flows");
+    let out = dir.arg("out");
+    // 4294967295 flows for each of 2 senders was reported as "4294967294 flows".
+    for (flag, value) in [
+        ("--flows-per-sender", "4294967295"),
+        ("--flows-per-sender", "0"),
+        ("--flows-per-sender", "65537"),
+        ("--sweep", "4,0"),
+        ("--sweep", "4,65537"),
+    ] {
+        refused(
+            &dir,
+            &[
+                "incast",
+                "--receiver",
+                "r",
+                "--senders",
+                "a,b",
+                flag,
+                value,
+                "--launcher",
+                "false",
+                "--out",
+                &out,
+            ],
+            &[flag, "1..=65536"],
+        );
+    }
+    assert!(!dir.path("out").exists(), "nothing was launched");
+}
+
+#[test]
+fn flows_a_sender_reports_past_its_request_are_said_and_never_renumber_others() {
+    let dir = TempDir::new("flow-ids");
+    let launcher = fake_launcher(&dir);
+    let t = now_ns();
+    // Asked for 2 flows, a reports 3: its flow 2 took b's flow 0's id.
+    sender_reports_flows(&dir, "a", t, &[0, 1, 2]);
+    sender_reports(&dir, "b", t, 2);
+    let out = dir.arg("out");
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--receiver",
+            "r",
+            "--senders",
+            "a,b",
+            "--flows-per-sender",
+            "2",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    let r = common::read_json(&dir.path("out/incast.json"));
+    let mut ids: Vec<u64> = r["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_u64().unwrap())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1, 2, 3], "{r}");
+    let a = r["senders"][0]["status"].as_str().unwrap();
+    assert!(a.contains("flow 2") && a.contains("2 requested"), "{a}");
+    assert_eq!(r["senders"][1]["status"], "ok");
+    assert!(ran.stdout.contains("flow 2"), "{}", ran.stdout);
+}
+
+#[test]
+fn a_sender_whose_clock_is_off_is_named_and_merged_in_bounded_memory() {
+    let dir = TempDir::new("skew");
+    let launcher = fake_launcher(&dir);
+    let out = dir.arg("out");
+    let t = now_ns();
+    // c a day behind, then a year ahead: the merge padded every one of the others' 100 flows
+    // with a day of zeros (gigabytes; an abort, nothing written), or a year of them (41 s,
+    // 0.000 Gb/s).
+    for (skew_s, says) in [
+        (-86_400i64, "86400.000 s behind"),
+        (31_536_000, "31535999.998 s ahead"),
+    ] {
+        sender_reports(&dir, "a", t, 100);
+        sender_reports(&dir, "b", t + 2_000_000, 100);
+        sender_reports(
+            &dir,
+            "c",
+            t.saturating_add_signed(skew_s * 1_000_000_000),
+            100,
+        );
+        let ran = ibjitter(
+            &dir,
+            &[
+                "incast",
+                "--receiver",
+                "r",
+                "--senders",
+                "a,b,c",
+                "--flows-per-sender",
+                "100",
+                "--launcher",
+                &launcher,
+                "--out",
+                &out,
+            ],
+        );
+        // Never silent: on stderr, in the report, and in the exit status.
+        assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+        assert!(
+            ran.stderr.contains("sender c") && ran.stderr.contains(says),
+            "{}",
+            ran.stderr
+        );
+        let r = common::read_json(&dir.path("out/incast.json"));
+        let c = r["senders"][2]["status"].as_str().unwrap();
+        assert!(c.contains(says), "{c}");
+        assert_eq!(r["senders"][0]["status"], "ok");
+        assert_eq!(r["senders"][1]["status"], "ok");
+        // Every flow kept, on the common time axis.
+        assert_eq!(r["flows"].as_array().unwrap().len(), 300);
+        let duration = r["duration_s"].as_f64().unwrap();
+        assert!((1.0..1.1).contains(&duration), "{duration}");
+        let gbps = r["total"]["gbps"].as_f64().unwrap();
+        assert!(gbps > 0.2, "{gbps}");
+        let series = std::fs::metadata(dir.path("out/timeseries.csv")).unwrap();
+        assert!(series.len() < 4 << 20, "{}", series.len());
+    }
+    // A duration no step lasts (10^30 s) panicked writing latency.hlog: nothing written.
+    let numbers: Vec<u32> = (0..100).collect();
+    std::fs::write(dir.path("reports/c.json"), report(t, &numbers, 1e30)).unwrap();
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--receiver",
+            "r",
+            "--senders",
+            "a,b,c",
+            "--flows-per-sender",
+            "100",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    let r = common::read_json(&dir.path("out/incast.json"));
+    let c = r["senders"][2]["status"].as_str().unwrap();
+    assert!(c.contains("ran 1e30 s"), "{c}");
+    let duration = r["duration_s"].as_f64().unwrap();
+    assert!(
+        (1.0..TIME_LIMIT.as_secs_f64()).contains(&duration),
+        "{duration}"
+    );
+    assert!(dir.path("out/latency.hlog").exists());
+}
+
+#[test]
+fn host_names_never_lead_files_outside_out() {
+    let dir = TempDir::new("names");
+    let launcher = fake_launcher(&dir);
+    sender_reports(&dir, "b", now_ns(), 2);
+    let out = dir.arg("out");
+    // A rotating incast's sink named ../../../x1 wrote its step into DIR/../x1.
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--pattern",
+            "rotating-incast",
+            "--hosts",
+            "../../../x1,b",
+            "--steps",
+            "1",
+            "--flows-per-sender",
+            "2",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
+    assert!(!dir.path("x1").exists());
+    let p = common::read_json(&dir.path("out/pattern.json"));
+    let step = Path::new(p["steps"][0]["dir"].as_str().unwrap());
+    assert_eq!(step.parent(), Some(dir.path("out").as_path()), "{p}");
+    assert!(step.join("incast.json").exists());
+    assert_eq!(p["steps"][0]["sink"], "../../../x1");
+    // A sender named ../x2: its log went to DIR/sender-0-../x2.err (no such directory).
+    sender_reports(&dir, "c", now_ns(), 2);
+    let out = dir.arg("out2");
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--receiver",
+            "r",
+            "--senders",
+            "../x2,c",
+            "--flows-per-sender",
+            "2",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    // The fake has no report for ../x2: it fails, named as given.
+    assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
+    assert!(ran.stdout.contains("sender ../x2 -> r"), "{}", ran.stdout);
+    let logs: Vec<String> = std::fs::read_dir(dir.path("out2"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("sender-"))
+        .collect();
+    assert_eq!(logs.len(), 2, "{logs:?}");
+    assert!(!dir.path("x2.err").exists());
+}
+
+/// Whether process `pid` still runs (a zombie does not).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses.
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn an_error_after_launching_stops_everything_launched() {
+    let dir = TempDir::new("leak");
+    let out = dir.arg("out");
+    // Sender 1's log cannot be made (a directory is in its place): after the receiver and
+    // sender 0 were launched.
+    std::fs::create_dir_all(dir.path("out/sender-1-b.err")).unwrap();
+    // Every process launched notes its pid (its group's) and sleeps.
+    let pids = dir.path("pids");
+    let launcher = format!("echo $$ >> {}; exec sleep 25 #{{host}}", pids.display());
+    let start = Instant::now();
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--receiver",
+            "r",
+            "--senders",
+            "a,b",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("sender-1-b.err"), "{}", ran.stderr);
+    assert!(start.elapsed() < TIME_LIMIT);
+    // A launched shell may note its pid after ibjitter ended: give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let pids: Vec<i32> = std::fs::read_to_string(&pids)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let running: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &running {
+        // SAFETY: kill(2) of a process this test launched (through ibjitter).
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    assert!(running.is_empty(), "left running: {running:?} of {pids:?}");
+}
+
+#[test]
+fn a_step_that_fails_keeps_the_steps_before_it() {
+    let dir = TempDir::new("partial");
+    let launcher = fake_launcher(&dir);
+    sender_reports(&dir, "a", now_ns(), 2);
+    sender_reports(&dir, "b", now_ns(), 2);
+    let out = dir.arg("out");
+    // Step 1's sender a cannot have its log: step 0 was measured, and pattern.json was lost.
+    std::fs::create_dir_all(dir.path("out/step-1-b/sender-0-a.err")).unwrap();
+    let ran = ibjitter(
+        &dir,
+        &[
+            "incast",
+            "--pattern",
+            "rotating-incast",
+            "--hosts",
+            "a,b",
+            "--flows-per-sender",
+            "2",
+            "--launcher",
+            &launcher,
+            "--out",
+            &out,
+        ],
+    );
+    assert_eq!(ran.code, Some(2), "{}{}", ran.stdout, ran.stderr);
+    assert!(ran.stderr.contains("sender-0-a.err"), "{}", ran.stderr);
+    let p = common::read_json(&dir.path("out/pattern.json"));
+    let steps = p["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{p}");
+    assert_eq!(steps[0]["sink"], "a");
+    assert!(dir.path("out/step-0-a/incast.json").exists());
+}
