@@ -277,6 +277,11 @@ fn check_histogram_lengths(bytes: &[u8]) -> Result<(), String> {
     const V2: u32 = 0x1c84_9313;
     const V2_COMPRESSED: u32 = 0x1c84_9314;
     const HEADER: u64 = 40;
+    // The most bytes of counts decoded: hdrhistogram allocates what a histogram states before
+    // it reads it, and a zlib stream can inflate to that much from a thousandth of it. Every
+    // counts array hdrhistogram can make (5 significant digits over the whole u64 range:
+    // 6.3 M counts) fits in far less as zig-zag varints of what is recorded.
+    const MOST_COUNTS_BYTES: u64 = 16 << 20;
     let be32 = |b: &[u8]| {
         b.get(..4)
             .map(|b| u32::from_be_bytes(b.try_into().unwrap()))
@@ -288,9 +293,20 @@ fn check_histogram_lengths(bytes: &[u8]) -> Result<(), String> {
              found {held}"
         )
     };
+    let too_many = |stated: u64| {
+        (stated > MOST_COUNTS_BYTES).then(|| {
+            format!(
+                "expected an HdrHistogram (V2) of at most {MOST_COUNTS_BYTES} bytes of counts, \
+                 found one stating {stated}"
+            )
+        })
+    };
     match be32(bytes).ok_or_else(short)? {
         V2 => {
             let stated = u64::from(be32(&bytes[4..]).ok_or_else(short)?);
+            if let Some(e) = too_many(stated) {
+                return Err(e);
+            }
             let held = (bytes.len() as u64).saturating_sub(HEADER);
             if stated > held {
                 return Err(stated_past(stated, held));
@@ -303,6 +319,9 @@ fn check_histogram_lengths(bytes: &[u8]) -> Result<(), String> {
             let mut header = [0u8; HEADER as usize];
             inflated.read_exact(&mut header).map_err(|_| short())?;
             let stated = u64::from(be32(&header[4..]).ok_or_else(short)?);
+            if let Some(e) = too_many(stated) {
+                return Err(e);
+            }
             // Counted up to one byte past what it states, as it inflates.
             inflated.set_limit(stated + 1);
             let held = std::io::copy(&mut inflated, &mut std::io::sink()).map_err(|e| {
@@ -348,15 +367,19 @@ fn parse_hdrlog(lines: &[&str], origin: &str, unit: Option<Unit>) -> Result<Samp
     }
     let h = merged.expect("at least one payload line");
     // Each recorded value, as often as recorded, up to MAX_EXPANDED samples in all; beyond,
-    // each its share of them by cumulative count.
-    let total = u128::from(h.len());
+    // each its share of them by cumulative count. The total is summed here: hdrhistogram's
+    // own saturates at u64::MAX, which buckets of 2^63 each pass (shares past the cap).
+    let total: u128 = h
+        .iter_recorded()
+        .map(|v| u128::from(v.count_at_value()))
+        .sum();
     let made_in_all = total.min(u128::from(MAX_EXPANDED));
     let mut raw = Vec::with_capacity(made_in_all as usize);
     let (mut cum, mut made) = (0u128, 0u128);
     for v in h.iter_recorded() {
         let value = h.median_equivalent(v.value_iterated_to()) as f64;
         cum += u128::from(v.count_at_value());
-        let upto = cum * made_in_all / total.max(1);
+        let upto = (cum * made_in_all / total.max(1)).min(made_in_all);
         raw.extend(std::iter::repeat_n(value, (upto - made) as usize));
         made = upto;
     }
@@ -508,13 +531,53 @@ mod tests {
         compressed.extend_from_slice(&z);
         for bytes in [&plain, &compressed] {
             let e = decode_histogram_bytes(bytes).unwrap_err();
-            assert!(
-                e.contains("holding the 4294967295 bytes of counts it states"),
-                "{e}"
-            );
+            assert!(e.contains("found one stating 4294967295"), "{e}");
             let e = parse_samples(&log_of(bytes), "crafted.hlog", None).unwrap_err();
             assert!(e.line == 2 && e.message.contains("4294967295"), "{e}");
         }
+        // One within the limit but past its bytes: refused too.
+        let mut short = plain.clone();
+        short[4..8].copy_from_slice(&1000u32.to_be_bytes());
+        let e = decode_histogram_bytes(&short).unwrap_err();
+        assert!(
+            e.contains("holding the 1000 bytes of counts it states"),
+            "{e}"
+        );
+        // A zlib bomb whose inflated length matches what it states (zeros: 64 MiB from 64
+        // KiB): refused by the limit before it is inflated or allocated.
+        let mut bomb = plain[..40].to_vec();
+        bomb[4..8].copy_from_slice(&(64u32 << 20).to_be_bytes());
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        z.write_all(&bomb).unwrap();
+        for _ in 0..64 {
+            z.write_all(&[0u8; 1 << 20]).unwrap();
+        }
+        let z = z.finish().unwrap();
+        let mut compressed = 0x1c84_9314u32.to_be_bytes().to_vec();
+        compressed.extend_from_slice(&(z.len() as u32).to_be_bytes());
+        compressed.extend_from_slice(&z);
+        let e = decode_histogram_bytes(&compressed).unwrap_err();
+        assert!(e.contains("at most 16777216 bytes of counts"), "{e}");
+    }
+
+    /// Buckets of 2^62 each saturate hdrhistogram's own total (u64::MAX), past which the
+    /// shares grew beyond the cap (33 GB from a thousand such buckets): the total is summed.
+    #[test]
+    fn counts_past_u64_in_all_still_make_at_most_the_cap() {
+        use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
+        let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+        for v in 1..=8u64 {
+            h.record_n(v * 1000, 1 << 62).unwrap();
+        }
+        assert_eq!(h.len(), u64::MAX, "saturated");
+        let mut bytes = Vec::new();
+        V2DeflateSerializer::new()
+            .serialize(&h, &mut bytes)
+            .unwrap();
+        let s = parse_samples(&log_of(&bytes), "sat.hlog", None).unwrap();
+        assert_eq!(s.values_ns.len() as u64, MAX_EXPANDED);
+        let last = s.values_ns.iter().filter(|&&v| v > 7500.0).count() as u64;
+        assert_eq!(last, MAX_EXPANDED / 8, "each of the 8 values its eighth");
     }
 
     #[test]
