@@ -179,6 +179,12 @@ fn quick_exit_says_what_the_line_loses() {
 fn a_thread_cancelled_in_a_hand_over_leaves_the_line_working() {
     let r = run(true, 1, "cancel-handover", &line("1ms"));
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    // The cancel came inside the program's own hand-over (else nothing was tested).
+    assert!(
+        r.stdout.contains("held in the provider: 1\n"),
+        "{}",
+        r.stdout
+    );
     assert!(
         r.stdout
             .contains("after the cancel: provider got 10 of 10\n"),

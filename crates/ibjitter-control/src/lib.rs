@@ -546,6 +546,7 @@ impl Server {
     /// the file is no longer the segment this process made (truncated or overwritten): nothing
     /// is written to it then.
     pub fn poll(&self) -> Result<Option<Request>, String> {
+        self.still_ours()?;
         let s = match read(&self.file) {
             Ok(Some(s)) => s,
             Ok(None) => return Err("the control file was truncated".into()),
@@ -556,6 +557,7 @@ impl Server {
         }
         let mut beat = s;
         beat.heartbeat_ns = monotonic_ns();
+        self.still_ours()?;
         write(&self.file, &beat, field!(heartbeat_ns))
             .map_err(|e| format!("the control file cannot be written: {e}"))?;
         if s.request == s.done {
@@ -581,10 +583,27 @@ impl Server {
             // Said, not silently cut: the last bytes mark it.
             s.answer[TEXT - 4..TEXT - 1].copy_from_slice(b"...");
         }
+        // Each write right after a look at the descriptor: applying the request (a new
+        // table) took a while, in which the program may have put a file of its own under it.
+        let ours = || self.still_ours().map_err(std::io::Error::other);
+        ours()?;
         write(&self.file, &s, field!(result).start..field!(text).start)?;
+        ours()?;
         write(&self.file, &s, field!(answer))?;
         s.done = req.number;
+        ours()?;
         write(&self.file, &s, field!(done))
+    }
+
+    /// Err (what [`Server::lost`] says) when the segment's number is no longer its file.
+    fn still_ours(&self) -> Result<(), String> {
+        match self.file.ours() {
+            true => Ok(()),
+            false => Err(format!(
+                "descriptor {} is no longer the control file",
+                self.file.fd()
+            )),
+        }
     }
 }
 

@@ -1,9 +1,12 @@
 //! Each test that makes a segment of a pid that is not running uses its own fake pid (the
-//! tests of one binary run in parallel); the segment of this very process is made by one test
-//! only.
+//! tests of one binary run in parallel); the files of this very process's pid are made under
+//! [`OWN_PID`].
 use super::*;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Arc;
+
+/// Held by the tests that make files of this very process's pid (they run in parallel).
+static OWN_PID: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Serves `server` as the shim does, echoing the request's text (or `long` text, when set),
 /// until `stop`.
@@ -33,6 +36,7 @@ fn serve_echo(server: Server, stop: Arc<AtomicBool>, long: bool) -> std::thread:
 
 #[test]
 fn a_segment_round_trips_text_and_knows_its_process() {
+    let _own = OWN_PID.lock().unwrap_or_else(|e| e.into_inner());
     let me = std::process::id();
     let (server, p) = create(me).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -274,6 +278,7 @@ fn leftovers_of_a_gone_process_are_swept() {
     assert_eq!(sweep_leftover(kind, &w, here), Swept::Removed);
     assert!(std::fs::symlink_metadata(&fifo).is_err());
     // This process's own are never swept (it is not gone).
+    let _own = OWN_PID.lock().unwrap_or_else(|e| e.into_inner());
     let mine = dir().join(format!("{}.{here}.new", std::process::id()));
     std::fs::write(&mine, b"").unwrap();
     let (kind, m) = find(&mine);

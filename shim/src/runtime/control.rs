@@ -78,27 +78,40 @@ fn serve(server: Server, path: &std::path::Path) {
     loop {
         // Until `ibjitter inject` wakes it, or a second passes (its heartbeat).
         server.wait();
-        if let Some(taken) = server.lost() {
-            // Its numbers are the program's now (or nothing): never used or closed again.
-            say::warn(&format!(
-                "live control stops: the program closed or reused the shim's {taken}; \
-                 `ibjitter inject` cannot reach this process ({} removed)",
-                path.display()
-            ));
-            ctl::remove_path(path);
+        if stops_as_lost(&server, path) {
             return;
         }
         match server.poll() {
             Ok(Some(req)) => {
                 let reply = answer(&req);
                 if let Err(e) = server.answer(&req, &reply) {
+                    if stops_as_lost(&server, path) {
+                        return;
+                    }
                     warn_once(&mut warned, &format!("the answer cannot be written: {e}"));
                 }
             }
             Ok(None) => {}
+            Err(_) if stops_as_lost(&server, path) => return,
             Err(e) => warn_once(&mut warned, &e),
         }
     }
+}
+
+/// Whether the program closed or reused one of the server's descriptors: then said once,
+/// the files removed, and the server is to stop (its numbers are the program's now, or
+/// nothing: never used or closed again).
+fn stops_as_lost(server: &Server, path: &std::path::Path) -> bool {
+    let Some(taken) = server.lost() else {
+        return false;
+    };
+    say::warn(&format!(
+        "live control stops: the program closed or reused the shim's {taken}; `ibjitter \
+         inject` cannot reach this process ({} removed)",
+        path.display()
+    ));
+    ctl::remove_path(path);
+    true
 }
 
 fn warn_once(warned: &mut bool, e: &str) {

@@ -249,14 +249,15 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
     let Some(line) = lanes::line() else {
         return false;
     };
-    // Not cancelled while it holds the line (the provider's call may be a cancellation point).
-    let _not_cancelled = crate::sys::threads::NoCancel::hold();
     // Marked before the line is taken and released after it (its drop at the end): a
     // handler's post while this thread holds the line always finds itself nested.
     let _nested_posts = lanes::hold_while_flushing();
     if !take_line() {
         return false;
     }
+    // Not cancelled while it holds the line (the provider's call may be a cancellation
+    // point): allowed again at the end, once the line is released.
+    let _not_cancelled = crate::sys::threads::NoCancel::hold();
     // SAFETY: FLUSHING is ours: so is the flusher's state.
     let Some(f) = (unsafe { &mut *FLUSHER.0.get() }) else {
         release_line();

@@ -281,6 +281,9 @@ unsafe fn direct(
     DIRECT.fetch_add(1, Relaxed);
     let until = now_units().saturating_add(units);
     if let Some((q, before, due)) = after {
+        // Not cancelled until the QP's due time is marked handed (the provider's call may be
+        // a cancellation point): the QP's next direct post waits for that mark.
+        let _not_cancelled = crate::sys::threads::NoCancel::hold();
         let gen = q.gen();
         // The QP's earlier requests leave first (unless it is destroyed meanwhile).
         while !q.handed_through(before) && q.gen() == gen {
@@ -367,6 +370,9 @@ pub unsafe fn before_modify_qp(qp: *mut ibv_qp, attr: *const ibv_qp_attr, mask: 
     if qp.is_null() || attr.is_null() || mask & state == 0 {
         return;
     }
+    // Before the real modify (after it, a hand-over could reach the QP while it is reset, or
+    // once connected again): a modify to RESET that then fails, rare (it needs only the
+    // state), has dropped requests the QP would have sent (counted).
     if (*attr).qp_state == ibv_qp_state_IBV_QPS_RESET && may_destroy(qp) {
         qps::reset(qp);
     }
