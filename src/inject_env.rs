@@ -331,10 +331,19 @@ fn resolve_program(program: &OsStr) -> Option<PathBuf> {
 /// kernel starts itself, with no dynamic loader. Reads the ELF header and program headers
 /// only (a check this small needs no ELF crate); anything unreadable or not ELF is "no".
 fn is_static_elf(path: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
     const PT_INTERP: u32 = 3;
-    let Ok(mut f) = std::fs::File::open(path) else {
+    // Never waiting on a FIFO put in the program's place.
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    else {
         return false;
     };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return false;
+    }
     let mut h = [0u8; 64];
     if f.read_exact(&mut h).is_err() || &h[..4] != b"\x7fELF" {
         return false;

@@ -484,7 +484,7 @@ struct JsonOut {
 }
 
 impl JsonOut {
-    /// Writes the report; if that fails, writes it to `ibjitter-run-PID.json` in
+    /// Writes the report; if that fails, writes it to a new `ibjitter-run-PID.N.json` in
     /// `fallback_dir`, or failing that to stderr, so that a finished measurement is never
     /// lost. The error says what failed and where the report went.
     fn write_or_save_elsewhere(
