@@ -76,6 +76,7 @@ fn analyse(a: &PcapArgs) -> Result<(), String> {
         ipd_bins: a.ipd_bins as usize,
         interval_ns: keep_series.then(|| a.interval.as_nanos().max(1) as u64),
         max_flows: a.max_flows.map(|n| n as usize),
+        ..Options::default()
     };
     let (analysis, read) = analyze_file(&a.file, options)?;
     let report = PcapReport::new(&a.file, &analysis, &read);

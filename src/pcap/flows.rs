@@ -20,6 +20,10 @@ const PSN_MOD: u32 = 1 << 24;
 /// Time-series intervals kept per flow (8 MiB of counters): a bogus timestamp far in the future
 /// must not allocate for every interval up to it.
 pub const MAX_SERIES_INTERVALS: usize = 1 << 20;
+/// Time-series intervals kept over all flows (256 MiB of counters): 500 flows of two packets
+/// 10 s apart at a 10 us interval took 1 Mi intervals each (3.9 GB for a 98 KB capture).
+/// Payload past it is left out of the series, counted and said (a longer `--interval` keeps it).
+pub const SERIES_BUDGET: usize = 1 << 25;
 /// Distinct opcodes counted per flow; packets of further ones count in
 /// [`OpcodeCounts::other`] (a requester mixing every verb uses about 15).
 pub const OPCODES_PER_FLOW: usize = 16;
@@ -65,6 +69,8 @@ pub struct Options {
     /// Flows tracked one by one, in order of first appearance; later ones are added up in
     /// one "other flows" aggregate. `None`: [`default_max_flows`].
     pub max_flows: Option<usize>,
+    /// Time-series intervals kept over all flows ([`SERIES_BUDGET`]).
+    pub series_budget: usize,
 }
 
 impl Default for Options {
@@ -74,6 +80,7 @@ impl Default for Options {
             ipd_bins: super::ipd::DEFAULT_BINS,
             interval_ns: None,
             max_flows: None,
+            series_budget: SERIES_BUDGET,
         }
     }
 }
@@ -261,7 +268,8 @@ pub struct Totals {
     pub last_ns: u64,
     /// RoCE packets stamped before a packet read earlier (merged or multi-queue captures).
     pub backwards: u64,
-    /// Payload packets later than [`MAX_SERIES_INTERVALS`] intervals, left out of the series.
+    /// Payload packets left out of the series: later than [`MAX_SERIES_INTERVALS`] intervals,
+    /// or past [`Options::series_budget`] over all flows.
     pub beyond_series: u64,
     /// Link-level flow control seen: 802.3x PAUSE frames, 802.1Qbb PFC frames, and per
     /// priority the PFC frames that paused it (quanta > 0) and that resumed it (quanta 0).
@@ -298,6 +306,8 @@ pub struct Analyzer {
     overall: Ipd,
     totals: Totals,
     signals: Vec<Signals>,
+    /// Time-series intervals the flows hold now, against [`Options::series_budget`].
+    series_cells: usize,
 }
 
 /// The result of an analysis.
@@ -332,6 +342,7 @@ impl Analyzer {
             overall: Ipd::new(options.ipd_bin_ns, options.ipd_bins),
             totals: Totals::default(),
             signals: Vec::new(),
+            series_cells: 0,
         }
     }
 
@@ -499,10 +510,14 @@ impl Analyzer {
         if let Some(interval) = self.options.interval_ns {
             if payload > 0 {
                 let k = ts_ns.saturating_sub(start) / interval;
-                if k < MAX_SERIES_INTERVALS as u64 {
+                let grows = (k as usize + 1).saturating_sub(f.series.len());
+                if k < MAX_SERIES_INTERVALS as u64
+                    && self.series_cells + grows <= self.options.series_budget
+                {
                     let k = k as usize;
-                    if k >= f.series.len() {
+                    if grows > 0 {
                         f.series.resize(k + 1, 0);
+                        self.series_cells += grows;
                     }
                     f.series[k] += payload;
                 } else {
@@ -647,6 +662,28 @@ mod tests {
         a.packet(u64::MAX / 2, &pkt(0x0a, 7, 1, 100), 178);
         let r = a.finish();
         assert_eq!((r.flows[0].series.len(), r.totals.beyond_series), (1, 1));
+    }
+
+    /// Many flows of sparse packets grew one series each to the last packet's interval (500
+    /// flows, two packets 10 s apart, 10 us: 3.9 GB): the intervals held over all flows stop at
+    /// the budget, and what falls past it is counted.
+    #[test]
+    fn the_series_of_all_flows_stay_within_their_budget() {
+        let mut a = Analyzer::new(Options {
+            interval_ns: Some(1000),
+            series_budget: 10_000,
+            ..Options::default()
+        });
+        for qp in 0..50u32 {
+            a.packet(0, &pkt(0x0a, qp, 0, 100), 178);
+            a.packet(1_000_000, &pkt(0x0a, qp, 1, 100), 178);
+        }
+        let r = a.finish();
+        let held: usize = r.flows.iter().map(|f| f.series.len()).sum();
+        assert!(held <= 10_000, "{held}");
+        // The first 9 flows reach their second packet (1001 intervals each); the others keep
+        // their first and count their second as left out.
+        assert_eq!(r.totals.beyond_series, 41);
     }
 
     #[test]

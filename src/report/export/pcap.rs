@@ -29,9 +29,11 @@ pub fn summary<W: Write>(r: &PcapReport, mut w: W) -> io::Result<()> {
     if r.beyond_series > 0 {
         writeln!(
             w,
-            "  time series: {} packets beyond its {} intervals left out (use a longer --interval)",
+            "  time series: {} packets left out, past its {} intervals a flow or {} over all \
+             flows (use a longer --interval)",
             r.beyond_series,
-            crate::pcap::flows::MAX_SERIES_INTERVALS
+            crate::pcap::flows::MAX_SERIES_INTERVALS,
+            crate::pcap::flows::SERIES_BUDGET
         )?;
     }
     if let Some(t) = &r.timestamps {
