@@ -23,15 +23,25 @@ pub fn private_dir(prefix: &str) -> io::Result<PathBuf> {
 }
 
 /// A new file in `dir` named `STEM.N.EXT` for the first N (from 0) that nobody made yet;
-/// never a link followed, never a file that was there.
+/// never a link followed, never a file that was there. Private (0600).
 pub fn new_file(dir: &Path, stem: &str, ext: &str) -> io::Result<(File, PathBuf)> {
+    new_file_with_mode(dir, stem, ext, 0o600)
+}
+
+/// [`new_file`] with permissions `mode` (less the process's umask).
+pub fn new_file_with_mode(
+    dir: &Path,
+    stem: &str,
+    ext: &str,
+    mode: u32,
+) -> io::Result<(File, PathBuf)> {
     use std::os::unix::fs::OpenOptionsExt;
     for n in 0..1000 {
         let path = dir.join(format!("{stem}.{n}.{ext}"));
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o600)
+            .mode(mode)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
         {

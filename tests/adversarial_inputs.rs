@@ -502,6 +502,76 @@ fn outputs_that_are_fifos_nobody_reads_are_refused_at_once() {
     );
 }
 
+/// A table or seed that cannot be written whole (here `ulimit -f`, as a full disk or a quota
+/// would) leaves the file that was there as it was, and says so: the table was truncated to
+/// the limit (a 4,096-byte table, that netem and the injector would take for a short one).
+#[test]
+fn an_output_that_cannot_be_written_whole_leaves_the_old_file() {
+    let dir = TempDir::new("fsize");
+    let table = dir.path("t.dist");
+    let t = table.to_str().unwrap();
+    let made = ibjitter(&[
+        "table",
+        "lognormal",
+        "--shape",
+        "0.5",
+        "--scale",
+        "10us",
+        "-o",
+        t,
+    ]);
+    assert_eq!(made.code, Some(0), "{}", made.stderr);
+    let before = std::fs::read(&table).unwrap();
+    assert!(before.len() > 8192, "{}", before.len());
+    let seed = dir.path("seed");
+    std::fs::write(&seed, "12345\n").unwrap();
+    for (args, file, old) in [
+        (
+            vec!["table", "constant", "--value", "5us", "-o", t],
+            &table,
+            &before[..],
+        ),
+        (
+            vec!["table", "seed", "-o", seed.to_str().unwrap()],
+            &seed,
+            &b"12345\n"[..],
+        ),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ibjitter"));
+        cmd.args(&args).stdin(Stdio::null());
+        // SAFETY: signal and setrlimit are async-signal-safe; this child's own settings.
+        unsafe {
+            cmd.pre_exec(|| {
+                // EFBIG instead of SIGXFSZ's death, as a full disk gives ENOSPC.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let lim = libc::rlimit {
+                    rlim_cur: 4,
+                    rlim_max: 4,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("left as it was"), "{args:?}: {err}");
+        assert_eq!(
+            std::fs::read(file).unwrap(),
+            old,
+            "{args:?}: the old file changed"
+        );
+        let left: Vec<_> = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().contains("ibjitter-new"))
+            .collect();
+        assert!(left.is_empty(), "{args:?}: {left:?} left behind");
+    }
+}
+
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path.

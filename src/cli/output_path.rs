@@ -8,6 +8,63 @@ pub(super) fn create(path: &std::path::Path) -> Result<std::io::BufWriter<std::f
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// Writes `path` whole through `write`, never leaving it cut short: a regular file (or a new
+/// one) is written beside it under a new name and renamed over it once complete, so a full
+/// disk, a quota or Ctrl-C leaves the file that was there as it was (a table truncated to its
+/// first 4 KiB was what a full disk left). Anything else (`/dev/stdout`, a FIFO with a
+/// reader) is written directly. The error names the file.
+pub(super) fn replace_whole(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> Result<(), String> {
+    use std::io::Write;
+    let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    use std::os::unix::fs::PermissionsExt;
+    // The new file gets the old one's permissions, or a new file's (0666 less the umask).
+    let (regular, mode) = match std::fs::metadata(path) {
+        Ok(m) => (m.is_file(), m.permissions().mode() & 0o7777),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (true, 0o666),
+        Err(e) => return Err(failed(e)),
+    };
+    if !regular {
+        let mut w = create(path)?;
+        return write(&mut w).and_then(|()| w.flush()).map_err(failed);
+    }
+    // Through a symbolic link, as a write would go: the link stays, its file is replaced.
+    let resolved;
+    let path = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            resolved = std::fs::canonicalize(path).map_err(failed)?;
+            resolved.as_path()
+        }
+        _ => path,
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map_or_else(|| std::ffi::OsString::from("output"), |n| n.to_os_string());
+    let stem = format!(
+        ".{}.ibjitter-new-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    );
+    let (file, tmp) =
+        ibjitter::temp_files::new_file_with_mode(dir, &stem, "tmp", mode).map_err(failed)?;
+    let mut w = std::io::BufWriter::new(file);
+    let written = write(&mut w)
+        .and_then(|()| w.flush())
+        .and_then(|()| w.get_ref().sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!("{} (what was there is left as it was)", failed(e)));
+    }
+    Ok(())
+}
+
 /// Opens `path` for writing (created and emptied with `create`) without waiting for a FIFO's
 /// reader: a FIFO nobody reads is an error ("no reader"), not an open that waits before any
 /// work, or for ever. The descriptor then blocks again, for the writes. A FIFO with a

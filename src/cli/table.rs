@@ -410,11 +410,8 @@ fn emit(table: &Table, output: &Option<PathBuf>) -> Result<(), TableError> {
 }
 
 fn write_table(table: &Table, path: &Path) -> Result<(), TableError> {
-    let file = std::fs::File::create(path)
-        .map_err(|e| TableError::new(format!("{}: cannot create: {e}", path.display())))?;
-    table
-        .write(file)
-        .map_err(|e| TableError::new(format!("{}: cannot write: {e}", path.display())))
+    // Whole or not at all: a table cut short by a full disk is still a table to netem.
+    super::output_path::replace_whole(path, |w| table.write(w)).map_err(TableError::new)
 }
 
 fn load_samples(a: &SamplesArgs) -> Result<Samples, TableError> {
@@ -647,8 +644,8 @@ fn seed(a: SeedArgs) -> Result<(), TableError> {
     });
     let text = format!("{value}\n");
     match &a.output {
-        Some(path) => std::fs::write(path, text)
-            .map_err(|e| TableError::new(format!("{}: cannot write: {e}", path.display()))),
+        Some(path) => super::output_path::replace_whole(path, |w| w.write_all(text.as_bytes()))
+            .map_err(TableError::new),
         None => print_out(&text),
     }
 }
