@@ -4,6 +4,8 @@
 //! RLIMIT_AS before exec) and a time bound, and must end in a clear error (naming the file and
 //! the limit) or a bounded run: never a hang (the case fails at its time bound), a panic, or
 //! memory growing until the OOM killer (the limit turns that into a failed allocation).
+mod common;
+
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
@@ -11,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Address space of each run: the readers' caps (64 MiB a file) fit well within it; reading
 /// /dev/zero or an endless FIFO whole does not.
@@ -19,11 +21,7 @@ const MEMORY_LIMIT: u64 = 256 << 20;
 /// Longest a case may take (a debug build reads 64 MiB in well under this).
 const TIME_LIMIT: Duration = Duration::from_secs(60);
 
-struct Ran {
-    code: Option<i32>,
-    stderr: String,
-    stdout: String,
-}
+use common::Ran;
 
 struct TempDir(PathBuf);
 
@@ -51,43 +49,7 @@ fn ibjitter(args: &[&str]) -> Ran {
     // Cases run in parallel threads: each its own directory.
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = TempDir::new(&format!("out{}", RUNS.fetch_add(1, Ordering::Relaxed)));
-    let (out_path, err_path) = (dir.path("stdout"), dir.path("stderr"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ibjitter"));
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap());
-    // SAFETY: setrlimit is async-signal-safe and touches only this child's limits.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: MEMORY_LIMIT,
-                rlim_max: MEMORY_LIMIT,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > TIME_LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("ibjitter {args:?}: still running after {TIME_LIMIT:?}: a hang");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let ran = Ran {
-        code: status.code(),
-        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
-        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
-    };
+    let ran = common::ibjitter_bounded(args, &dir.0, MEMORY_LIMIT, TIME_LIMIT);
     assert!(
         !ran.stderr.contains("panicked") && !ran.stderr.contains("memory allocation"),
         "ibjitter {args:?}: {}",

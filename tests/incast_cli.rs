@@ -9,9 +9,7 @@ mod common;
 use ibjitter::gen::stats::new_histogram;
 use ibjitter::report::{hist, Latency};
 use serde_json::json;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Address space of each run: a merge of a few senders fits well within it; allocating what a
@@ -43,60 +41,45 @@ impl Drop for TempDir {
     }
 }
 
-struct Ran {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
+use common::Ran;
 
-/// Runs `ibjitter ARGS` under [`MEMORY_LIMIT`] and [`TIME_LIMIT`], its output in files of `dir`
-/// (a pipe left unread could block it). It must end by itself, with an exit status.
+/// Runs `ibjitter ARGS` under [`MEMORY_LIMIT`] and [`TIME_LIMIT`], its output in files of `dir`.
+/// It must end by itself, with an exit status.
 fn ibjitter(dir: &TempDir, args: &[&str]) -> Ran {
-    let (out_path, err_path) = (dir.path("stdout"), dir.path("stderr"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ibjitter"));
-    cmd.args(args)
-        // Few malloc arenas: their reservations would count against the limit.
-        .env("MALLOC_ARENA_MAX", "2")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap());
-    // SAFETY: setrlimit is async-signal-safe and touches only this child's limits.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: MEMORY_LIMIT,
-                rlim_max: MEMORY_LIMIT,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > TIME_LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("ibjitter {args:?}: still running after {TIME_LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let ran = Ran {
-        code: status.code(),
-        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
-        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
-    };
+    let ran = common::ibjitter_bounded(args, &dir.0, MEMORY_LIMIT, TIME_LIMIT);
     assert!(
         ran.code.is_some() && !ran.stderr.contains("panicked"),
-        "ibjitter {args:?}: {status}: {}",
+        "ibjitter {args:?}: {:?}: {}",
+        ran.code,
         ran.stderr
     );
     ran
+}
+
+/// `ibjitter incast ARGS --launcher LAUNCHER --out OUT`.
+fn incast(dir: &TempDir, launcher: &str, out: &str, args: &[&str]) -> Ran {
+    let all: Vec<&str> = std::iter::once("incast")
+        .chain(args.iter().copied())
+        .chain(["--launcher", launcher, "--out", out])
+        .collect();
+    ibjitter(dir, &all)
+}
+
+/// [`incast`] from `senders` (comma-separated) to receiver "r", `flows` flows each.
+fn incast_flows(dir: &TempDir, launcher: &str, out: &str, senders: &str, flows: &str) -> Ran {
+    incast(
+        dir,
+        launcher,
+        out,
+        &[
+            "--receiver",
+            "r",
+            "--senders",
+            senders,
+            "--flows-per-sender",
+            flows,
+        ],
+    )
 }
 
 /// The run is refused (exit status 2) and its stderr says every one of `says`.
@@ -270,22 +253,7 @@ fn flows_a_sender_reports_past_its_request_are_said_and_never_renumber_others() 
     sender_reports_flows(&dir, "a", t, &[0, 1, 2]);
     sender_reports(&dir, "b", t, 2);
     let out = dir.arg("out");
-    let ran = ibjitter(
-        &dir,
-        &[
-            "incast",
-            "--receiver",
-            "r",
-            "--senders",
-            "a,b",
-            "--flows-per-sender",
-            "2",
-            "--launcher",
-            &launcher,
-            "--out",
-            &out,
-        ],
-    );
+    let ran = incast_flows(&dir, &launcher, &out, "a,b", "2");
     assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
     let r = common::read_json(&dir.path("out/incast.json"));
     let mut ids: Vec<u64> = r["flows"]
@@ -323,22 +291,7 @@ fn a_sender_whose_clock_is_off_is_named_and_merged_in_bounded_memory() {
             t.saturating_add_signed(skew_s * 1_000_000_000),
             100,
         );
-        let ran = ibjitter(
-            &dir,
-            &[
-                "incast",
-                "--receiver",
-                "r",
-                "--senders",
-                "a,b,c",
-                "--flows-per-sender",
-                "100",
-                "--launcher",
-                &launcher,
-                "--out",
-                &out,
-            ],
-        );
+        let ran = incast_flows(&dir, &launcher, &out, "a,b,c", "100");
         // Never silent: on stderr, in the report, and in the exit status.
         assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
         assert!(
@@ -363,22 +316,7 @@ fn a_sender_whose_clock_is_off_is_named_and_merged_in_bounded_memory() {
     // A duration no step lasts (10^30 s) panicked writing latency.hlog: nothing written.
     let numbers: Vec<u32> = (0..100).collect();
     std::fs::write(dir.path("reports/c.json"), report(t, &numbers, 1e30)).unwrap();
-    let ran = ibjitter(
-        &dir,
-        &[
-            "incast",
-            "--receiver",
-            "r",
-            "--senders",
-            "a,b,c",
-            "--flows-per-sender",
-            "100",
-            "--launcher",
-            &launcher,
-            "--out",
-            &out,
-        ],
-    );
+    let ran = incast_flows(&dir, &launcher, &out, "a,b,c", "100");
     assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
     let r = common::read_json(&dir.path("out/incast.json"));
     let c = r["senders"][2]["status"].as_str().unwrap();
@@ -398,10 +336,11 @@ fn host_names_never_lead_files_outside_out() {
     sender_reports(&dir, "b", now_ns(), 2);
     let out = dir.arg("out");
     // A rotating incast's sink named ../../../x1 wrote its step into DIR/../x1.
-    let ran = ibjitter(
+    let ran = incast(
         &dir,
+        &launcher,
+        &out,
         &[
-            "incast",
             "--pattern",
             "rotating-incast",
             "--hosts",
@@ -410,10 +349,6 @@ fn host_names_never_lead_files_outside_out() {
             "1",
             "--flows-per-sender",
             "2",
-            "--launcher",
-            &launcher,
-            "--out",
-            &out,
         ],
     );
     assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
@@ -426,22 +361,7 @@ fn host_names_never_lead_files_outside_out() {
     // A sender named ../x2: its log went to DIR/sender-0-../x2.err (no such directory).
     sender_reports(&dir, "c", now_ns(), 2);
     let out = dir.arg("out2");
-    let ran = ibjitter(
-        &dir,
-        &[
-            "incast",
-            "--receiver",
-            "r",
-            "--senders",
-            "../x2,c",
-            "--flows-per-sender",
-            "2",
-            "--launcher",
-            &launcher,
-            "--out",
-            &out,
-        ],
-    );
+    let ran = incast_flows(&dir, &launcher, &out, "../x2,c", "2");
     // The fake has no report for ../x2: it fails, named as given.
     assert_eq!(ran.code, Some(1), "{}{}", ran.stdout, ran.stderr);
     assert!(ran.stdout.contains("sender ../x2 -> r"), "{}", ran.stdout);
@@ -479,19 +399,11 @@ fn an_error_after_launching_stops_everything_launched() {
     let pids = dir.path("pids");
     let launcher = format!("echo $$ >> {}; exec sleep 25 #{{host}}", pids.display());
     let start = Instant::now();
-    let ran = ibjitter(
+    let ran = incast(
         &dir,
-        &[
-            "incast",
-            "--receiver",
-            "r",
-            "--senders",
-            "a,b",
-            "--launcher",
-            &launcher,
-            "--out",
-            &out,
-        ],
+        &launcher,
+        &out,
+        &["--receiver", "r", "--senders", "a,b"],
     );
     assert_eq!(ran.code, Some(2), "{}", ran.stderr);
     assert!(ran.stderr.contains("sender-1-b.err"), "{}", ran.stderr);
@@ -520,20 +432,17 @@ fn a_step_that_fails_keeps_the_steps_before_it() {
     let out = dir.arg("out");
     // Step 1's sender a cannot have its log: step 0 was measured, and pattern.json was lost.
     std::fs::create_dir_all(dir.path("out/step-1-b/sender-0-a.err")).unwrap();
-    let ran = ibjitter(
+    let ran = incast(
         &dir,
+        &launcher,
+        &out,
         &[
-            "incast",
             "--pattern",
             "rotating-incast",
             "--hosts",
             "a,b",
             "--flows-per-sender",
             "2",
-            "--launcher",
-            &launcher,
-            "--out",
-            &out,
         ],
     );
     assert_eq!(ran.code, Some(2), "{}{}", ran.stdout, ran.stderr);
