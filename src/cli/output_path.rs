@@ -10,35 +10,38 @@ pub(super) fn create(path: &std::path::Path) -> Result<std::io::BufWriter<std::f
 
 /// Writes `path` whole through `write`, never leaving it cut short: a regular file (or a new
 /// one) is written beside it under a new name and renamed over it once complete, so a full
-/// disk, a quota or Ctrl-C leaves the file that was there as it was (a table truncated to its
-/// first 4 KiB was what a full disk left). Anything else (`/dev/stdout`, a FIFO with a
-/// reader) is written directly. The error names the file.
+/// disk or a quota leaves the file that was there as it was (a table truncated to its first
+/// 4 KiB was what a full disk left); the new file gets the old one's mode (and owner, where
+/// allowed). Anything else is written directly, as before: a symbolic link (through it:
+/// `/dev/stdout` is one, to what the shell redirected), a FIFO with a reader, a device; so is
+/// a file whose directory takes no new file (or whose name leaves no room for the temporary's).
+/// The error names the file.
 pub(super) fn replace_whole(
     path: &std::path::Path,
     write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
 ) -> Result<(), String> {
     use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-    use std::os::unix::fs::PermissionsExt;
-    // The new file gets the old one's permissions, or a new file's (0666 less the umask).
-    let (regular, mode) = match std::fs::metadata(path) {
-        Ok(m) => (m.is_file(), m.permissions().mode() & 0o7777),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (true, 0o666),
+    let direct = |write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>| {
+        let mut w = create(path)?;
+        write(&mut w).and_then(|()| w.flush()).map_err(failed)
+    };
+    let mut write = Some(write);
+    let mut once = |w: &mut dyn Write| write.take().map_or(Ok(()), |f| f(w));
+    let old = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => Some(m),
+        Ok(_) => return direct(&mut once),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(failed(e)),
     };
-    if !regular {
-        let mut w = create(path)?;
-        return write(&mut w).and_then(|()| w.flush()).map_err(failed);
+    // As File::create would: a file we may not write is refused, not replaced.
+    if old.is_some() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(failed)?;
     }
-    // Through a symbolic link, as a write would go: the link stays, its file is replaced.
-    let resolved;
-    let path = match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => {
-            resolved = std::fs::canonicalize(path).map_err(failed)?;
-            resolved.as_path()
-        }
-        _ => path,
-    };
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => std::path::Path::new("."),
@@ -51,10 +54,17 @@ pub(super) fn replace_whole(
         name.to_string_lossy(),
         std::process::id()
     );
-    let (file, tmp) =
-        ibjitter::temp_files::new_file_with_mode(dir, &stem, "tmp", mode).map_err(failed)?;
+    let made = ibjitter::temp_files::new_file_with_mode(dir, &stem, "tmp", 0o666);
+    let Ok((file, tmp)) = made else {
+        return direct(&mut once);
+    };
+    if let Some(m) = &old {
+        // The old file's mode exactly (not less the umask), and its owner where allowed.
+        let _ = file.set_permissions(std::fs::Permissions::from_mode(m.mode() & 0o7777));
+        let _ = std::os::unix::fs::fchown(&file, Some(m.uid()), Some(m.gid()));
+    }
     let mut w = std::io::BufWriter::new(file);
-    let written = write(&mut w)
+    let written = once(&mut w)
         .and_then(|()| w.flush())
         .and_then(|()| w.get_ref().sync_all())
         .and_then(|()| std::fs::rename(&tmp, path));
