@@ -494,7 +494,14 @@ fn an_output_that_cannot_be_written_whole_leaves_the_old_file() {
             &before[..],
         ),
         (
-            vec!["table", "seed", "-o", seed.to_str().unwrap()],
+            vec![
+                "table",
+                "seed",
+                "--value",
+                "123456789",
+                "-o",
+                seed.to_str().unwrap(),
+            ],
             &seed,
             &b"12345\n"[..],
         ),

@@ -130,6 +130,16 @@ fn analyse(a: &PcapArgs) -> Result<(), String> {
     if let Some(t) = &read.truncated {
         eprintln!("ibjitter pcap: {name}: {t}");
     }
+    if report.beyond_series > 0 {
+        // An interval left out reads as an idle one in the CSV: said here too.
+        eprintln!(
+            "ibjitter pcap: {name}: {} payload packets left out of the time series (past {} \
+             intervals a flow, or {} over all flows): use a longer --interval",
+            report.beyond_series,
+            ibjitter::pcap::flows::MAX_SERIES_INTERVALS,
+            ibjitter::pcap::flows::SERIES_BUDGET
+        );
+    }
     if report.aggregated_flows > 0 {
         eprintln!(
             "ibjitter pcap: {name}: more than {} flows: {}{} later flows added up in one \

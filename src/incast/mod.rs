@@ -199,8 +199,12 @@ pub fn run_step(
     let mut forwarded = false;
     loop {
         if stop.requested() == Some(Reason::Interrupted) && !forwarded {
-            for child in started.senders.iter().filter_map(|s| s.0.as_ref()) {
-                launcher::signal_group(child, libc::SIGINT);
+            // Only to senders still running: a reaped one's pid (its group's) may be another
+            // process's by now.
+            for child in started.senders.iter_mut().filter_map(|s| s.0.as_mut()) {
+                if matches!(child.try_wait(), Ok(None)) {
+                    launcher::signal_group(child, libc::SIGINT);
+                }
             }
             forwarded = true;
         }

@@ -510,14 +510,19 @@ impl Analyzer {
         if let Some(interval) = self.options.interval_ns {
             if payload > 0 {
                 let k = ts_ns.saturating_sub(start) / interval;
-                let grows = (k as usize + 1).saturating_sub(f.series.len());
-                if k < MAX_SERIES_INTERVALS as u64
-                    && self.series_cells + grows <= self.options.series_budget
-                {
+                // Counted as allocated: a Vec grown one interval at a time holds up to twice
+                // its length (it doubles), and the budget is of memory.
+                let (len, cap) = (f.series.len(), f.series.capacity());
+                let fits = |k: u64| {
+                    let need = k as usize + 1;
+                    need <= len
+                        || self.series_cells + need.max(cap * 2) - cap <= self.options.series_budget
+                };
+                if k < MAX_SERIES_INTERVALS as u64 && fits(k) {
                     let k = k as usize;
-                    if grows > 0 {
+                    if k >= len {
                         f.series.resize(k + 1, 0);
-                        self.series_cells += grows;
+                        self.series_cells += f.series.capacity() - cap;
                     }
                     f.series[k] += payload;
                 } else {
@@ -679,7 +684,7 @@ mod tests {
             a.packet(1_000_000, &pkt(0x0a, qp, 1, 100), 178);
         }
         let r = a.finish();
-        let held: usize = r.flows.iter().map(|f| f.series.len()).sum();
+        let held: usize = r.flows.iter().map(|f| f.series.capacity()).sum();
         assert!(held <= 10_000, "{held}");
         // The first 9 flows reach their second packet (1001 intervals each); the others keep
         // their first and count their second as left out.
