@@ -447,18 +447,13 @@ fn outputs_that_are_fifos_nobody_reads_are_refused_at_once() {
     ] {
         refused(args, 1, &[f, "FIFO nobody reads"]);
     }
-    let table = dir.path("t.dist");
-    let t = table.to_str().unwrap();
-    let made = ibjitter(&["table", "constant", "--value", "5us", "-o", t]);
-    assert_eq!(made.code, Some(0), "{}", made.stderr);
     let out = dir.path("study");
     std::fs::create_dir_all(&out).unwrap();
     mkfifo(&out.join("study.csv"));
     let o = out.to_str().unwrap();
+    // (A congestor study: no injector needed, as in a debug build's tests.)
     refused(
-        &[
-            "study", "--out", o, "--tables", t, "--reps", "1", "--", "true",
-        ],
+        &["study", "--out", o, "--congestor", "run", "--", "true"],
         SETUP,
         &["study.csv", "not a regular file"],
     );

@@ -168,6 +168,14 @@ pub fn counted_metrics(rows: &[Row], config: &str) -> Vec<f64> {
 /// Reads the rows a study has written (none if the file does not exist). A last line without
 /// its newline is a run torn by a crash: dropped, and the file cut back to the rows kept.
 pub fn load(path: &Path) -> Result<Vec<Row>, String> {
+    // The study's own record: a regular file, as its writer requires ([`Writer::open`]).
+    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(format!(
+            "{}: not a regular file (a study's record is one; a FIFO there would wait for a \
+             reader)",
+            path.display()
+        ));
+    }
     let Some(text) = crate::table::input::read_text_if_present(
         path,
         "a study's CSV",
