@@ -16,22 +16,21 @@ pub(super) fn create(path: &std::path::Path) -> Result<std::io::BufWriter<std::f
 /// `/dev/stdout` is one, to what the shell redirected), a FIFO with a reader, a device; so is
 /// a file whose directory takes no new file (or whose name leaves no room for the temporary's).
 /// The error names the file.
-pub(super) fn replace_whole(
-    path: &std::path::Path,
-    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
-) -> Result<(), String> {
+pub(super) fn replace_whole<W>(path: &std::path::Path, write: W) -> Result<(), String>
+where
+    W: FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+{
     use std::io::Write;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-    let direct = |write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>| {
+    // Written in place, as File::create would.
+    let direct = |write: W| -> Result<(), String> {
         let mut w = create(path)?;
         write(&mut w).and_then(|()| w.flush()).map_err(failed)
     };
-    let mut write = Some(write);
-    let mut once = |w: &mut dyn Write| write.take().map_or(Ok(()), |f| f(w));
     let old = match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_file() => Some(m),
-        Ok(_) => return direct(&mut once),
+        Ok(_) => return direct(write),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(failed(e)),
     };
@@ -56,7 +55,7 @@ pub(super) fn replace_whole(
     );
     let made = ibjitter::temp_files::new_file_with_mode(dir, &stem, "tmp", 0o666);
     let Ok((file, tmp)) = made else {
-        return direct(&mut once);
+        return direct(write);
     };
     if let Some(m) = &old {
         // The old file's mode exactly (not less the umask), and its owner where allowed.
@@ -64,7 +63,7 @@ pub(super) fn replace_whole(
         let _ = std::os::unix::fs::fchown(&file, Some(m.uid()), Some(m.gid()));
     }
     let mut w = std::io::BufWriter::new(file);
-    let written = once(&mut w)
+    let written = write(&mut w)
         .and_then(|()| w.flush())
         .and_then(|()| w.get_ref().sync_all())
         .and_then(|()| std::fs::rename(&tmp, path));
