@@ -745,6 +745,82 @@ fn a_killed_tolerance_sweep_resumes_into_the_rows_of_an_uninterrupted_one() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("the tolerance sweep"));
 }
 
+/// A study killed (SIGKILL: a job's end) while its program is a launcher leaves the ranks
+/// it launched running: the launcher gets the study's SIGTERM, they do not. They end later
+/// and write their injector stats then, into the runs directory the resumed study fills,
+/// under the index it is running again. Those counts are the killed attempt's, not the
+/// re-run's.
+#[test]
+fn a_run_left_running_by_a_killed_study_is_not_counted_in_its_rerun() {
+    let _serial = one_at_a_time();
+    let dir = scratch_dir("study-left-running");
+    let table = dir.join("t.dist");
+    let made = Command::new(env!("CARGO_BIN_EXE_ibjitter"))
+        .args(["table", "constant", "--value", "10us", "-o"])
+        .arg(&table)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let out = dir.join("st");
+    // `sh` forks the probe (a launcher's rank): 5 sends, then 1.5 s asleep.
+    let study = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ibjitter"));
+        cmd.args(["study", "--no-progress", "--reps", "1", "--warmup", "0"])
+            .arg("--tables")
+            .arg(&table)
+            .arg("--shim")
+            .arg(shim())
+            .arg("--out")
+            .arg(&out)
+            .args(["--", "sh", "-c", r#""$0" model 10000 0 0 5 1500; exit $?"#])
+            .arg(tolerance_probe());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IBJITTER_") || k == "LD_PRELOAD" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd
+    };
+    let mut child = study().stderr(Stdio::null()).spawn().unwrap();
+    let t0 = Instant::now();
+    let table_log = |name: &str| name.ends_with("-t.log");
+    let table_run = loop {
+        let started = std::fs::read_dir(out.join("runs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .find(|n| table_log(n));
+        if let Some(name) = started {
+            break name[..4].parse::<usize>().unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no table run began");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    // Its sends made, the rank asleep: the study dies.
+    std::thread::sleep(Duration::from_millis(400));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out_again = run(&mut study());
+    assert_eq!(out_again.status.code(), Some(0));
+
+    let csv = std::fs::read_to_string(out.join("study.csv")).unwrap();
+    let row = csv
+        .lines()
+        .find(|l| l.split(',').nth(2) == Some("t"))
+        .unwrap();
+    let delayed: u64 = row.split(',').nth(13).unwrap().parse().unwrap();
+    // The rank left running did write its stats (so this could have gone wrong).
+    let prefix = format!("{table_run:04}.stats.");
+    let files = std::fs::read_dir(out.join("runs"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .count();
+    assert_eq!(files, 2, "the killed run's rank and the re-run's");
+    assert_eq!(delayed, 5, "{row}");
+}
+
 /// The model of the resume test on a machine that became 5 % slower at everything from the
 /// sweep's second step on (run 16): each run over its own round's references, the lines
 /// still hold the program's slopes and crossings. (Fitted over the runs as they were, with

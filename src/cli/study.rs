@@ -5,7 +5,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args};
 use ibjitter::gen::stop::{self, StopToken};
 use ibjitter::study::plan::{Configuration, Perturbation, Plan, Stopping, Swept, Tolerance};
-use ibjitter::study::runner::Runner;
+use ibjitter::study::runner::{new_attempt, Runner};
 use ibjitter::study::tables::{episodes, family_at_means, from_files, FamilyBase};
 use ibjitter::study::{self, Ending};
 use regex::Regex;
@@ -221,7 +221,7 @@ fn owned_by_study(name: &str) -> Option<&'static str> {
         }
         "IBJITTER_SEED" => Some("a seed per run, from --seed, so that the study repeats"),
         "IBJITTER_STATS" => Some(
-            "what each run injected is read from its own stats files, DIR/runs/NNNN.stats.HOST.PID.json",
+            "what each run injected is read from its own stats files, DIR/runs/NNNN.stats.ATTEMPT.HOST.PID.json",
         ),
         _ => None,
     }
@@ -505,6 +505,7 @@ fn prepare(a: &StudyArgs) -> Result<(Plan, Runner), String> {
         metric: regex(&a.metric, "metric")?,
         tail_metric: regex(&a.tail_metric, "tail-metric")?,
         stop: StopToken::process(),
+        attempt: new_attempt(),
     };
     Ok((plan, runner))
 }

@@ -33,6 +33,29 @@ pub struct Runner {
     pub metric: Option<Regex>,
     pub tail_metric: Option<Regex>,
     pub stop: StopToken,
+    /// This invocation's mark in the stats files' names ([`new_attempt`]).
+    pub attempt: String,
+}
+
+/// A mark of its own for each invocation of a study (resumes included), in its stats files'
+/// names. A study killed while its program is a launcher leaves the ranks it launched
+/// running (the launcher gets the study's SIGTERM; they do not): they end later, writing
+/// their stats under the index the resumed study runs again. Only the files of this
+/// attempt are the re-run's.
+pub fn new_attempt() -> String {
+    let mut bytes = [0u8; 4];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    let mark = if got == bytes.len() as isize {
+        u32::from_ne_bytes(bytes)
+    } else {
+        // No getrandom (a seccomp filter): the time and pid differ between attempts too.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        nanos ^ std::process::id().rotate_left(16)
+    };
+    format!("a{mark:08x}")
 }
 
 /// How long the program's process group gets to exit after SIGINT before SIGKILL.
@@ -49,10 +72,16 @@ impl Runner {
             .join(format!("{:04}-{}.{what}", slot.index, config.name))
     }
 
+    /// The start of the names of run `index`'s stats files in this attempt.
+    fn stats_prefix(&self, index: usize) -> String {
+        format!("{index:04}.stats.{}.", self.attempt)
+    }
+
     /// The injector's stats files of run `index` (`%h.%p`: one per process that loaded it,
     /// on whichever node: ranks of different nodes can have the same pid).
     fn stats_pattern(&self, index: usize) -> PathBuf {
-        self.runs_dir.join(format!("{index:04}.stats.%h.%p.json"))
+        self.runs_dir
+            .join(format!("{}%h.%p.json", self.stats_prefix(index)))
     }
 
     /// Removes the injector's stats files of run `from` and every later one: none of them is
@@ -240,7 +269,7 @@ impl Runner {
         let mut draws = 0;
         let mut notes = Vec::new();
         if config.perturbation.injects() {
-            let got = injected(&self.runs_dir, slot.index);
+            let got = injected(&self.runs_dir, &self.stats_prefix(slot.index));
             row.delayed = got.delayed;
             row.injected_mean_us = got.mean_us;
             draws = got.draws;
@@ -374,9 +403,9 @@ pub struct Injected {
     pub unreadable: Vec<String>,
 }
 
-/// What the stats files of run `index` say was injected.
-pub fn injected(runs_dir: &Path, index: usize) -> Injected {
-    let prefix = format!("{index:04}.stats.");
+/// What the stats files whose names start with `prefix` (one run's, in one attempt) say was
+/// injected.
+pub fn injected(runs_dir: &Path, prefix: &str) -> Injected {
     let (mut delayed, mut sum_us, mut draws) = (0u64, 0.0f64, 0u64);
     let mut unreadable = Vec::new();
     let Ok(entries) = std::fs::read_dir(runs_dir) else {
@@ -389,7 +418,7 @@ pub fn injected(runs_dir: &Path, index: usize) -> Injected {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if !(name.starts_with(&prefix) && name.ends_with(".json")) {
+        if !(name.starts_with(prefix) && name.ends_with(".json")) {
             continue;
         }
         let text = match crate::table::input::read_text(
@@ -454,9 +483,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let stats = r#"{"unit":"ns","draws":5,"delays_injected":5,"sum_ns":5000}"#;
         for name in [
-            "0006.stats.7.json",
-            "0007.stats.8.json",
-            "0012.stats.9.json",
+            "0006.stats.a1.h.7.json",
+            "0007.stats.a1.h.8.json",
+            "0012.stats.a1.h.9.json",
         ] {
             std::fs::write(dir.join(name), stats).unwrap();
         }
@@ -472,12 +501,14 @@ mod tests {
             metric: None,
             tail_metric: None,
             stop: StopToken::new(),
+            attempt: "a1".into(),
         };
         // Seven runs recorded: run 7 was in flight when the study was killed.
         runner.forget_unrecorded(7).unwrap();
-        assert_eq!(injected(&dir, 6).delayed, 5);
-        assert_eq!(injected(&dir, 7).delayed, 0);
-        assert_eq!(injected(&dir, 12).delayed, 0);
+        let injected = |index| injected(&dir, &runner.stats_prefix(index));
+        assert_eq!(injected(6).delayed, 5);
+        assert_eq!(injected(7).delayed, 0);
+        assert_eq!(injected(12).delayed, 0);
         assert!(dir.join("0007-clean.log").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -487,36 +518,42 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ibjitter-study-inj-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
-            dir.join("0003.stats.11.json"),
+            dir.join("0003.stats.a1.h.11.json"),
             r#"{"unit":"ns","draws":12,"delays_injected":10,"sum_ns":50000}"#,
         )
         .unwrap();
         std::fs::write(
-            dir.join("0003.stats.12.json"),
+            dir.join("0003.stats.a1.h.12.json"),
             r#"{"unit":"us","delays_injected":30,"sum_us":150}"#,
         )
         .unwrap();
         std::fs::write(
-            dir.join("0004.stats.13.json"),
+            dir.join("0004.stats.a1.h.13.json"),
             r#"{"unit":"ns","delays_injected":99,"sum_ns":1}"#,
         )
         .unwrap();
-        let got = injected(&dir, 3);
+        // Another attempt's file of the same run (a rank its killed study left running).
+        std::fs::write(
+            dir.join("0003.stats.a2.h.11.json"),
+            r#"{"unit":"ns","draws":7,"delays_injected":7,"sum_ns":7}"#,
+        )
+        .unwrap();
+        let got = injected(&dir, "0003.stats.a1.");
         assert_eq!((got.delayed, got.draws), (40, 12));
         assert!((got.mean_us - 5.0).abs() < 1e-9, "{got:?}");
         assert!(got.unreadable.is_empty(), "{got:?}");
-        assert_eq!(injected(&dir, 5).delayed, 0);
+        assert_eq!(injected(&dir, "0005.stats.a1.").delayed, 0);
         // A file cut short (its process killed while writing it, a full disk) is named.
         std::fs::write(
-            dir.join("0003.stats.14.json"),
+            dir.join("0003.stats.a1.h.14.json"),
             r#"{"unit":"ns","delays_inj"#,
         )
         .unwrap();
-        let got = injected(&dir, 3);
+        let got = injected(&dir, "0003.stats.a1.");
         assert_eq!(got.delayed, 40);
         assert_eq!(got.unreadable.len(), 1, "{got:?}");
         assert!(
-            got.unreadable[0].starts_with("0003.stats.14.json: not whole JSON"),
+            got.unreadable[0].starts_with("0003.stats.a1.h.14.json: not whole JSON"),
             "{got:?}"
         );
         let _ = std::fs::remove_dir_all(&dir);

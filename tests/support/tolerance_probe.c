@@ -119,7 +119,8 @@ int main(int argc, char **argv) {
             }
         }
         sends(atol(argv[5]));
-        struct timespec pause = {0, atol(argv[6]) * 1000000L};
+        long ms = atol(argv[6]);
+        struct timespec pause = {ms / 1000, ms % 1000 * 1000000L};
         nanosleep(&pause, NULL);
         double mean = 0, sd = 0, noise = 0;
         const char *table = getenv("IBJITTER_TABLE"), *seed = getenv("IBJITTER_SEED");
