@@ -64,6 +64,7 @@ pub struct CtxEntry {
     pub poll_cq: FnSlot<PollCqFn>,
     pub req_notify_cq: FnSlot<ReqNotifyCqFn>,
     pub create_cq_ex: FnSlot<CreateCqExFn>,
+    pub alloc_parent_domain: FnSlot<AllocParentDomainFn>,
 }
 
 /// A QP whose `wr_start` is patched, its context and its provider's original.
@@ -81,6 +82,7 @@ const CTX_EMPTY: CtxEntry = CtxEntry {
     poll_cq: FnSlot::empty(),
     req_notify_cq: FnSlot::empty(),
     create_cq_ex: FnSlot::empty(),
+    alloc_parent_domain: FnSlot::empty(),
 };
 #[allow(clippy::declare_interior_mutable_const)]
 const QP_EMPTY: QpEntry = QpEntry {

@@ -216,6 +216,7 @@ fn exports_only_hooks_and_does_not_need_libibverbs() {
             "ibv_close_device",
             "ibv_create_cq",
             "ibv_create_qp",
+            "ibv_dealloc_pd",
             "ibv_destroy_cq",
             "ibv_destroy_qp",
             "ibv_get_cq_event",

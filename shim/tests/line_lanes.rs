@@ -71,16 +71,44 @@ unsafe extern "C" fn provider_post_send(
         return 0;
     }
     IN_PROVIDER.set(true);
+    let poster = POSTER.load(Relaxed);
+    // SAFETY: gettid has no preconditions.
+    let by_other = poster != 0 && unsafe { libc::gettid() } as u64 != poster;
     let mut cur = wr;
     let mut seen = SEEN.lock().unwrap();
     while !cur.is_null() {
         let w = &*cur;
         seen.push((qp as usize, w.wr_id, first_byte(w), t));
+        if by_other {
+            HANDED_BY_OTHER.lock().unwrap().push(w.wr_id);
+        }
         cur = w.next;
     }
     drop(seen);
     IN_PROVIDER.set(false);
     0
+}
+
+/// The "thread-domain" scenario: its posting thread, and the requests another thread (the
+/// line's) handed to the provider.
+static POSTER: AtomicU64 = AtomicU64::new(0);
+static HANDED_BY_OTHER: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+/// What the fake provider's `alloc_parent_domain` returns next.
+static NEXT_PARENT_DOMAIN: AtomicUsize = AtomicUsize::new(0);
+
+unsafe extern "C" fn provider_alloc_parent_domain(
+    _ctx: *mut ibv_context,
+    _attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    NEXT_PARENT_DOMAIN.load(Relaxed) as *mut ibv_pd
+}
+
+/// Waits (without a call into the shim) until the provider saw `n` requests, or 30 s.
+fn seen_without_polling(n: usize) {
+    let t0 = std::time::Instant::now();
+    while all_seen().len() < n && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 unsafe fn first_byte(w: &ibv_send_wr) -> u8 {
@@ -301,6 +329,7 @@ fn child(how: &str) {
     let shim = load_child_shim();
     let mut fc = FakeContext::new(provider_post_send);
     fc.set_poll_cq(empty_poll_cq);
+    fc.set_alloc_parent_domain(provider_alloc_parent_domain);
     // SAFETY: the stub returns the fake context we pass as the device.
     let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) } as usize;
     let new_qp = |q: &mut ibv_qp_ex| -> usize {
@@ -627,6 +656,65 @@ fn child(how: &str) {
                 posted.push((rc as u64, 0));
             }
             3
+        }
+        "thread-domain" => {
+            // Two parent domains, one with a thread domain (the provider then takes no lock
+            // on its QPs: mlx5), one without; a QP in each, and later a QP of a plain domain
+            // at the first one's address once it is freed.
+            let alloc = fc.alloc_parent_domain();
+            let leak = || -> usize {
+                // SAFETY: all-zero is a valid ibv_pd / ibv_td.
+                let mut pd: Box<ibv_pd> = Box::new(unsafe { std::mem::zeroed() });
+                pd.context = ctx as *mut _;
+                Box::into_raw(pd) as usize
+            };
+            // SAFETY: as above.
+            let mut td: Box<ibv_td> = Box::new(unsafe { std::mem::zeroed() });
+            td.context = ctx as *mut _;
+            // SAFETY: as above.
+            let mut attr: ibv_parent_domain_init_attr = unsafe { std::mem::zeroed() };
+            attr.pd = leak() as *mut _;
+            let mut parent = |with_td: bool, at: usize| -> usize {
+                attr.td = if with_td {
+                    &mut *td
+                } else {
+                    std::ptr::null_mut()
+                };
+                NEXT_PARENT_DOMAIN.store(at, Relaxed);
+                // SAFETY: the shim's hook over the fake provider's, as the inline
+                // ibv_alloc_parent_domain calls it.
+                unsafe { alloc(ctx as *mut _, &mut attr) as usize }
+            };
+            let (td_pd, plain_pd) = (parent(true, leak()), parent(false, leak()));
+            let mut in_td = fake_qp(ctx as *mut _);
+            in_td.qp_base.pd = td_pd as *mut _;
+            let mut plain = fake_qp(ctx as *mut _);
+            plain.qp_base.pd = plain_pd as *mut _;
+            let (in_td, plain) = (new_qp(&mut in_td), new_qp(&mut plain));
+            // SAFETY: gettid has no preconditions.
+            POSTER.store(unsafe { libc::gettid() } as u64, Relaxed);
+            let post_five = |qp: usize, from: u64| {
+                for k in from..from + 5 {
+                    // SAFETY: a patched fake QP of a live context.
+                    unsafe { post(qp as *mut _, k, &[k as u8], 1, std::ptr::null_mut()) };
+                }
+            };
+            // The plain domain's QP: into the line, handed over by the line's thread while
+            // this one sleeps. The thread domain's: waited in place, posted by this thread.
+            post_five(plain, 0);
+            seen_without_polling(5);
+            post_five(in_td, 100);
+            // Freed, and its address given to a plain domain: its new QP is the line's.
+            // SAFETY: the shim's ibv_dealloc_pd over the stub's, which does nothing.
+            assert_eq!(unsafe { (shim.dealloc_pd)(td_pd as *mut _) }, 0);
+            assert_eq!(parent(false, td_pd), td_pd);
+            let mut reused = fake_qp(ctx as *mut _);
+            reused.qp_base.pd = td_pd as *mut _;
+            let reused = new_qp(&mut reused);
+            post_five(reused, 200);
+            seen_without_polling(15);
+            posted.extend(HANDED_BY_OTHER.lock().unwrap().iter().map(|&id| (id, 0)));
+            15
         }
         other => panic!("unknown scenario {other}"),
     };
@@ -960,6 +1048,44 @@ fn a_closed_devices_requests_never_reach_its_provider() {
         stderr.contains("delayed 0 of 10 sends") && stderr.contains("device closed"),
         "{stderr}"
     );
+}
+
+/// A QP whose protection domain is a parent domain with a thread domain: its provider takes
+/// no lock on it (mlx5 leaves out the send queue's lock and shares a doorbell between the
+/// domain's QPs), trusting the program to use it from one thread at a time. The line's
+/// hand-over from another thread would break that: its posts wait in place and the posting
+/// thread hands them over itself (before, the line's thread posted all 5). A parent domain
+/// without one, and a plain domain later at a freed one's address, keep the line.
+#[test]
+fn a_thread_domains_qp_is_posted_only_by_the_programs_thread() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "a_thread_domains_qp_is_posted_only_by_the_programs_thread",
+        "thread-domain",
+        "5ms",
+        "0us",
+    );
+    let by_other: Vec<u64> = r["posted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_u64().unwrap())
+        .collect();
+    let want: Vec<u64> = (0..5).chain(200..205).collect();
+    assert_eq!(by_other, want, "{stderr}");
+    // Each of the thread domain's waited its delay before it reached the provider.
+    let seen = seen_of(&r);
+    let at: Vec<u64> = seen
+        .iter()
+        .filter(|x| (100..105).contains(&x.1))
+        .map(|x| x.3)
+        .collect();
+    assert_eq!(at.len(), 5, "{seen:?}");
+    assert!(at.windows(2).all(|w| w[1] - w[0] >= 5_000_000), "{at:?}");
+    assert_eq!(s["line"]["in_thread_domain"], 5, "{s}");
+    assert_eq!(stderr.matches("thread domain").count(), 1, "{stderr}");
 }
 
 /// A chain whose middle request has 17 scatter entries (a slot holds 16): the first enters

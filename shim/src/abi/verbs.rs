@@ -29,42 +29,48 @@ pub type ReqNotifyCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
 /// `verbs_context.create_cq_ex`, which the inline `ibv_create_cq_ex` calls.
 pub type CreateCqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+/// `verbs_context.alloc_parent_domain`, which the inline `ibv_alloc_parent_domain` calls.
+pub type AllocParentDomainFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd;
 
 /// `__VERBS_ABI_IS_EXTENDED`: `ibv_context.abi_compat` holds it when a `verbs_context`
 /// surrounds the `ibv_context`.
 pub const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
 
-/// `verbs_get_ctx_op(ctx, create_cq_ex)`: as [`verbs_ctx_for_create_qp_ex`], for
-/// `create_cq_ex`.
-///
-/// # Safety
-/// `ctx` must point to a live `ibv_context`.
-pub unsafe fn verbs_ctx_for_create_cq_ex(ctx: *mut ibv_context) -> *mut verbs_context {
+/// `verbs_get_ctx_op(ctx, op)`: the `verbs_context` around `ctx` if it is extended and large
+/// enough to hold the op at `offset` (the struct grows towards lower addresses, so `sz` says
+/// how many bytes before `ibv_context` exist), else null.
+unsafe fn verbs_ctx_holding(ctx: *mut ibv_context, offset: usize) -> *mut verbs_context {
     if (*ctx).abi_compat as usize != VERBS_ABI_IS_EXTENDED {
         return std::ptr::null_mut();
     }
     let vctx = (ctx as *mut u8).sub(offset_of!(verbs_context, context)) as *mut verbs_context;
-    let needed = size_of::<verbs_context>() - offset_of!(verbs_context, create_cq_ex);
-    if (*vctx).sz < needed {
+    if (*vctx).sz < size_of::<verbs_context>() - offset {
         return std::ptr::null_mut();
     }
     vctx
 }
 
-/// `verbs_get_ctx_op(ctx, create_qp_ex)`: the `verbs_context` around `ctx` if it is extended
-/// and large enough to hold `create_qp_ex` (the struct grows towards lower addresses, so
-/// `sz` says how many bytes before `ibv_context` exist), else null.
+/// `verbs_get_ctx_op(ctx, create_cq_ex)` ([`verbs_ctx_holding`]).
+///
+/// # Safety
+/// `ctx` must point to a live `ibv_context`.
+pub unsafe fn verbs_ctx_for_create_cq_ex(ctx: *mut ibv_context) -> *mut verbs_context {
+    verbs_ctx_holding(ctx, offset_of!(verbs_context, create_cq_ex))
+}
+
+/// `verbs_get_ctx_op(ctx, create_qp_ex)` ([`verbs_ctx_holding`]).
 ///
 /// # Safety
 /// `ctx` must point to a live `ibv_context`.
 pub unsafe fn verbs_ctx_for_create_qp_ex(ctx: *mut ibv_context) -> *mut verbs_context {
-    if (*ctx).abi_compat as usize != VERBS_ABI_IS_EXTENDED {
-        return std::ptr::null_mut();
-    }
-    let vctx = (ctx as *mut u8).sub(offset_of!(verbs_context, context)) as *mut verbs_context;
-    let needed = size_of::<verbs_context>() - offset_of!(verbs_context, create_qp_ex);
-    if (*vctx).sz < needed {
-        return std::ptr::null_mut();
-    }
-    vctx
+    verbs_ctx_holding(ctx, offset_of!(verbs_context, create_qp_ex))
+}
+
+/// `verbs_get_ctx_op(ctx, alloc_parent_domain)` ([`verbs_ctx_holding`]).
+///
+/// # Safety
+/// `ctx` must point to a live `ibv_context`.
+pub unsafe fn verbs_ctx_for_alloc_parent_domain(ctx: *mut ibv_context) -> *mut verbs_context {
+    verbs_ctx_holding(ctx, offset_of!(verbs_context, alloc_parent_domain))
 }

@@ -12,6 +12,7 @@ use crate::state;
 use crate::sys::symbols::{address, Real, CLOSE_DEVICE, CREATE_QP, DESTROY_QP};
 use crate::sys::symbols::{CloseDeviceFn, CreateQpFn, DestroyQpFn, ImportDeviceFn, OpenDeviceFn};
 use crate::sys::symbols::{CreateCqFn, DestroyCqFn, CREATE_CQ, DESTROY_CQ, IMPORT_DEVICE};
+use crate::sys::symbols::{DeallocPdFn, DEALLOC_PD};
 use crate::sys::symbols::{GetCqEventFn, ModifyQpFn, GET_CQ_EVENT, MODIFY_QP, OPEN_DEVICE};
 use crate::wrappers::patch;
 use std::ffi::{c_int, c_void, CStr};
@@ -31,6 +32,7 @@ pub fn hook_for(name: &CStr, found: *mut c_void) -> Option<*mut c_void> {
         b"ibv_create_qp" => same(&CREATE_QP, found, ibv_create_qp as CreateQpFn),
         b"ibv_destroy_qp" => same(&DESTROY_QP, found, ibv_destroy_qp as DestroyQpFn),
         b"ibv_modify_qp" => same(&MODIFY_QP, found, ibv_modify_qp as ModifyQpFn),
+        b"ibv_dealloc_pd" => same(&DEALLOC_PD, found, ibv_dealloc_pd as DeallocPdFn),
         b"ibv_create_cq" => same(&CREATE_CQ, found, ibv_create_cq as CreateCqFn),
         b"ibv_destroy_cq" => same(&DESTROY_CQ, found, ibv_destroy_cq as DestroyCqFn),
         b"ibv_get_cq_event" => same(&GET_CQ_EVENT, found, ibv_get_cq_event as GetCqEventFn),
@@ -135,6 +137,23 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     select::qp_destroyed(qp);
     line::qp_destroyed(qp);
     real(qp)
+}
+
+/// Interposed `ibv_dealloc_pd@IBVERBS_1.1`: a parent domain with a thread domain is
+/// forgotten ([`line::thread_domains`]), its address free for a plain PD.
+///
+/// # Safety
+/// Same contract as libibverbs' `ibv_dealloc_pd`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    let Some(real) = DEALLOC_PD.get() else {
+        return libc::ENOSYS;
+    };
+    let rc = real(pd);
+    if rc == 0 {
+        line::thread_domains::freed(pd);
+    }
+    rc
 }
 
 /// Interposed `ibv_modify_qp@IBVERBS_1.1`: a QP being connected to a destination that

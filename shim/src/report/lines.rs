@@ -8,9 +8,9 @@ use crate::report::{coverage, ports};
 
 /// The hooks, for the start-up line.
 pub const HOOKED: &str = if cfg!(target_arch = "x86_64") {
-    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp ibv_create_cq ibv_destroy_cq ibv_get_cq_event (linked or via dlsym/dlvsym) -> ops.post_send, create_qp_ex -> wr_start"
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp ibv_dealloc_pd ibv_create_cq ibv_destroy_cq ibv_get_cq_event (linked or via dlsym/dlvsym) -> ops.post_send, create_qp_ex -> wr_start"
 } else {
-    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp ibv_create_cq ibv_destroy_cq ibv_get_cq_event -> ops.post_send, create_qp_ex -> wr_start"
+    "ibv_open_device ibv_import_device ibv_close_device ibv_create_qp ibv_modify_qp ibv_destroy_qp ibv_dealloc_pd ibv_create_cq ibv_destroy_cq ibv_get_cq_event -> ops.post_send, create_qp_ex -> wr_start"
 };
 
 /// The start-up line for `s` with its wait clock described by `clock` (None: say nothing),

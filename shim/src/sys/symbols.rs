@@ -151,6 +151,7 @@ pub type CloseDeviceFn = unsafe extern "C" fn(*mut ibv_context) -> c_int;
 pub type CreateQpFn = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
 pub type QpToQpExFn = unsafe extern "C" fn(*mut ibv_qp) -> *mut ibv_qp_ex;
 pub type DestroyQpFn = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+pub type DeallocPdFn = unsafe extern "C" fn(*mut ibv_pd) -> c_int;
 pub type ModifyQpFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
 pub type CreateCqFn = unsafe extern "C" fn(
     *mut ibv_context,
@@ -169,6 +170,7 @@ pub static CLOSE_DEVICE: Real<CloseDeviceFn> = Real::new(c"ibv_close_device", c"
 pub static CREATE_QP: Real<CreateQpFn> = Real::new(c"ibv_create_qp", c"IBVERBS_1.1");
 pub static QP_TO_QP_EX: Real<QpToQpExFn> = Real::new(c"ibv_qp_to_qp_ex", c"IBVERBS_1.6");
 pub static DESTROY_QP: Real<DestroyQpFn> = Real::new(c"ibv_destroy_qp", c"IBVERBS_1.1");
+pub static DEALLOC_PD: Real<DeallocPdFn> = Real::new(c"ibv_dealloc_pd", c"IBVERBS_1.1");
 pub static MODIFY_QP: Real<ModifyQpFn> = Real::new(c"ibv_modify_qp", c"IBVERBS_1.1");
 pub static CREATE_CQ: Real<CreateCqFn> = Real::new(c"ibv_create_cq", c"IBVERBS_1.1");
 pub static DESTROY_CQ: Real<DestroyCqFn> = Real::new(c"ibv_destroy_cq", c"IBVERBS_1.1");

@@ -86,6 +86,16 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     } else {
         None
     };
+    // The delay line must know which PDs are thread domains' (their QPs take no lock).
+    let ours_apd: AllocParentDomainFn = alloc_parent_domain_hook;
+    let apd_vctx = verbs_ctx_for_alloc_parent_domain(ctx);
+    let orig_apd = if state::line_mode() && !apd_vctx.is_null() {
+        (*apd_vctx)
+            .alloc_parent_domain
+            .filter(|&f| address(f) != address(ours_apd))
+    } else {
+        None
+    };
     let Some(slot) = registry::claim_ctx(ctx, &g) else {
         say::warn_once!("more than 256 open contexts; new ones are not delayed");
         return false;
@@ -96,6 +106,7 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     slot.req_notify_cq.set(orig_notify, Release);
     slot.post_send.set(orig_ps, Release);
     slot.create_qp_ex.set(orig_cqe, Release);
+    slot.alloc_parent_domain.set(orig_apd, Release);
     if let Some(orig) = orig_ps {
         SINGLE_POST_SEND.note(address(orig));
         std::ptr::write_volatile(addr_of_mut!((*ops).post_send), Some(ours_ps));
@@ -114,7 +125,34 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     if orig_ccqe.is_some() {
         std::ptr::write_volatile(addr_of_mut!((*cq_vctx).create_cq_ex), Some(ours_ccqe));
     }
+    if orig_apd.is_some() {
+        std::ptr::write_volatile(
+            addr_of_mut!((*apd_vctx).alloc_parent_domain),
+            Some(ours_apd),
+        );
+    }
     true
+}
+
+/// Our `verbs_context.alloc_parent_domain` (`IBJITTER_MODE=line`): the provider's, then a
+/// domain made with a thread domain is noted ([`line::thread_domains`]).
+unsafe extern "C" fn alloc_parent_domain_hook(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    let orig = {
+        let _g = registry::lock();
+        registry::find_ctx(ctx).and_then(|e| e.alloc_parent_domain.get(Relaxed))
+    };
+    let Some(orig) = orig else {
+        *libc::__errno_location() = libc::EOPNOTSUPP;
+        return null_mut();
+    };
+    let pd = orig(ctx, attr);
+    if !pd.is_null() && !attr.is_null() && !(*attr).td.is_null() {
+        line::thread_domains::made(pd);
+    }
+    pd
 }
 
 /// Our `verbs_context.create_cq_ex` (`IBJITTER_CQ_TABLE`): the provider's, then the new CQ
@@ -194,6 +232,10 @@ pub unsafe fn unpatch_context(ctx: *mut ibv_context) {
     let vctx = verbs_ctx_for_create_qp_ex(ctx);
     if let (Some(f), false) = (e.create_qp_ex.get(Relaxed), vctx.is_null()) {
         std::ptr::write_volatile(addr_of_mut!((*vctx).create_qp_ex), Some(f));
+    }
+    let apd_vctx = verbs_ctx_for_alloc_parent_domain(ctx);
+    if let (Some(f), false) = (e.alloc_parent_domain.get(Relaxed), apd_vctx.is_null()) {
+        std::ptr::write_volatile(addr_of_mut!((*apd_vctx).alloc_parent_domain), Some(f));
     }
     registry::forget_ctx(e, ctx, &g);
 }

@@ -160,6 +160,7 @@ pub struct Shim {
     pub create_qp: unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
+    pub dealloc_pd: unsafe extern "C" fn(*mut ibv_pd) -> c_int,
     pub create_cq:
         unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void, c_int) -> *mut ibv_cq,
     pub destroy_cq: unsafe extern "C" fn(*mut ibv_cq) -> c_int,
@@ -180,6 +181,7 @@ impl Shim {
             create_qp: sym(h, "ibv_create_qp"),
             destroy_qp: sym(h, "ibv_destroy_qp"),
             modify_qp: sym(h, "ibv_modify_qp"),
+            dealloc_pd: sym(h, "ibv_dealloc_pd"),
             create_cq: sym(h, "ibv_create_cq"),
             destroy_cq: sym(h, "ibv_destroy_cq"),
             get_cq_event: sym(h, "ibv_get_cq_event"),
@@ -287,6 +289,24 @@ impl FakeContext {
         f: unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int,
     ) {
         self.vctx.context.ops.poll_cq = Some(f);
+    }
+
+    /// Gives the context a provider `alloc_parent_domain` (before it is opened through the
+    /// shim).
+    pub fn set_alloc_parent_domain(
+        &mut self,
+        f: unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd,
+    ) {
+        self.vctx.alloc_parent_domain = Some(f);
+    }
+
+    /// The context's `alloc_parent_domain` now (the shim's, once opened through it in line
+    /// mode): what the inline `ibv_alloc_parent_domain` calls.
+    pub fn alloc_parent_domain(
+        &self,
+    ) -> unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd
+    {
+        self.vctx.alloc_parent_domain.unwrap()
     }
 
     pub fn set_req_notify_cq(&mut self, f: unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int) {

@@ -11,6 +11,7 @@ int ibv_close_device(void *context) { (void)context; return 0; }
 void *ibv_create_qp(void *pd, void *attr) { (void)attr; return pd; }
 void *ibv_qp_to_qp_ex(void *qp) { return qp; }
 int ibv_destroy_qp(void *qp) { (void)qp; return 0; }
+int ibv_dealloc_pd(void *pd) { (void)pd; return 0; }
 int ibv_modify_qp(void *qp, void *attr, int mask) { (void)qp; (void)attr; (void)mask; return 0; }
 /* ibv_create_cq returns its context argument as the fake CQ (the test builds one there). */
 void *ibv_create_cq(void *ctx, int cqe, void *cq_context, void *channel, int vec) {

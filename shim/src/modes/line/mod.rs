@@ -64,6 +64,7 @@ pub mod flusher;
 pub mod lanes;
 pub mod qps;
 pub mod slots;
+pub mod thread_domains;
 
 pub use flusher::{in_line, lateness, provider_busy, provider_call_times};
 
@@ -78,6 +79,8 @@ static REFUSED_UNITS: AtomicU64 = AtomicU64::new(0);
 /// Posts made inside the thread's own flush on a QP with nothing in the line, which waited
 /// in place ([`in_place`]).
 static IN_PLACE: AtomicU64 = AtomicU64::new(0);
+/// Posts on a QP in a thread domain, which waited in place ([`in_thread_domain`]).
+static IN_THREAD_DOMAIN: AtomicU64 = AtomicU64::new(0);
 /// Posts that found no free slot and waited for one (the line full).
 static WAITED_FOR_SLOT: AtomicU64 = AtomicU64::new(0);
 /// Requests still in the line when the process ended (never reached the provider), the
@@ -126,6 +129,9 @@ pub unsafe fn post(
     let (Some(line), Some(q)) = (lanes::line(), qps::entry_made(qp)) else {
         return direct(qp, wr, bad, units, None);
     };
+    if q.in_thread_domain() {
+        return in_thread_domain(qp, wr, bad, units);
+    }
     if units == 0 && q.idle() {
         // Nothing of this QP in the line, nothing to wait: straight to the provider.
         return crate::registry::post_send_orig(qp, wr, bad);
@@ -226,6 +232,28 @@ unsafe fn in_place(
 ) -> c_int {
     IN_PLACE.fetch_add(1, Relaxed);
     spin_until(now_units().saturating_add(units));
+    crate::registry::post_send_orig(qp, wr, bad)
+}
+
+/// A post on a QP whose provider takes no lock on it (a thread domain's): the line's hand-over
+/// from another thread would race the program's own calls on that QP, or on another QP of
+/// its thread domain (mlx5: their shared doorbell). The post waits its delay in place,
+/// handing over what falls due meanwhile, and goes to the provider from this thread.
+#[cold]
+#[inline(never)]
+unsafe fn in_thread_domain(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+    units: u64,
+) -> c_int {
+    say::warn_once!(
+        "IBJITTER_MODE=line: a QP of a thread domain (ibv_alloc_td: its provider takes no \
+         lock on it) is posted to only by the program's own threads: its posts wait in \
+         place (spin)",
+    );
+    IN_THREAD_DOMAIN.fetch_add(1, Relaxed);
+    wait_handing_over(now_units().saturating_add(units));
     crate::registry::post_send_orig(qp, wr, bad)
 }
 
@@ -497,6 +525,7 @@ pub fn after_fork_child() {
         &REFUSED_DRAWS,
         &REFUSED_UNITS,
         &IN_PLACE,
+        &IN_THREAD_DOMAIN,
     ] {
         parents.store(0, Relaxed);
     }
@@ -519,6 +548,9 @@ pub fn stats_json() -> serde_json::Value {
         // Posts made inside the thread's own hand-over on a QP with nothing in the line:
         // they waited in place, as in spin mode, and went to the provider at once.
         "posted_in_place": IN_PLACE.load(Relaxed),
+        // Posts on QPs whose provider takes no lock (a thread domain's): they waited in
+        // place, in the posting thread.
+        "in_thread_domain": IN_THREAD_DOMAIN.load(Relaxed),
         "in_line_now": in_line(),
         // Posts that found every slot taken and waited for one to come back (the line
         // holds 4,096 requests), lanes of threads that exited whose slots came back, and

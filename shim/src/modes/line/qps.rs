@@ -5,7 +5,7 @@
 use crate::sys::addr_table::{self, REMOVED};
 use crate::sys::spin_lock::SpinLock;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 use crate::abi::verbs::ibv_qp;
 
@@ -17,6 +17,8 @@ pub struct QpLine {
     /// 0 while the entry is being set up; then unique over the process (a new QP at a
     /// destroyed one's address never takes over that QP's requests).
     gen: AtomicU32,
+    /// Its PD is a thread domain's ([`super::thread_domains`]): its posts never enter the line.
+    in_thread_domain: AtomicBool,
     last_due: AtomicU64,
     handed_due: AtomicU64,
 }
@@ -28,6 +30,7 @@ const QP_EMPTY: QpLine = QpLine {
     key: AtomicUsize::new(0),
     ctx: AtomicUsize::new(0),
     gen: AtomicU32::new(0),
+    in_thread_domain: AtomicBool::new(false),
     last_due: AtomicU64::new(0),
     handed_due: AtomicU64::new(0),
 };
@@ -50,11 +53,15 @@ pub fn entry(qp: *mut ibv_qp) -> Option<&'static QpLine> {
 /// could not be had: see [`insert`]).
 ///
 /// # Safety
-/// `qp` is a live QP (its context is read when the entry is made).
+/// `qp` is a live QP (its context and PD are read when the entry is made).
 pub unsafe fn entry_made(qp: *mut ibv_qp) -> Option<&'static QpLine> {
     let e = match addr_table::find(&QPS, qp as usize, MAX_PROBES, key_of) {
         Some(e) => e,
-        None => insert(qp as usize, (*qp).context as usize)?,
+        None => insert(
+            qp as usize,
+            (*qp).context as usize,
+            super::thread_domains::holds((*qp).pd),
+        )?,
     };
     settled(e, qp)
 }
@@ -81,7 +88,7 @@ const INSERT_WAIT_NS: u64 = 200_000_000;
 /// thread that holds it) gets no entry: its requests are posted directly, in place.
 #[cold]
 #[inline(never)]
-fn insert(key: usize, ctx: usize) -> Option<&'static QpLine> {
+fn insert(key: usize, ctx: usize, in_thread_domain: bool) -> Option<&'static QpLine> {
     let _held = INSERTING.lock_within(std::time::Duration::from_nanos(INSERT_WAIT_NS))?;
     // Another thread may have made it while this one waited.
     addr_table::find(&QPS, key, MAX_PROBES, key_of).or_else(|| {
@@ -90,6 +97,7 @@ fn insert(key: usize, ctx: usize) -> Option<&'static QpLine> {
         e.last_due.store(0, Relaxed);
         e.handed_due.store(0, Relaxed);
         e.ctx.store(ctx, Relaxed);
+        e.in_thread_domain.store(in_thread_domain, Relaxed);
         e.gen.store(GEN.fetch_add(1, Relaxed).max(1), Release);
         Some(e)
     })
@@ -107,6 +115,12 @@ impl QpLine {
     #[inline]
     pub fn gen(&self) -> u32 {
         self.gen.load(Acquire)
+    }
+
+    /// Its PD is a thread domain's: only the program's own threads may post on it.
+    #[inline]
+    pub fn in_thread_domain(&self) -> bool {
+        self.in_thread_domain.load(Relaxed)
     }
 
     /// The due time of a request that would be due at `want`: `want`, or just after the
