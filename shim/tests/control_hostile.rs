@@ -98,6 +98,21 @@ fn child(scenario: &str) {
                 .filter_map(|&fd| take_descriptor(fd, scenario == "replace"))
                 .collect()
         }
+        "nofile" => {
+            // A sandbox that allows no more descriptors (OpenSSH's rlimit sandbox): `poll`
+            // on one descriptor then fails at once with EINVAL.
+            let mut none = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: valid rlimits for this process (the hard limit kept).
+            unsafe {
+                assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut none), 0);
+                none.rlim_cur = 0;
+                assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &none), 0);
+            }
+            Vec::new()
+        }
         _ => Vec::new(),
     };
     println!("READY {}", std::process::id());
@@ -614,6 +629,38 @@ fn the_control_thread_sleeps_until_asked() {
     assert!(a.is_ok(), "{a:?}");
     assert!(idle <= 6, "{idle} wake-ups in 2 s");
     assert!(took < Duration::from_millis(500), "{took:?}");
+}
+
+/// A program that allows itself no more descriptors once set up (a sandbox's
+/// `RLIMIT_NOFILE` of 0): the control thread's `poll` fails at once, so it sleeps
+/// [`ctl::POLL_MS`] between looks instead, says so once, and still answers. Before, it polled
+/// again at once, for ever: 1,000 ms of CPU a second.
+#[test]
+fn a_program_that_allows_no_descriptors_keeps_its_cores() {
+    const NAME: &str = "a_program_that_allows_no_descriptors_keeps_its_cores";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "1m");
+    }
+    let (child, pid) = spawn_child(NAME, "nofile", 2600);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = thread_cpu_ms(pid, "ibjitter-contro");
+    std::thread::sleep(Duration::from_millis(1000));
+    let after = thread_cpu_ms(pid, "ibjitter-contro");
+    let answered = ctl::send(pid, Request::Status, "", Duration::from_secs(2));
+    let (status, stdout, lines) = finish(child);
+    eprintln!("{status}\n{stdout}\n{lines:?}\ncontrol thread {before:?} -> {after:?} ms");
+    assert!(status.success(), "{status}: {lines:?}");
+    let spent = after.unwrap().saturating_sub(before.unwrap());
+    assert!(spent < 200, "the control thread used {spent} ms of 1 s");
+    assert!(answered.is_ok(), "{answered:?}");
+    let said: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("cannot be polled"))
+        .collect();
+    assert_eq!(said.len(), 1, "{lines:?}");
 }
 
 /// The CPU time (ms) the thread named `name` of `pid` used so far; None if it has none.

@@ -509,10 +509,20 @@ impl Server {
     /// Sleeps until a client wakes this thread or [`IDLE_WAKE_MS`] pass ([`POLL_MS`] without
     /// a FIFO); the wake-ups pending are taken. Returns at once when the FIFO's number is no
     /// longer the FIFO ([`Server::lost`] then says so): nothing is read from it.
-    pub fn wait(&self) {
+    /// `Ok(Some(why))`: the FIFO could not be polled (a sandbox's `RLIMIT_NOFILE` of 0 makes
+    /// `poll` fail with EINVAL, a seccomp filter with EPERM), and this thread slept
+    /// [`POLL_MS`] instead. `Err`: it cannot sleep at all ([`nap`]): it must stop, not spin.
+    pub fn wait(&self) -> Result<Option<String>, String> {
+        let cannot_sleep = || {
+            "this thread cannot sleep (clock_nanosleep and poll fail: a seccomp filter?)"
+                .to_string()
+        };
         let Ok(f) = &self.wake else {
-            std::thread::sleep(Duration::from_millis(POLL_MS));
-            return;
+            return if nap(POLL_MS * 1_000_000) {
+                Ok(None)
+            } else {
+                Err(cannot_sleep())
+            };
         };
         let mut p = libc::pollfd {
             fd: f.fd(),
@@ -520,7 +530,22 @@ impl Server {
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        let ready = unsafe { libc::poll(&mut p, 1, IDLE_WAKE_MS as libc::c_int) } > 0;
+        let rc = unsafe { libc::poll(&mut p, 1, IDLE_WAKE_MS as libc::c_int) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                return Ok(None);
+            }
+            // Returned at once: without a sleep of another kind this thread would spin.
+            return if nap(POLL_MS * 1_000_000) {
+                Ok(Some(format!(
+                    "its wake FIFO cannot be polled ({e}): it looks every {POLL_MS} ms"
+                )))
+            } else {
+                Err(cannot_sleep())
+            };
+        }
+        let ready = rc > 0;
         // A closed number answers POLLNVAL at once; a file the program put under it may read
         // as ready: checked just before the read, which would take the program's data.
         if ready && p.revents & libc::POLLIN != 0 && f.ours() {
@@ -528,6 +553,7 @@ impl Server {
             // SAFETY: reads into our buffer from our non-blocking descriptor, until empty.
             while unsafe { libc::read(f.fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
         }
+        Ok(None)
     }
 
     /// Which of the server's descriptors the program closed or put another file under, if
@@ -1124,6 +1150,53 @@ pub fn send(
             ));
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Sleeps `ns` (CLOCK_MONOTONIC), resuming after a signal; false, at once, when no sleep can
+/// be had. The injector's threads sleep through this, never `std::thread::sleep`, which
+/// panics on any error but EINTR: under a seccomp filter that denies `clock_nanosleep`, their
+/// sleeps fall back to `ppoll`, then `poll` (whole milliseconds), with no descriptors, and
+/// where all fail their caller must stop rather than spin a core.
+pub fn nap(ns: u64) -> bool {
+    let mut ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    loop {
+        let mut rest = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid timespecs; clock_nanosleep returns its error rather than set errno.
+        match unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &ts, &mut rest) } {
+            0 => return true,
+            libc::EINTR => ts = rest,
+            _ => break,
+        }
+    }
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    loop {
+        // SAFETY: no descriptors, a valid timeout, no signal mask change.
+        if unsafe { libc::ppoll(std::ptr::null_mut(), 0, &ts, std::ptr::null()) } >= 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break;
+        }
+    }
+    let ms = ns.div_ceil(1_000_000).min(i32::MAX as u64) as libc::c_int;
+    loop {
+        // SAFETY: no descriptors: a plain timed sleep.
+        if unsafe { libc::poll(std::ptr::null_mut(), 0, ms) } >= 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
     }
 }
 

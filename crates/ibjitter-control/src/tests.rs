@@ -183,7 +183,7 @@ fn a_wake_reaches_the_server_and_nothing_else() {
     let (server, p) = create(fake).unwrap();
     let t0 = Instant::now();
     assert!(wake(fake));
-    server.wait();
+    server.wait().unwrap();
     assert!(
         t0.elapsed() < Duration::from_millis(IDLE_WAKE_MS / 2),
         "{:?}",

@@ -75,9 +75,26 @@ fn serve(server: Server, path: &std::path::Path) {
     // by offset (never through a mapping, which would fault), ignores it until it is whole
     // again, and says so once.
     let mut warned = false;
+    let mut said_poll = false;
     loop {
         // Until `ibjitter inject` wakes it, or a second passes (its heartbeat).
-        server.wait();
+        match server.wait() {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                if !std::mem::replace(&mut said_poll, true) {
+                    say::warn(&format!("live control: {why}"));
+                }
+            }
+            Err(why) => {
+                say::warn(&format!(
+                    "live control stops: {why}; `ibjitter inject` cannot reach this process \
+                     ({} removed)",
+                    path.display()
+                ));
+                ctl::remove_path(path);
+                return;
+            }
+        }
         if stops_as_lost(&server, path) {
             return;
         }
