@@ -512,3 +512,46 @@ fn a_sandbox_without_threads_or_fifos_is_said_and_passes_through() {
     );
     assert!(err.contains("delayed 20 of 20 sends"), "{err}");
 }
+
+/// A sandbox that refuses sleeps (a seccomp filter denying `clock_nanosleep` and
+/// `nanosleep`): the shim's threads sleep by `ppoll` instead, and the delay line hands its
+/// requests over. Before, `std::thread::sleep` panicked in the line's timer thread (and in
+/// the exit drain): none of the 20 reached the provider, and no stats were written. One that
+/// refuses `poll` too: the timer thread says it cannot sleep, hands over what it holds and
+/// ends (posts then wait in place), and live control stops, rather than spin a core each.
+#[test]
+fn a_sandbox_without_sleeps_neither_panics_nor_loses_the_line() {
+    let (_, stub, driver) = built();
+    static SANDBOX: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let sandbox = SANDBOX.get_or_init(|| build_c("sandboxed", "sandboxed", &[]));
+    // Long enough that the timer thread sleeps towards the due time (a nap), not only spins.
+    let line = [("IBJITTER_MODE", "line"), ("IBJITTER_DELAY", "20ms")];
+    for calls in [
+        "clock_nanosleep,nanosleep",
+        "clock_nanosleep,nanosleep,poll,ppoll",
+    ] {
+        // (A ppoll refused alone leaves poll's whole milliseconds: the line then says that
+        // it was late.)
+        let args = [
+            calls,
+            driver.to_str().unwrap(),
+            stub.to_str().unwrap(),
+            "20",
+        ];
+        let out = run_limited(None, &line, sandbox, &args);
+        let (err, warnings) = passed_through(&out, 20);
+        assert!(out.status.success(), "{calls}: {err}");
+        assert!(!err.contains("panicked"), "{calls}: {err}");
+        assert!(err.contains("delayed 20 of 20 sends"), "{calls}: {err}");
+        let cannot = |what: &str| warnings.iter().filter(|w| w.contains(what)).count();
+        let (timer, control) = (
+            cannot("timer thread cannot sleep"),
+            cannot("live control stops: this thread cannot sleep"),
+        );
+        if calls.contains("poll") {
+            assert_eq!((timer, control), (1, 1), "{calls}: {err}");
+        } else {
+            assert_eq!((timer, control), (0, 0), "{calls}: {err}");
+        }
+    }
+}

@@ -123,13 +123,25 @@ pub fn start() {
         // Exponential: -mean ln(1 - u), u uniform in [0, 1).
         let u = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
         let dwell = -(mean as f64) * (1.0 - u).ln();
-        std::thread::sleep(std::time::Duration::from_nanos(dwell as u64));
+        if !threads::nap(dwell as u64) {
+            return cannot_sleep();
+        }
         set_state(!congested_now, false);
     });
 }
 
 /// What a process whose episodes thread cannot start goes without.
 const LOST: &str = "IBJITTER_EPISODES: no congested episodes (calm throughout)";
+
+/// The episodes thread cannot sleep (a seccomp filter): calm from now on, said (and recorded:
+/// the ranks' record of states must say so).
+fn cannot_sleep() {
+    crate::sys::say::warn(&format!(
+        "the shim's episodes thread cannot sleep (clock_nanosleep and poll fail: a seccomp \
+         filter?): {LOST} from now on"
+    ));
+    set_state(false, false);
+}
 
 /// Sets the state of the shared schedule at once (the first posts already follow it), then
 /// starts the thread that keeps it: at each wake-up it reads CLOCK_REALTIME, sets the
@@ -141,7 +153,9 @@ fn start_shared(schedule: Schedule) {
     let kept = threads::spawn_or_say("ibjitter-episodes", LOST, move || loop {
         let (congested, sleep_ns) = shared_step(&schedule, realtime_ns());
         set_state(congested, false);
-        std::thread::sleep(std::time::Duration::from_nanos(sleep_ns));
+        if !threads::nap(sleep_ns) {
+            return cannot_sleep();
+        }
     });
     if !kept {
         // Recorded too: the ranks' record of states must say this one ran calm.

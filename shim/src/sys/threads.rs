@@ -56,6 +56,10 @@ where
     }
 }
 
+/// The shim's threads sleep through this, never `std::thread::sleep` (which panics on any
+/// error but EINTR): false when no sleep can be had, and the caller stops rather than spin.
+pub use ibjitter_control::nap;
+
 /// How many CPUs the calling thread may run on (its affinity mask; a new thread inherits its
 /// creator's), if the kernel says.
 pub fn allowed_cpus() -> Option<usize> {

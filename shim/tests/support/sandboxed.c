@@ -1,10 +1,13 @@
 /* Runs a program in a sandbox that refuses some system calls, as container runtimes' seccomp
  * profiles and pids limits do: the calls named fail with EPERM; everything else is allowed.
  *
- *   sandboxed CALLS PROGRAM ARGS...      CALLS: comma-separated, of clone3, mknodat
+ *   sandboxed CALLS PROGRAM ARGS...
+ *   CALLS: comma-separated, of clone3, mknodat, clock_nanosleep, nanosleep, poll, ppoll
  *
  * clone3 refused is pthread_create failing (glibc does not fall back to clone on EPERM);
- * mknodat refused is mkfifo failing. The filter is inherited across the exec. */
+ * mknodat refused is mkfifo failing; clock_nanosleep and nanosleep refused are every sleep
+ * of glibc's failing (std::thread::sleep panics then), poll and ppoll too a thread that can
+ * sleep no way at all. The filter is inherited across the exec. */
 #include <errno.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -18,6 +21,10 @@
 static int number_of(const char *name) {
     if (strcmp(name, "clone3") == 0) return __NR_clone3;
     if (strcmp(name, "mknodat") == 0) return __NR_mknodat;
+    if (strcmp(name, "clock_nanosleep") == 0) return __NR_clock_nanosleep;
+    if (strcmp(name, "nanosleep") == 0) return __NR_nanosleep;
+    if (strcmp(name, "poll") == 0) return __NR_poll;
+    if (strcmp(name, "ppoll") == 0) return __NR_ppoll;
     return -1;
 }
 

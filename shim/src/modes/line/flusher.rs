@@ -8,7 +8,7 @@ use super::qps;
 use super::slots::{bytes_of, SLOTS};
 use crate::abi::verbs::ibv_send_wr;
 use crate::sys::clock::{self, now_units, units_to_ns};
-use crate::sys::{rng, say};
+use crate::sys::{rng, say, threads};
 use std::cell::UnsafeCell;
 use std::collections::BinaryHeap;
 use std::ptr::null_mut;
@@ -359,7 +359,9 @@ pub fn timer_thread() {
             // What the program posts next its calls hand over too; one that goes to sleep on
             // a completion rings this thread awake.
             (empty_nap, empty_since) = (IDLE_NS, 0);
-            sleep_while_empty(units_to_ns(backstop));
+            if !sleep_while_empty(units_to_ns(backstop)) {
+                return without_sleep();
+            }
             backstop = (backstop * 2).min(most);
             TIMER_WAKEUPS.store(TIMER_WAKEUPS.load(Relaxed) + 1, Relaxed);
             continue;
@@ -370,7 +372,9 @@ pub fn timer_thread() {
             if empty_since == 0 {
                 empty_since = now;
             }
-            sleep_while_empty(empty_nap);
+            if !sleep_while_empty(empty_nap) {
+                return without_sleep();
+            }
             if now - empty_since >= EMPTY_GRACE_NS {
                 empty_nap = (empty_nap * 2).min(IDLE_MAX_NS);
             }
@@ -434,12 +438,41 @@ pub fn timer_thread() {
                 units_to_ns(next - now).saturating_sub(early_ns).min(look)
             }
         };
-        if one_cpu {
-            nap_on_one_cpu(nap.max(1), next);
+        let slept = if one_cpu {
+            nap_on_one_cpu(nap.max(1), next)
         } else {
-            std::thread::sleep(std::time::Duration::from_nanos(nap.max(1)));
+            threads::nap(nap.max(1))
+        };
+        if !slept {
+            return without_sleep();
         }
         TIMER_WAKEUPS.store(TIMER_WAKEUPS.load(Relaxed) + 1, Relaxed);
+    }
+}
+
+/// The timer thread cannot sleep (a seccomp filter denies `clock_nanosleep`, `poll` and
+/// `futex`): it would spin a core for the process's life. The line takes no more requests
+/// (posts wait in place, as in spin mode); this thread hands over those it holds as they
+/// fall due, spinning (at most the table's longest delay), and ends.
+#[cold]
+fn without_sleep() {
+    say::warn(
+        "IBJITTER_MODE=line: the delay line's timer thread cannot sleep (clock_nanosleep, \
+         poll and futex fail: a seccomp filter?); from now on posts wait in place (spin), and \
+         the requests in the line leave at their due times",
+    );
+    crate::state::set_line(false);
+    // A post that read the mode just before it changed may still be entering the line.
+    let mut empty_since = None;
+    loop {
+        let now = clock::monotonic_ns();
+        if in_line() != 0 {
+            empty_since = None;
+        } else if now - *empty_since.get_or_insert(now) > 10_000_000 {
+            return;
+        }
+        flush(&BY_TIMER, None);
+        std::hint::spin_loop();
     }
 }
 
@@ -543,16 +576,15 @@ fn cpu_clock_ns(clock: libc::clockid_t) -> Option<u64> {
 
 /// The timer thread's sleep while the line is empty: `ns`, or until [`program_may_sleep`]
 /// rings, or at once if a request entered since the thread looked.
-fn sleep_while_empty(ns: u64) {
+fn sleep_while_empty(ns: u64) -> bool {
     let bell = BELL.load(SeqCst);
     NAPPING.store(true, SeqCst);
     // A poster lowered NEXT_DUE before its program's call looks at NAPPING: either that call
     // sees NAPPING and rings (the bell then differs from `bell`, and the wait returns), or
     // this load sees the request.
-    if NEXT_DUE.load(SeqCst) == u64::MAX {
-        wait_for_the_bell(bell, ns);
-    }
+    let slept = NEXT_DUE.load(SeqCst) != u64::MAX || wait_for_the_bell(bell, ns);
     NAPPING.store(false, SeqCst);
+    slept
 }
 
 /// When the timer thread's nap on one CPU ends (clock units; u64::MAX: not in one).
@@ -562,7 +594,7 @@ static NAP_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
 /// looks for new requests are as far apart as the longest backstop there, so a program that
 /// posts a request due sooner and then sleeps on a completion rings it awake
 /// ([`program_may_sleep`]), as it does the sleep on an empty line.
-fn nap_on_one_cpu(ns: u64, next: u64) {
+fn nap_on_one_cpu(ns: u64, next: u64) -> bool {
     let bell = BELL.load(SeqCst);
     NAP_UNTIL.store(
         now_units().saturating_add(clock::ns_to_units(ns, clock::kind())),
@@ -570,21 +602,22 @@ fn nap_on_one_cpu(ns: u64, next: u64) {
     );
     // As in `sleep_while_empty`: either the program's call sees NAP_UNTIL and rings, or
     // this load sees its earlier request.
-    if NEXT_DUE.load(SeqCst) >= next {
-        wait_for_the_bell(bell, ns);
-    }
+    let slept = NEXT_DUE.load(SeqCst) < next || wait_for_the_bell(bell, ns);
     NAP_UNTIL.store(u64::MAX, SeqCst);
+    slept
 }
 
-/// Sleeps up to `ns` unless the bell rings (or rang since it read `bell`).
-fn wait_for_the_bell(bell: u32, ns: u64) {
+/// Sleeps up to `ns` unless the bell rings (or rang since it read `bell`). A futex that
+/// fails otherwise (a seccomp filter) returns at once: a plain sleep then ([`threads::nap`];
+/// false if none can be had).
+fn wait_for_the_bell(bell: u32, ns: u64) -> bool {
     let ts = libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
     };
     // SAFETY: a futex wait on a live word with a valid relative timeout; it returns at the
     // timeout, on a wake, at once if the word is no longer `bell`, or on a signal.
-    unsafe {
+    let rc = unsafe {
         libc::syscall(
             libc::SYS_futex,
             BELL.as_ptr(),
@@ -593,6 +626,10 @@ fn wait_for_the_bell(bell: u32, ns: u64) {
             &ts as *const libc::timespec,
         )
     };
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    rc == 0
+        || matches!(errno, Some(libc::EAGAIN | libc::EINTR | libc::ETIMEDOUT))
+        || threads::nap(ns)
 }
 
 /// The program is about to sleep for a completion (`ibv_req_notify_cq`, `ibv_get_cq_event`):
@@ -865,7 +902,9 @@ fn with_flusher<R>(f: impl FnOnce(&mut Flusher) -> R) -> Option<R> {
             release_line();
             return r;
         }
-        std::thread::sleep(std::time::Duration::from_micros(10));
+        if !threads::nap(10_000) {
+            std::hint::spin_loop();
+        }
     }
     None
 }

@@ -424,7 +424,9 @@ pub fn drain(limit_ns: u64) -> u64 {
     let t0 = clock::monotonic_ns();
     while in_line() != 0 && clock::monotonic_ns() - t0 < limit_ns {
         flusher::flush(&flusher::BY_PROGRAM, None);
-        std::thread::sleep(std::time::Duration::from_micros(100));
+        if !crate::sys::threads::nap(100_000) {
+            std::hint::spin_loop();
+        }
     }
     let left = in_line();
     // All three each time: an exec's drain that left some, then a failed exec and an exit
