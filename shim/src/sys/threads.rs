@@ -61,14 +61,25 @@ where
 pub use ibjitter_control::nap;
 
 /// How many CPUs the calling thread may run on (its affinity mask; a new thread inherits its
-/// creator's), if the kernel says.
+/// creator's), if the kernel says. A kernel built for more CPUs than libc's fixed 1,024-bit
+/// `cpu_set_t` refuses that size (EINVAL): the mask is asked again, twice as large each time.
+/// None when it cannot be read (a seccomp filter).
 pub fn allowed_cpus() -> Option<usize> {
-    // SAFETY: a zeroed cpu_set_t filled by the kernel for the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
-            .then(|| libc::CPU_COUNT(&set) as usize)
+    let mut words = std::mem::size_of::<libc::cpu_set_t>() / 8;
+    while words <= 1 << 16 {
+        let mut mask = vec![0u64; words];
+        // SAFETY: the kernel writes at most `words * 8` bytes into our buffer.
+        let rc =
+            unsafe { libc::syscall(libc::SYS_sched_getaffinity, 0, words * 8, mask.as_mut_ptr()) };
+        if rc > 0 {
+            return Some(mask.iter().map(|w| w.count_ones() as usize).sum());
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return None;
+        }
+        words *= 2;
     }
+    None
 }
 
 extern "C" {

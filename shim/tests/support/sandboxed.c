@@ -2,7 +2,8 @@
  * profiles and pids limits do: the calls named fail with EPERM; everything else is allowed.
  *
  *   sandboxed CALLS PROGRAM ARGS...
- *   CALLS: comma-separated, of clone3, mknodat, clock_nanosleep, nanosleep, poll, ppoll
+ *   CALLS: comma-separated, of clone3, mknodat, clock_nanosleep, nanosleep, poll, ppoll,
+ *          sched_getaffinity
  *
  * clone3 refused is pthread_create failing (glibc does not fall back to clone on EPERM);
  * mknodat refused is mkfifo failing; clock_nanosleep and nanosleep refused are every sleep
@@ -25,6 +26,7 @@ static int number_of(const char *name) {
     if (strcmp(name, "nanosleep") == 0) return __NR_nanosleep;
     if (strcmp(name, "poll") == 0) return __NR_poll;
     if (strcmp(name, "ppoll") == 0) return __NR_ppoll;
+    if (strcmp(name, "sched_getaffinity") == 0) return __NR_sched_getaffinity;
     return -1;
 }
 

@@ -317,7 +317,9 @@ pub fn timer_thread() {
     // core: `mpirun --bind-to core`, `srun --cpu-bind`, `taskset`): a spin there is the
     // program's time (a third of a rank's core, posting every 0.5 ms), so it only sleeps,
     // to each due time.
-    let one_cpu = crate::sys::threads::allowed_cpus() == Some(1);
+    // Unknown (the mask unreadable: a seccomp filter) counts as one: never spin on a core
+    // that may be the rank's only one.
+    let one_cpu = matches!(crate::sys::threads::allowed_cpus(), Some(1) | None);
     ONE_CPU.store(one_cpu, Relaxed);
     let early_ns = if one_cpu { 0 } else { EARLY_NS };
     let units = |ns| clock::ns_to_units(ns, clock::kind());
