@@ -594,3 +594,41 @@ fn a_timer_thread_that_cannot_read_its_cpus_takes_it_that_it_has_one() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A program started with stderr closed (`2>&-`, a daemon's start) whose next file takes
+/// descriptor 2: the shim's lines never go into that file. Before, its startup line and exit
+/// line were written into the program's own record.
+#[test]
+fn a_program_started_without_stderr_keeps_its_files_clean() {
+    let (so, stub, driver) = built();
+    let dir = std::env::temp_dir().join(format!("ibjitter-no-stderr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let own = dir.join("record.txt");
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#"LD_PRELOAD="$1" exec "$2" "$3" 20 2>&-"#)
+        .arg("sh")
+        .arg(so)
+        .arg(driver)
+        .arg(stub);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IBJITTER_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env_remove("LD_PRELOAD")
+        .env("IBJITTER_DELAY", "1us")
+        .env("IBJITTER_CONTROL", "0")
+        .env("LIMITED_POST_FILE", &own);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text(&out.stdout).contains("posts=20 provider=20 "),
+        "{out:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&own).unwrap(),
+        "the program's record (descriptor 2)\n"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

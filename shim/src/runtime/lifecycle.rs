@@ -39,6 +39,7 @@ pub fn at_load() {
 }
 
 fn load() {
+    say::note_stderr_at_load();
     libc_dl::resolve();
     if let Some(first) = another_copy_first() {
         state::stand_aside();

@@ -5,6 +5,18 @@ use super::quiet;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 
+/// Descriptor 2 was closed when the shim loaded (a process started with `2>&-`): the next
+/// file the program opens takes that number, and the shim's lines would go into the
+/// program's own data. Nothing is written then.
+static STDERR_CLOSED_AT_LOAD: AtomicBool = AtomicBool::new(false);
+
+/// At load, before anything is said: whether descriptor 2 is open.
+pub fn note_stderr_at_load() {
+    // SAFETY: fcntl on a descriptor number, no pointer.
+    let closed = unsafe { libc::fcntl(2, libc::F_GETFD) } == -1;
+    STDERR_CLOSED_AT_LOAD.store(closed, Relaxed);
+}
+
 /// The startup line (or its warning) was printed.
 static SHOWN: AtomicBool = AtomicBool::new(false);
 static STARTUP: Mutex<Option<String>> = Mutex::new(None);
@@ -69,8 +81,12 @@ fn write_parts([prefix, msg]: &[&str; 2]) {
 /// reader is gone (a harness that closed it, a logger that died), the write's SIGPIPE would
 /// kill a program that never writes there itself, at its device open or in its exit
 /// handler, before its stats are written ([`quiet::without`]). Async-signal-safe: no
-/// allocation, no lock. Returns what `writev` returned.
+/// allocation, no lock. Returns what `writev` returned (-1 when stderr was closed at load:
+/// [`note_stderr_at_load`]).
 pub fn write_to_stderr(parts: &[libc::iovec]) -> isize {
+    if STDERR_CLOSED_AT_LOAD.load(Relaxed) {
+        return -1;
+    }
     quiet::without(libc::SIGPIPE, |raised| {
         // SAFETY: the caller's buffers, valid for their lengths.
         let n = unsafe { libc::writev(2, parts.as_ptr(), parts.len() as libc::c_int) };
