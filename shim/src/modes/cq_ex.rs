@@ -186,9 +186,10 @@ pub unsafe fn created(cq: *mut ibv_cq_ex) {
     let Some(ring) = HoldRing::try_new(std::mem::zeroed()) else {
         // Under an address-space limit: this CQ passes undelayed (its pointers unswapped).
         slot.key.store(addr_table::REMOVED, Release);
-        crate::sys::say::warn(
+        // Once (as for plain CQs): a program making CQs under the limit got a line each.
+        crate::sys::say::warn_once!(
             "IBJITTER_CQ_TABLE: cannot allocate an extended CQ's holding ring (address space \
-             limit?): its completions pass undelayed",
+             limit?): completions of such CQs pass undelayed",
         );
         return;
     };
