@@ -1,7 +1,8 @@
 /* Runs a program in a sandbox that refuses some system calls, as container runtimes' seccomp
  * profiles and pids limits do: the calls named fail with EPERM; everything else is allowed.
  *
- *   sandboxed CALLS PROGRAM ARGS...      CALLS: comma-separated, of clone3, mknodat, prctl,
+ *   sandboxed CALLS PROGRAM ARGS...      CALLS: comma-separated, of clone3, mknodat, rename
+ *                                        (rename, renameat, renameat2), prctl,
  *                                        prctl_set_timerslack (prctl(PR_SET_TIMERSLACK) only)
  *
  * clone3 refused is pthread_create failing (glibc does not fall back to clone on EPERM);
@@ -58,6 +59,12 @@ int main(int argc, char **argv) {
     char calls[256];
     snprintf(calls, sizeof calls, "%s", argv[1]);
     for (char *c = strtok(calls, ","); c && n < 24; c = strtok(NULL, ",")) {
+        if (strcmp(c, "rename") == 0) {
+            n = refuse(code, n, __NR_rename, -1);
+            n = refuse(code, n, __NR_renameat, -1);
+            n = refuse(code, n, __NR_renameat2, -1);
+            continue;
+        }
         if (strcmp(c, "prctl_set_timerslack") == 0) {
             n = refuse(code, n, __NR_prctl, PR_SET_TIMERSLACK);
             continue;
