@@ -1,7 +1,8 @@
 //! Layer 4: the one owner of the injector's lifecycle and mode. Every other module reads the
 //! state through the functions here, and changes it only through the writers here
 //! ([`configure`], [`set_paused`], [`set_in_window`], [`set_line`], [`set_cq_delay`],
-//! [`table_replaced`], [`first_use`], [`first_use_done`], [`forked_child`], [`exiting`]),
+//! [`table_replaced`], [`first_use`], [`first_use_done`], [`forked_child`], [`exiting`],
+//! [`no_clock`]),
 //! whichever thread they run in: the load constructor, the control thread, the window
 //! thread, the first device open, a fork child, the exit handler.
 //!
@@ -11,11 +12,11 @@
 //!
 //! The post path reads one byte ([`mode`] or [`ucp_mode`]): what the wrappers must do now,
 //! published under a fork-safe spin lock from the parts below (the configured mode, the
-//! layer, the window, pause). Reading it takes no lock.
+//! layer, the window, pause, a clock that cannot be read). Reading it takes no lock.
 use crate::config::{Layer, Window};
+use crate::sys::clock;
 use crate::sys::spin_lock::SpinLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
-use std::sync::OnceLock;
 
 /// Mode bit: draw and wait.
 pub const INJECT: u8 = 1;
@@ -83,10 +84,14 @@ static IN_WINDOW: AtomicBool = AtomicBool::new(true);
 static PAUSED: AtomicBool = AtomicBool::new(false);
 static CONTROLLED: AtomicBool = AtomicBool::new(false);
 static PER_WR_ASKED: AtomicBool = AtomicBool::new(false);
-/// The window, in ns after [`configure`] (u64::MAX: none), and when that was.
+/// The window, in ns after [`configure`] (u64::MAX: none), and when that was (CLOCK_MONOTONIC
+/// ns; 0: the clock could not be read then).
 static WINDOW_START: AtomicU64 = AtomicU64::new(u64::MAX);
 static WINDOW_STOP: AtomicU64 = AtomicU64::new(u64::MAX);
-static CONFIGURED_AT: OnceLock<std::time::Instant> = OnceLock::new();
+static CONFIGURED_NS: AtomicU64 = AtomicU64::new(0);
+/// The first use found CLOCK_MONOTONIC unreadable: nothing can be timed, nothing is
+/// injected ([`no_clock`]).
+static NO_CLOCK: AtomicBool = AtomicBool::new(false);
 /// Live tables applied (`ibjitter inject set`): the table epoch.
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 /// Serializes mode changes (the window thread, the control thread, load, fork child).
@@ -118,7 +123,10 @@ pub fn phase() -> Phase {
 pub fn configure(mode: u8, layer: Layer, window: Option<Window>, controlled: bool, per_wr: bool) {
     MODE.store(0, Release);
     UCP_MODE.store(0, Release);
-    let _ = CONFIGURED_AT.set(std::time::Instant::now());
+    // The shim's own checked read: std's `Instant::now` panics when the clock cannot be read
+    // (a seccomp filter refusing clock_gettime), in every process the shim enters.
+    let _ =
+        CONFIGURED_NS.compare_exchange(0, clock::read_monotonic().unwrap_or(0), AcqRel, Acquire);
     CONTROLLED.store(controlled, Release);
     PER_WR_ASKED.store(per_wr, Release);
     LAYER.store(layer as u8, Release);
@@ -295,9 +303,10 @@ pub fn layer_used(verbs_posts: u64, ucp_messages: u64) -> &'static str {
     }
 }
 
-/// Whether a table is active (draws and waits; it may hold zeros), at either layer.
+/// Whether a table is active (draws and waits; it may hold zeros), at either layer: never
+/// without a clock ([`no_clock`]).
 pub fn injecting() -> bool {
-    FULL_MODE.load(Acquire) & INJECT != 0
+    FULL_MODE.load(Acquire) & INJECT != 0 && !NO_CLOCK.load(Acquire)
 }
 
 /// Whether the verbs wrappers inject now (not when UCP took over).
@@ -353,14 +362,38 @@ pub fn send_side_wants_patching() -> bool {
     phase() == Phase::StartUp || VERBS_ON.load(Acquire) != 0 || CONTROLLED.load(Acquire)
 }
 
-/// The `IBJITTER_START`/`STOP` window in ns after [`configure`] (None: no window), and when
-/// [`configure`] ran.
+/// The `IBJITTER_START`/`STOP` window in ns after [`configure`] (None: no window, or the
+/// clock cannot be read), and when [`configure`] ran (or, if the clock could not be read
+/// then, now).
 pub fn window() -> Option<(u64, u64, std::time::Instant)> {
     let (start, stop) = (WINDOW_START.load(Acquire), WINDOW_STOP.load(Acquire));
     if start == 0 && stop == u64::MAX {
         return None;
     }
-    Some((start, stop, *CONFIGURED_AT.get()?))
+    // Checked first: std's `Instant::now` panics on a clock that cannot be read.
+    let now = clock::read_monotonic().ok()?;
+    let configured = CONFIGURED_NS.load(Acquire);
+    let since = if configured == 0 {
+        0
+    } else {
+        now.saturating_sub(configured)
+    };
+    let at = std::time::Instant::now().checked_sub(std::time::Duration::from_nanos(since))?;
+    Some((start, stop, at))
+}
+
+/// Whether the first use found CLOCK_MONOTONIC unreadable ([`no_clock`]).
+pub fn clock_unreadable() -> bool {
+    NO_CLOCK.load(Acquire)
+}
+
+/// Writer (first use): CLOCK_MONOTONIC cannot be read, so no delay can be timed: nothing is
+/// injected from now on (a live `set`, `resume` or the window cannot turn it on), and no
+/// delay line.
+pub fn no_clock() {
+    let _l = MODE_LOCK.lock();
+    NO_CLOCK.store(true, Release);
+    set_full_mode_locked(FULL_MODE.load(Acquire) & !LINE);
 }
 
 /// Writer (window thread): the window opened or closed.
@@ -425,9 +458,10 @@ fn publish() {
     publish_locked();
 }
 
-/// What the wrappers do now: injecting inside the window unless paused, else counting only.
+/// What the wrappers do now: injecting inside the window unless paused (or the clock cannot
+/// be read), else counting only.
 fn publish_locked() {
-    let on = IN_WINDOW.load(Acquire) && !PAUSED.load(Acquire);
+    let on = IN_WINDOW.load(Acquire) && !PAUSED.load(Acquire) && !NO_CLOCK.load(Acquire);
     let (verbs, ucp) = (VERBS_ON.load(Acquire), UCP_ON.load(Acquire));
     let (verbs, ucp) = if on {
         (verbs, ucp)

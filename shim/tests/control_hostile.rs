@@ -342,6 +342,53 @@ fn a_truncated_live_segment_leaves_its_process_running() {
     assert!(n[0] > 100 && n[0] == n[1], "{result}");
 }
 
+/// A sandbox that refuses `rename` (the segment is made under a temporary name and renamed
+/// into place): the process says once that live control is unavailable, passes every send
+/// through, and leaves nothing in the control directory. Before, its `<pid>.<ns>.new` and
+/// `<pid>.<ns>.wake` stayed there for good.
+#[test]
+fn a_segment_that_cannot_be_renamed_into_place_leaves_no_file() {
+    const NAME: &str = "a_segment_that_cannot_be_renamed_into_place_leaves_no_file";
+    if let Ok(s) = std::env::var(CHILD) {
+        return child(&s);
+    }
+    if !private() {
+        return in_private_shm(NAME, "1m");
+    }
+    let sandbox = build_c("sandboxed", "sandboxed", &[]);
+    let (child, pid) = spawn_child_under(&[sandbox.to_str().unwrap(), "rename"], NAME, "open", 50);
+    let (status, stdout, lines) = finish(child);
+    eprintln!("{status}\n{stdout}\n{lines:?}");
+    assert!(status.success(), "{status}: {lines:?}");
+    let warned: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("live control unavailable"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{lines:?}");
+    let left: Vec<String> = std::fs::read_dir(ctl::dir())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("{pid}.")))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "left in {}: {left:?}",
+        ctl::dir().display()
+    );
+    let result = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|r| r.1.to_string()))
+        .expect("RESULT");
+    let n: Vec<u64> = result
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(n[0] > 0 && n[0] == n[1], "{result}");
+}
+
 /// After an exec into a program without the shim, the file stays (same pid, same start
 /// time) but nobody serves it: a request says so at once (it waited the whole 2 s).
 #[test]

@@ -319,6 +319,76 @@ fn a_signal_that_ends_a_line_says_what_it_loses() {
     );
 }
 
+/// A program that sandboxes itself once it has opened its device (a seccomp filter on every
+/// thread, as programs that drop privileges after their set-up install) still dies of the
+/// SIGTERM sent to it, with its stats written: the shim's handler needs neither
+/// `rt_sigaction` nor `tgkill` to end it. With `rt_sigaction` refused the handler used to
+/// re-raise into itself for ever (the process alive, its stats rewritten ~430 times a
+/// second); with `tgkill` refused the SIGTERM was swallowed. With `kill` refused too, the
+/// process still ends, with the status a shell gives a death by SIGTERM (143).
+#[test]
+fn a_program_that_sandboxes_itself_still_dies_of_its_sigterm() {
+    let dir = scratch("sandboxed-term");
+    for denied in [
+        "rt_sigaction",
+        "tgkill",
+        "rt_sigaction,tgkill",
+        "rt_sigaction,tgkill,kill",
+    ] {
+        let stats = dir.join(format!("{denied}.json"));
+        let mut child = driver(0, 10, "wait")
+            .env("IBJITTER_STATS", &stats)
+            .env("POST_THEN_END_DENY", denied)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut before = String::new();
+        let pid: i32 = loop {
+            let mut line = String::new();
+            if out.read_line(&mut line).unwrap() == 0 {
+                child.stdout = Some(out.into_inner());
+                let ran = finish(child, "post_then_end", Duration::from_secs(5));
+                panic!("{denied}: no READY line: {before}\n{}", ran.stderr);
+            }
+            if let Some(pid) = line.trim().strip_prefix("READY ") {
+                break pid.parse().unwrap();
+            }
+            before.push_str(&line);
+        };
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        child.stdout = Some(out.into_inner());
+        let r = finish(
+            child,
+            &format!("post_then_end denied {denied}, sent SIGTERM"),
+            Duration::from_secs(10),
+        );
+        if denied.ends_with(",kill") {
+            assert_eq!(
+                r.status.code(),
+                Some(128 + libc::SIGTERM),
+                "{denied}: {}",
+                r.stderr
+            );
+        } else {
+            assert_eq!(
+                r.status.signal(),
+                Some(libc::SIGTERM),
+                "{denied}: {}\n{}",
+                r.status,
+                r.stderr
+            );
+        }
+        assert!(warnings(&r.stderr).is_empty(), "{denied}: {}", r.stderr);
+        let s = read_json(&stats);
+        assert_eq!(s["ended_by"], "SIGTERM", "{denied}: {s}");
+        assert_eq!(s["posts_total"], 10, "{denied}: {s}");
+    }
+}
+
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a valid path string.

@@ -304,3 +304,96 @@ fn a_second_copy_of_the_shim_stands_aside() {
     assert_eq!(doc["delays_injected"], 20, "{doc}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// CLOCK_MONOTONIC that cannot be read (a seccomp filter refusing `clock_gettime` where the
+/// vDSO falls back to the system call; here an interposer, `support/failing_clock.c`): from
+/// the start, or after the shim's first read at load. The process opens a device and posts:
+/// one warning says the clock cannot be read, every send passes through, the process ends
+/// as without the shim, and the stats say why nothing was injected. Before, a failed read
+/// was taken as 0: the first device open's TSC calibration spun for ever (790 ms of CPU a
+/// second), and with every read failing std's `Instant::now` panicked at load in every
+/// process (4 lines of panic on stderr).
+#[test]
+fn a_clock_that_cannot_be_read_is_one_warning_and_pass_through() {
+    let (so, stub) = (build_shim(), build_stub());
+    let driver = build_c("limited_post", "limited_post", &["-ldl"]);
+    let failing = build_c(
+        "failing_clock",
+        "failing_clock.so",
+        &["-shared", "-fPIC", "-ldl"],
+    );
+    let dir = target_dir().join(format!("ibjitter-failing-clock-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for after in ["0", "1"] {
+        let stats = dir.join(format!("after-{after}.json"));
+        let mut cmd = Command::new(&driver);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IBJITTER_") || LAUNCHER_RANK_ENV.contains(&k.as_str()) {
+                cmd.env_remove(k);
+            }
+        }
+        let mut child = cmd
+            .arg(&stub)
+            .arg("20")
+            .env(
+                "LD_PRELOAD",
+                format!("{} {}", failing.display(), so.display()),
+            )
+            .env("FAILING_CLOCK_AFTER", after)
+            .env("IBJITTER_DELAY", "10us")
+            .env("IBJITTER_STATS", &stats)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A hang is a failure, not a stuck suite (generous: a loaded host).
+        let t0 = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t0.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "FAILING_CLOCK_AFTER={after}: still running after 20 s (it hung)\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!(
+            "FAILING_CLOCK_AFTER={after}: {}\n{stdout}{stderr}",
+            out.status
+        );
+        assert!(out.status.success(), "{after}: {}\n{stderr}", out.status);
+        assert!(
+            stdout.contains("posts=20 provider=20 "),
+            "{after}: {stdout}"
+        );
+        assert!(!stderr.contains("panicked"), "{after}: {stderr}");
+        let warnings: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("ibjitter: warning:"))
+            .collect();
+        assert!(
+            warnings.len() == 1
+                && warnings[0].contains("CLOCK_MONOTONIC cannot be read")
+                && warnings[0].ends_with("(pass-through)"),
+            "{after}: {stderr}"
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        assert_eq!(doc["posts_total"], 20, "{after}: {doc}");
+        assert_eq!(doc["delays_injected"], 0, "{after}: {doc}");
+        assert_eq!(doc["injecting"], false, "{after}: {doc}");
+        assert!(
+            doc["disabled_reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("CLOCK_MONOTONIC")),
+            "{after}: {doc}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

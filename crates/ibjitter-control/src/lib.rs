@@ -442,8 +442,16 @@ pub fn create(pid: u32) -> std::io::Result<(Server, PathBuf)> {
         }
     };
     // The FIFO first: a client that finds the segment finds the FIFO it wakes.
-    let wake = make_wake_fifo(&wake_path_of(&p));
-    std::fs::rename(&tmp, &p)?;
+    let wake_path = wake_path_of(&p);
+    let wake = make_wake_fifo(&wake_path);
+    if let Err(e) = std::fs::rename(&tmp, &p) {
+        // Neither is anyone's: nothing removes a `.new`, and the FIFO would stay beside no
+        // segment (a sandbox refusing rename left both in /dev/shm for good).
+        drop(wake);
+        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(&wake_path);
+        return Err(e);
+    }
     Ok((
         Server {
             file,

@@ -268,20 +268,16 @@ pub fn line_late_beyond_table(
 
 /// Why the line was late, from what the hand-overs measured: the provider itself, when its
 /// `post_send` was busy taking them for at least half the line's life (requests then queue
-/// behind each other: lateness any caller would see), else nobody handed them over on time;
-/// and in either case, when the provider's slowest calls took as long as `late`'s p99, that
-/// requests falling due during such a call waited for its end.
+/// behind each other: lateness any caller would see); else a timer slack the timer thread
+/// could not lower (each of its sleeps wakes up to that much late) when it is large, or
+/// maybe (it could not be read either) beside nobody handing them over on time; else nobody
+/// handed them over on time; and in either case, when the provider's slowest calls took as
+/// long as `late`'s p99, that requests falling due during such a call waited for its end.
 pub fn line_lateness_cause(late: &LineLate) -> String {
+    use line::flusher::{SLACK_SAID_NS, SLACK_UNKNOWN};
     let busy = line::provider_busy();
-    let mut why = match busy {
-        Some((_, share, per_request)) if share >= 0.5 => format!(
-            "the provider's post_send was busy {:.0} % of the time taking them ({} a \
-             request): the line offered requests about as fast as the provider takes them and \
-             they queued (a software provider such as rxe does a send's work in that call)",
-            100.0 * share,
-            micros(per_request)
-        ),
-        _ => format!(
+    let not_on_time = || {
+        format!(
             "the program's own calls and the shim's timer thread did not hand them over on \
              time{}: the node's cores were busy, or the program posted into a line idle for \
              over {} ms and made no call into the provider before they fell due (the timer \
@@ -295,7 +291,33 @@ pub fn line_lateness_cause(late: &LineLate) -> String {
             line::flusher::EMPTY_GRACE_NS / 1_000_000,
             line::flusher::IDLE_MAX_NS / 1_000_000,
             line::flusher::backstop_longest_ns() as f64 / 1e6,
+        )
+    };
+    let slack = line::flusher::timer_slack_kept().filter(|&ns| ns > SLACK_SAID_NS);
+    let mut why = match busy {
+        Some((_, share, per_request)) if share >= 0.5 => format!(
+            "the provider's post_send was busy {:.0} % of the time taking them ({} a \
+             request): the line offered requests about as fast as the provider takes them and \
+             they queued (a software provider such as rxe does a send's work in that call)",
+            100.0 * share,
+            micros(per_request)
         ),
+        _ if slack == Some(SLACK_UNKNOWN) => format!(
+            "the shim's timer thread could neither lower its timer slack nor read it (prctl \
+             refused: a seccomp filter?), and each of its sleeps wakes up to that slack late, \
+             the one the process inherited (systemd's TimerSlackNSec=, or the program's own \
+             prctl; 50 us unless set); or {}",
+            not_on_time()
+        ),
+        _ if slack.is_some() => format!(
+            "the shim's timer thread could not lower its timer slack (prctl refused: a \
+             seccomp filter?), and each of its sleeps wakes up to the {:.3} ms it inherited \
+             (systemd's TimerSlackNSec=, or the program's own prctl) late: requests that fell \
+             due while it slept (posted into an idle line, or while the program's calls were \
+             handing requests over) left up to that late",
+            slack.unwrap_or(0) as f64 / 1e6
+        ),
+        _ => not_on_time(),
     };
     if line::flusher::timer_on_one_cpu() {
         why += "; the timer thread may run on one CPU only, the program's (a rank bound to \

@@ -7,7 +7,8 @@
 //! async-signal-safe calls only (open, fstat, ftruncate, write, close: no allocation, no lock),
 //! into a regular file of the process's own user (never through a link, never blocking:
 //! [`out_file`]), then does what the signal did before: the handler the program had at that first
-//! use, or the default action (the process still dies of the signal). Chained to the program's
+//! use, or the default action (the process still dies of the signal, even in a sandbox it
+//! entered since: [`end_by_default`]). Chained to the program's
 //! handler, ours has that handler's flags and mask (SA_RESTART or not, SA_ONSTACK, SA_NODEFER,
 //! SA_RESETHAND): the program's interrupted calls and nested signals behave as without the shim. A
 //! signal the program ignores stays ignored, and a handler the program installs later replaces
@@ -152,8 +153,11 @@ pub fn install_handlers() {
             ours.sa_sigaction = handler as *const () as usize;
             if prev[k].sa_sigaction == libc::SIG_DFL {
                 // Ours alone, then the process dies: on the alternate stack if the thread
-                // has one (a small thread stack, a goroutine's), which it fits.
-                ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                // has one (a small thread stack, a goroutine's), which it fits. SA_RESETHAND:
+                // the kernel puts the default action back as it delivers the signal, so the
+                // handler needs no system call of its own to die of it ([`end_by_default`]),
+                // and none that a program that sandboxed itself since (seccomp) may refuse.
+                ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESETHAND;
                 libc::sigemptyset(&mut ours.sa_mask);
             } else {
                 // The program's handler runs inside ours: with its own flags and mask, so
@@ -206,11 +210,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     // SAFETY: the calls are async-signal-safe; `prev` is a valid action.
     unsafe {
         match prev.sa_sigaction {
-            libc::SIG_DFL => {
-                // The default action, once this handler returns (the signal is blocked now).
-                libc::sigaction(sig, prev, std::ptr::null_mut());
-                libc::raise(sig);
-            }
+            libc::SIG_DFL => end_by_default(sig),
             libc::SIG_IGN => {}
             h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
                 let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
@@ -224,6 +224,26 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
         }
         *libc::__errno_location() = errno;
     }
+}
+
+/// Ends the process by `sig`'s default action, once this handler returns: `sig` is blocked
+/// in this thread until then, and SA_RESETHAND made its action the default again as the
+/// kernel delivered it (no `sigaction` here: a program that denied itself `rt_sigaction`
+/// after its first device open, a seccomp sandbox, had this handler re-raise into itself
+/// for ever, rewriting the stats, instead of dying). The signal is sent again to this
+/// thread (`tgkill`), else to the process (`kill`; a thread that does not block it, or this
+/// one once the handler returns, takes it); if the sandbox refuses both, the process ends
+/// with the status a shell gives a death by that signal, 128 + `sig`, by the raw
+/// `exit_group` (no exit handler runs, as at a signal). The process never goes on without
+/// the signal's effect.
+///
+/// # Safety
+/// From the handler of `sig` installed with SA_RESETHAND over the default action.
+unsafe fn end_by_default(sig: c_int) {
+    if libc::raise(sig) == 0 || libc::kill(libc::getpid(), sig) == 0 {
+        return;
+    }
+    libc::syscall(libc::SYS_exit_group, 128 + sig);
 }
 
 /// Writes the file for `sig`, the last one if `ends` (the default action follows: the

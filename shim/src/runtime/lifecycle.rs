@@ -13,7 +13,7 @@ use crate::report::stats::{self, path_for};
 use crate::report::{coverage, lines, ports, sigstats};
 use crate::runtime::{control, loaded};
 use crate::state;
-use crate::sys::{libc_dl, out_file, rng, say, symbols};
+use crate::sys::{clock, libc_dl, out_file, rng, say, symbols};
 use crate::wrappers::patch;
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
@@ -194,12 +194,16 @@ const CLOCK_NOT_CHOSEN: &str = "not chosen (no device opened, no UCP send)";
 /// The wait clock for the settings' tables, chosen (the TSC calibrated against
 /// CLOCK_MONOTONIC: 250 us of busy time), the tables converted to its units, and the
 /// start-up line made with its description. At first use, not at load: shells and
-/// launchers under `LD_PRELOAD` never pay for it.
-fn choose_clock() {
+/// launchers under `LD_PRELOAD` never pay for it. False if CLOCK_MONOTONIC cannot be read
+/// (a seccomp filter refusing `clock_gettime` where the vDSO falls back to the system
+/// call), then or by the end of the choice: then no delay can be timed, and the process
+/// passes through, said once as its start-up line (the calibration spun on a failed read
+/// for ever, at every device open).
+fn choose_clock() -> bool {
     let Some(mut guard) = loaded::get() else {
-        return;
+        return true;
     };
-    let Some(l) = guard.as_mut() else { return };
+    let Some(l) = guard.as_mut() else { return true };
     let s = &l.settings;
     let clock = match (&s.delays, &s.cq) {
         (Some(d), _) => draw::table::use_table(d, s.unit, s.spin),
@@ -207,13 +211,36 @@ fn choose_clock() {
         (None, Some(c)) => draw::table::choose_clock(c, s.unit, s.spin),
         (None, None) => "none".into(),
     };
+    if s.warning.is_none() {
+        if let Err(e) = clock::read_monotonic() {
+            let why = format!(
+                "CLOCK_MONOTONIC cannot be read (clock_gettime: {}): no delay can be timed; \
+                 injection disabled (pass-through)",
+                std::io::Error::from_raw_os_error(e)
+            );
+            state::no_clock();
+            // Said here: the clock's later reads say nothing more.
+            clock::unreadable_from_now();
+            say::set_startup(Some(format!("ibjitter: warning: {why}")));
+            // As a rank left out: a live `set` is refused, the status and the stats say why.
+            l.settings.not_this_process = Some(why);
+            // SAFETY: PATTERN is leaked, never freed.
+            if let Some(p) = unsafe { PATTERN.load(Acquire).as_ref() } {
+                // The signal-time stats: nothing injected either.
+                sigstats::prepare(&path_for(p), None, l.settings.unit, l.settings.seed);
+            }
+            l.clock = "none (CLOCK_MONOTONIC cannot be read)".into();
+            return false;
+        }
+    }
     if let Some(c) = &s.cq {
-        cq::activate(&c.values, crate::sys::clock::kind());
+        cq::activate(&c.values, clock::kind());
     }
     if s.warning.is_none() {
         say::set_startup(lines::startup(s, &clock));
     }
     l.clock = clock;
+    true
 }
 
 /// The process first opened a device or sent through UCP: choose the clock, say the start-up
@@ -230,12 +257,15 @@ pub fn first_use() {
     if state::standing_aside() || !state::first_use() {
         return;
     }
-    choose_clock();
+    let timed = choose_clock();
     say::show_startup_now();
-    window::start();
-    episodes::start();
-    if state::line_mode() && !line::start() {
-        state::set_line(false);
+    // Nothing that times is started without a clock.
+    if timed {
+        window::start();
+        episodes::start();
+        if state::line_mode() && !line::start() {
+            state::set_line(false);
+        }
     }
     control::arm();
     // Not at load: the program has set its own handlers up by now (CPython's SIGINT).
@@ -422,6 +452,9 @@ pub fn stats_json() -> Option<serde_json::Value> {
     // table now in use); the totals: every table's.
     snap.hits = loaded::hits_since_set(&snap.hits);
     let mut doc = stats::to_json(&snap, &ctx);
+    if state::clock_unreadable() {
+        doc["injecting"] = false.into();
+    }
     let sets = state::epoch();
     if sets > 0 {
         doc["draws"] = all.draws.into();

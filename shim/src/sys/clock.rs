@@ -1,6 +1,7 @@
 //! Busy-waiting: on a calibrated TSC when the kernel or the CPU says it is constant, else on
 //! the vDSO's CLOCK_MONOTONIC, or (`IBJITTER_UNIT=loops`) as raw loop iterations.
 //! Never sleeps: a kernel trap makes microsecond sleeps unpredictable.
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// How [`wait`] interprets its argument.
@@ -124,16 +125,76 @@ pub fn rdtsc() -> u64 {
 }
 
 /// CLOCK_MONOTONIC in ns (through the vDSO: no syscall on the usual clocksources, `tsc` and
-/// `kvm-clock`; a system call on those the vDSO cannot read, e.g. `hpet`, `acpi_pm`).
+/// `kvm-clock`; a system call on those the vDSO cannot read, e.g. `hpet`, `acpi_pm`), or the
+/// errno of a read that failed: a seccomp filter refusing `clock_gettime` where the vDSO falls
+/// back to the system call, or an interposer's.
 #[inline(always)]
-pub fn monotonic_ns() -> u64 {
+pub fn read_monotonic() -> Result<u64, c_int> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        // SAFETY: errno is thread-local and always readable.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// A read of CLOCK_MONOTONIC failed: from then on every read is [`unreadable`]'s. And
+/// whether that was said.
+static UNREADABLE: AtomicBool = AtomicBool::new(false);
+static UNREADABLE_SAID: AtomicBool = AtomicBool::new(false);
+/// What the clock reads as once a read failed: past any reading of the real clock (2^62 ns,
+/// 146 years of uptime), and 1 ms later at each read.
+static UNREADABLE_NS: AtomicU64 = AtomicU64::new(1 << 62);
+
+/// CLOCK_MONOTONIC in ns ([`read_monotonic`]). Once a read has failed (the first use then
+/// found the clock readable: a process that could not read it passes through), every read
+/// is [`unreadable`]'s: time jumps past every due time and then runs 1 ms a read, so each
+/// wait timed on the clock ends within a few reads and nothing that compares readings waits
+/// for ever (a read of 0, as before, left waits started after the failure spinning for good,
+/// and the delay line's due times never came). Said once.
+#[inline(always)]
+pub fn monotonic_ns() -> u64 {
+    match read_monotonic() {
+        Ok(ns) if !UNREADABLE.load(Relaxed) => ns,
+        r => unreadable(r.err()),
+    }
+}
+
+/// A read of CLOCK_MONOTONIC after one failed (`errno`: this one's, if it failed).
+#[cold]
+#[inline(never)]
+fn unreadable(errno: Option<c_int>) -> u64 {
+    UNREADABLE.store(true, Relaxed);
+    if !UNREADABLE_SAID.swap(true, Relaxed) {
+        // Formatted on the stack: a post of a signal handler may read the clock, and must
+        // not allocate.
+        use std::io::Write;
+        let mut buf = [0u8; 320];
+        let mut out = &mut buf[..];
+        let then = match kind() {
+            WaitKind::Tsc => "the delays go on, timed on the TSC",
+            WaitKind::Loops => "the delays go on, counted in loops",
+            WaitKind::Monotonic => {
+                "no further delay is waited; a delay line hands its requests over at once"
+            }
+        };
+        let _ = write!(
+            out,
+            "CLOCK_MONOTONIC can no longer be read (clock_gettime failed, errno {}): what the \
+             shim timed on it ends at once from now on ({then})",
+            errno.unwrap_or(0)
+        );
+        let left = out.len();
+        let len = buf.len() - left;
+        super::say::warn(
+            std::str::from_utf8(&buf[..len]).unwrap_or("CLOCK_MONOTONIC can no longer be read"),
+        );
+    }
+    UNREADABLE_NS.fetch_add(1_000_000, Relaxed) + 1_000_000
 }
 
 // Two forms of each clock spin: without `pause` (under qemu TCG every `pause` leaves the
@@ -219,33 +280,57 @@ fn tsc_trusted_by(current: &str, available: Option<&str>, flags: Option<&str>) -
     })
 }
 
-/// One (tsc, ns) pair, bracketed by two TSC reads; the tightest of a few tries.
-fn pair() -> (f64, u64) {
+/// The caller found CLOCK_MONOTONIC unreadable and said so (the first use, which then
+/// passes through): every later read is [`unreadable`]'s, unsaid.
+pub fn unreadable_from_now() {
+    UNREADABLE_SAID.store(true, Relaxed);
+    UNREADABLE.store(true, Relaxed);
+}
+
+/// One (tsc, ns) pair, bracketed by two TSC reads; the tightest of a few tries. None if a
+/// read of the clock failed.
+fn pair() -> Option<(f64, u64)> {
     let mut best = (u64::MAX, 0.0, 0);
     for _ in 0..7 {
         let a = rdtsc();
-        let ns = monotonic_ns();
+        let ns = read_monotonic().ok()?;
         let b = rdtsc();
         let width = b.wrapping_sub(a);
         if width < best.0 {
             best = (width, a as f64 + width as f64 / 2.0, ns);
         }
     }
-    (best.1, best.2)
+    Some((best.1, best.2))
 }
 
+/// The most TSC ticks per ns [`calibrate`] believes.
+const TSC_PER_NS_MAX: f64 = 20.0;
+/// The most clock reads [`calibrate`] spins for (250 us is ~12,000 reads of the vDSO's
+/// clock here, a few hundred under an emulated CPU).
+const CALIBRATION_READS: u32 = 1 << 20;
+
 /// Measures TSC ticks per ns against CLOCK_MONOTONIC over `span_ns` of busy time, stores
-/// and returns it; None if the result is implausible (then the caller keeps Monotonic).
+/// and returns it; None if the result is implausible, a read of the clock failed, or the
+/// clock did not advance by `span_ns` within [`CALIBRATION_READS`] reads and the TSC ticks
+/// of `span_ns` at [`TSC_PER_NS_MAX`] (a clock that stands still: it spun for ever at
+/// every device open); the caller then keeps Monotonic.
 pub fn calibrate(span_ns: u64) -> Option<f64> {
     if !cfg!(target_arch = "x86_64") {
         return None;
     }
-    let (t0, n0) = pair();
+    let (t0, n0) = pair()?;
+    let ticks_max = span_ns as f64 * TSC_PER_NS_MAX;
     // No pause in this spin either (see the spins above): it runs in every process at load.
-    while monotonic_ns() - n0 < span_ns {}
-    let (t1, n1) = pair();
-    let f = (t1 - t0) / (n1 - n0) as f64;
-    if !(0.05..=20.0).contains(&f) {
+    let mut reads = 0u32;
+    while read_monotonic().ok()?.wrapping_sub(n0) < span_ns {
+        reads += 1;
+        if reads >= CALIBRATION_READS || rdtsc() as f64 - t0 > ticks_max {
+            return None;
+        }
+    }
+    let (t1, n1) = pair()?;
+    let f = (t1 - t0) / n1.checked_sub(n0).filter(|&d| d > 0)? as f64;
+    if !(0.05..=TSC_PER_NS_MAX).contains(&f) {
         return None;
     }
     TSC_PER_NS.store(f.to_bits(), Relaxed);

@@ -6,7 +6,7 @@
 //! [`SpinMutex`] is the same lock around the data it guards.
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering::*};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct SpinLock(AtomicBool);
 
@@ -42,12 +42,14 @@ impl SpinLock {
             }
             std::hint::spin_loop();
         }
-        let t0 = Instant::now();
+        // The shim's clock, not std's `Instant`, which panics (here: in a hook, an abort)
+        // when the clock cannot be read; once it cannot, this one runs fast and ends.
+        let (t0, limit) = (super::clock::monotonic_ns(), limit.as_nanos());
         loop {
             if self.try_take() {
                 return Some(Guard(self));
             }
-            if t0.elapsed() >= limit {
+            if u128::from(super::clock::monotonic_ns().wrapping_sub(t0)) >= limit {
                 return None;
             }
             std::thread::yield_now();
@@ -153,6 +155,7 @@ impl<T> std::ops::DerefMut for SpinGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     /// A lock whose holder never returns (a signal handler on the holding thread) is waited
     /// for its limit, then given up; once forced open (a fork child) it is free again.

@@ -7,20 +7,31 @@
  *   post_then_end ALTSTACK_BYTES POSTS END [POSTS_AFTER]
  * ALTSTACK_BYTES  0, or the size of an alternate signal stack (sigaltstack) placed right above
  *                 a PROT_NONE page: a handler that needs more stack faults (SIGSEGV).
- * END             "exit", "_exit" or "term"; prefixed "int-": the program installs its own
+ * END             "exit", "_exit", "term" or "wait" (print "READY <pid>", then wait in pause()
+ *                 for a signal to end it); prefixed "int-": the program installs its own
  *                 SIGINT handler before it opens the device (SA_RESTART, SIGUSR1 in its mask),
  *                 prints "SIGINT action: shim=S restart=R usr1_blocked=B" as it finds the
  *                 action after the open (S: not its own handler), and after the first POSTS
  *                 raises SIGINT, which its handler catches ("caught SIGINT"), and goes on.
  * POSTS_AFTER     if given: after the first POSTS, print "READY <pid>", wait for a line on
  *                 stdin (the test changes the table meanwhile), then post POSTS_AFTER more.
- * Prints "posted N" (all posts) before it ends. */
+ * Prints "posted N" (all posts) before it ends.
+ *
+ * POST_THEN_END_DENY=CALLS (comma-separated, of rt_sigaction, tgkill, kill): once it has
+ * posted, the program sandboxes itself, as programs that drop privileges after their set-up
+ * do: a seccomp filter on every thread (TSYNC) makes those calls fail with EPERM. */
+#include <errno.h>
 #include <infiniband/verbs.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static int provider_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
@@ -68,10 +79,43 @@ static void alt_stack(size_t bytes) {
     }
 }
 
+static int number_of(const char *name) {
+    if (strcmp(name, "rt_sigaction") == 0) return __NR_rt_sigaction;
+    if (strcmp(name, "tgkill") == 0) return __NR_tgkill;
+    if (strcmp(name, "kill") == 0) return __NR_kill;
+    return -1;
+}
+
+/* The calls named in `list` fail with EPERM from now on, in every thread. */
+static void deny(const char *list) {
+    struct sock_filter code[32];
+    int n = 0;
+    char calls[256];
+    code[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS,
+                                             offsetof(struct seccomp_data, nr));
+    snprintf(calls, sizeof calls, "%s", list);
+    for (char *c = strtok(calls, ","); c && n < 28; c = strtok(NULL, ",")) {
+        int nr = number_of(c);
+        if (nr < 0) {
+            fprintf(stderr, "post_then_end: unknown call %s\n", c);
+            exit(2);
+        }
+        code[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 1);
+        code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+    }
+    code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    struct sock_fprog prog = {.len = (unsigned short)n, .filter = code};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0) {
+        perror("post_then_end: seccomp");
+        exit(2);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr,
-                "usage: post_then_end ALTSTACK_BYTES POSTS [int-]exit|_exit|term [POSTS_AFTER]\n");
+                "usage: post_then_end ALTSTACK_BYTES POSTS [int-]exit|_exit|term|wait [POSTS_AFTER]\n");
         return 2;
     }
     size_t stack = strtoul(argv[1], NULL, 10);
@@ -136,8 +180,16 @@ int main(int argc, char **argv) {
         post(qp, after);
         posts += after;
     }
+    if (getenv("POST_THEN_END_DENY"))
+        deny(getenv("POST_THEN_END_DENY"));
     printf("posted %ld\n", posts);
     fflush(stdout);
+    if (strcmp(end, "wait") == 0) {
+        printf("READY %d\n", (int)getpid());
+        fflush(stdout);
+        for (;;)
+            pause();
+    }
     if (strcmp(end, "term") == 0)
         raise(SIGTERM);
     if (strcmp(end, "_exit") == 0)

@@ -310,8 +310,7 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
 /// and spins the rest, unless a program call hands the request over first. On one CPU it
 /// never spins and looks at most once per longest backstop ([`nap_on_one_cpu`]).
 pub fn timer_thread() {
-    // SAFETY: prctl on the calling thread: sleeps wake within 1 us of their time.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+    let slack = lower_timer_slack();
     note_timer_start();
     // A thread allowed one CPU shares it with the program that made it (a rank pinned to its
     // core: `mpirun --bind-to core`, `srun --cpu-bind`, `taskset`): a spin there is the
@@ -321,7 +320,14 @@ pub fn timer_thread() {
     // that may be the rank's only one.
     let one_cpu = matches!(crate::sys::threads::allowed_cpus(), Some(1) | None);
     ONE_CPU.store(one_cpu, Relaxed);
-    let early_ns = if one_cpu { 0 } else { EARLY_NS };
+    say_timer_slack(slack, one_cpu);
+    // A slack it could not lower makes each sleep wake up to that much late: it wakes that
+    // much earlier and spins the rest (unknown: as if none).
+    let early_ns = match slack {
+        _ if one_cpu => 0,
+        Some(ns) if ns != SLACK_UNKNOWN => EARLY_NS.saturating_add(ns),
+        _ => EARLY_NS,
+    };
     let units = |ns| clock::ns_to_units(ns, clock::kind());
     let (early, active) = (units(early_ns), units(ACTIVE_NS));
     let (least, mut most) = (units(BACKSTOP_NS), units(BACKSTOP_MAX_NS));
@@ -476,6 +482,73 @@ fn without_sleep() {
         flush(&BY_TIMER, None);
         std::hint::spin_loop();
     }
+}
+
+/// The timer thread's timer slack when it could not lower it to 1 ns (ns; [`SLACK_UNKNOWN`]:
+/// nor read it); 0 when it did (or there is no timer thread).
+static TIMER_SLACK_NS: AtomicU64 = AtomicU64::new(0);
+/// The timer slack could not be read.
+pub const SLACK_UNKNOWN: u64 = u64::MAX;
+/// A timer slack the margins absorb (the kernel's default): above it, a slack the timer
+/// thread could not lower is said.
+pub const SLACK_SAID_NS: u64 = 50_000;
+
+/// Sets the calling thread's timer slack to 1 ns (its sleeps then wake within a microsecond
+/// of their time). None if it did; else the slack it keeps, inherited from the thread that
+/// made it (systemd's `TimerSlackNSec=`, the program's own `prctl`), read back, or
+/// [`SLACK_UNKNOWN`]: a seccomp filter may refuse `prctl` (both were ignored: the line was
+/// late by the slack, 8.7 ms at the median for a 1 ms table under a 20 ms slack, and the
+/// warning blamed busy cores).
+fn lower_timer_slack() -> Option<u64> {
+    // SAFETY: prctl on the calling thread.
+    if unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) } == 0 {
+        return None;
+    }
+    // The raw call: glibc's prctl returns an int, too small for a slack past 2.1 s.
+    // SAFETY: as above; reads the calling thread's slack.
+    let got = unsafe {
+        libc::syscall(
+            libc::SYS_prctl,
+            libc::PR_GET_TIMERSLACK,
+            0u64,
+            0u64,
+            0u64,
+            0u64,
+        )
+    };
+    let slack = u64::try_from(got).unwrap_or(SLACK_UNKNOWN);
+    TIMER_SLACK_NS.store(slack, Relaxed);
+    Some(slack)
+}
+
+/// Says once a timer slack the timer thread could not lower, if it is large.
+fn say_timer_slack(slack: Option<u64>, one_cpu: bool) {
+    let Some(ns) = slack.filter(|&ns| ns > SLACK_SAID_NS && ns != SLACK_UNKNOWN) else {
+        return;
+    };
+    let then = if one_cpu {
+        "on the one CPU it shares with the program it only sleeps, so a request it hands over \
+         may leave that late"
+            .to_string()
+    } else {
+        format!(
+            "it wakes that much earlier and spins to each due time instead ({:.3} ms before \
+             it, the spin's CPU time)",
+            EARLY_NS.saturating_add(ns) as f64 / 1e6
+        )
+    };
+    say::warn(&format!(
+        "IBJITTER_MODE=line: the delay line's timer thread cannot lower its timer slack \
+         (prctl(PR_SET_TIMERSLACK) refused): its sleeps wake up to {:.3} ms late, the slack \
+         it inherited (systemd's TimerSlackNSec=, or the program's own prctl); {then}",
+        ns as f64 / 1e6
+    ));
+}
+
+/// The timer thread's timer slack if it could not lower it (ns; [`SLACK_UNKNOWN`]: nor read
+/// it); None when it did, or there is no timer thread.
+pub fn timer_slack_kept() -> Option<u64> {
+    Some(TIMER_SLACK_NS.load(Relaxed)).filter(|&ns| ns != 0)
 }
 
 /// The backstop's longest sleep as the timer thread's wake-ups cost ([`BACKSTOP_SHARE`]):

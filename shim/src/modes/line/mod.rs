@@ -576,6 +576,14 @@ pub fn stats_json() -> serde_json::Value {
                                 "woken_by_program": flusher::timer_rung(),
                                 // Allowed one CPU (a pinned rank's): it never spins.
                                 "one_cpu": flusher::timer_on_one_cpu(),
+                                // 1: it lowered its timer slack to 1 ns; else the slack it
+                                // could not lower (null: nor read), by which its sleeps
+                                // wake late.
+                                "timer_slack_ns": match flusher::timer_slack_kept() {
+                                    None => Some(1),
+                                    Some(flusher::SLACK_UNKNOWN) => None,
+                                    kept => kept,
+                                },
                                 "backstop_longest_ns": flusher::backstop_longest_ns() })
         }),
         // How late requests reached the provider, ns after their due time.
