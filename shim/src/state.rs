@@ -365,21 +365,20 @@ pub fn send_side_wants_patching() -> bool {
 /// The `IBJITTER_START`/`STOP` window in ns after [`configure`] (None: no window, or the
 /// clock cannot be read), and when [`configure`] ran (or, if the clock could not be read
 /// then, now).
-pub fn window() -> Option<(u64, u64, std::time::Instant)> {
+pub fn window() -> Option<(u64, u64, u64)> {
     let (start, stop) = (WINDOW_START.load(Acquire), WINDOW_STOP.load(Acquire));
     if start == 0 && stop == u64::MAX {
         return None;
     }
-    // Checked first: std's `Instant::now` panics on a clock that cannot be read.
-    let now = clock::read_monotonic().ok()?;
+    // CLOCK_MONOTONIC, read checked (std's `Instant::now` panics on a clock that cannot be
+    // read); from now if it could not be read at load.
     let configured = CONFIGURED_NS.load(Acquire);
-    let since = if configured == 0 {
-        0
+    let t0 = if configured == 0 {
+        clock::read_monotonic().ok()?
     } else {
-        now.saturating_sub(configured)
+        configured
     };
-    let at = std::time::Instant::now().checked_sub(std::time::Duration::from_nanos(since))?;
-    Some((start, stop, at))
+    Some((start, stop, t0))
 }
 
 /// Whether the first use found CLOCK_MONOTONIC unreadable ([`no_clock`]).

@@ -554,6 +554,24 @@ fn a_sandbox_without_sleeps_neither_panics_nor_loses_the_line() {
             assert_eq!((timer, control), (0, 0), "{calls}: {err}");
         }
     }
+    // IBJITTER_STOP with no sleep at all: the window thread says it cannot keep the window
+    // (it panicked) and closes it; the program stays 300 ms (its thread has said it by then).
+    let args = [
+        "clock_nanosleep,nanosleep,poll,ppoll",
+        driver.to_str().unwrap(),
+        stub.to_str().unwrap(),
+        "20",
+        "300",
+    ];
+    let window = [("IBJITTER_DELAY", "1us"), ("IBJITTER_STOP", "10s")];
+    let out = run_limited(None, &window, sandbox, &args);
+    let (err, warnings) = passed_through(&out, 20);
+    assert!(!err.contains("panicked"), "{err}");
+    let said = warnings
+        .iter()
+        .filter(|w| w.contains("window thread cannot sleep") && w.contains("pass-through"))
+        .count();
+    assert_eq!(said, 1, "{err}");
 }
 
 /// A sandbox that refuses `sched_getaffinity` (or a kernel built for more than 1,024 CPUs,

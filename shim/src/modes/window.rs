@@ -3,16 +3,15 @@
 //! mode. Started when the process first uses verbs or UCP: programs that never do get no
 //! thread. A fork child keeps the mode it was forked with (it has no window thread).
 use crate::state;
-use crate::sys::threads;
+use crate::sys::{clock, threads};
 
 /// What a process whose window thread cannot start, or cannot sleep, goes without.
 const LOST: &str = "IBJITTER_START/IBJITTER_STOP cannot be kept; injection disabled (pass-through)";
 
-fn cannot_sleep() {
-    crate::sys::say::warn(&format!(
-        "the shim's window thread cannot sleep (clock_nanosleep and poll fail: a seccomp \
-         filter?): {LOST}"
-    ));
+/// The window thread cannot sleep or read the clock (a seccomp filter): said, and the
+/// window closed.
+fn cannot_keep(why: &str) {
+    crate::sys::say::warn(&format!("the shim's window thread {why}: {LOST}"));
     state::set_in_window(false);
 }
 
@@ -22,22 +21,29 @@ pub fn start() {
     let Some((start, stop, t0)) = state::window() else {
         return;
     };
-    // False when the thread cannot sleep (a seccomp filter): the window cannot be kept.
-    let until = move |ns: u64| {
-        let at = t0 + std::time::Duration::from_nanos(ns);
-        let now = std::time::Instant::now();
-        at <= now || threads::nap((at - now).as_nanos().min(u64::MAX as u128) as u64)
+    // Sleeps until `ns` after `t0` (CLOCK_MONOTONIC); why the window cannot be kept, if so.
+    let until = move |ns: u64| -> Result<(), &'static str> {
+        let at = t0.saturating_add(ns);
+        loop {
+            let now = clock::read_monotonic().map_err(|_| "cannot read CLOCK_MONOTONIC")?;
+            if now >= at {
+                return Ok(());
+            }
+            if !threads::nap(at - now) {
+                return Err("cannot sleep (clock_nanosleep and poll fail: a seccomp filter?)");
+            }
+        }
     };
     let kept = threads::spawn_or_say("ibjitter-window", LOST, move || {
         if start > 0 {
-            if !until(start) {
-                return cannot_sleep();
+            if let Err(why) = until(start) {
+                return cannot_keep(why);
             }
             state::set_in_window(true);
         }
         if stop != u64::MAX {
-            if !until(stop) {
-                return cannot_sleep();
+            if let Err(why) = until(stop) {
+                return cannot_keep(why);
             }
             state::set_in_window(false);
         }
