@@ -330,6 +330,55 @@ fn a_sender_whose_clock_is_off_is_named_and_merged_in_bounded_memory() {
 }
 
 #[test]
+fn senders_whose_clocks_are_off_alike_leave_the_launch_to_first_byte_unknown() {
+    let dir = TempDir::new("common-skew");
+    let launcher = fake_launcher(&dir);
+    let out = dir.arg("out");
+    const DAY_NS: i64 = 86_400_000_000_000;
+    // A lone sender a day behind was reported 0 s from launch to first byte (its first byte
+    // before the launch, saturated); two senders a day ahead, 86400 s. Comparing senders with
+    // each other sees neither.
+    for (senders, skew_ns, says) in [("a", -DAY_NS, "behind"), ("a,b", DAY_NS, "ahead of")] {
+        let t = now_ns().saturating_add_signed(skew_ns);
+        for s in senders.split(',') {
+            sender_reports(&dir, s, t, 2);
+        }
+        let ran = incast_flows(&dir, &launcher, &out, senders, "2");
+        // Every figure is the senders' own, and sound: only the launch's is unknown.
+        assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
+        let said = format!("{says} this machine's");
+        assert!(
+            ran.stderr.contains("the senders' clocks are at least 86")
+                && ran.stderr.contains(&said),
+            "{}",
+            ran.stderr
+        );
+        assert!(
+            ran.stdout.contains("launch to first byte unknown"),
+            "{}",
+            ran.stdout
+        );
+        let r = common::read_json(&dir.path("out/incast.json"));
+        assert!(r["launch_to_first_byte_s"].is_null(), "{r}");
+        let note = r["clock_note"].as_str().unwrap_or_default();
+        assert!(note.contains(&said) && note.contains("unknown"), "{r}");
+        assert!(r["senders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["status"] == "ok"));
+    }
+    // Clocks that agree with this machine's: a figure, and nothing said.
+    sender_reports(&dir, "a", now_ns(), 2);
+    let ran = incast_flows(&dir, &launcher, &out, "a", "2");
+    assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
+    assert!(!ran.stderr.contains("clocks"), "{}", ran.stderr);
+    let r = common::read_json(&dir.path("out/incast.json"));
+    assert!(r["launch_to_first_byte_s"].is_f64(), "{r}");
+    assert!(r.get("clock_note").is_none(), "{r}");
+}
+
+#[test]
 fn host_names_never_lead_files_outside_out() {
     let dir = TempDir::new("names");
     let launcher = fake_launcher(&dir);

@@ -278,6 +278,9 @@ pub fn run_step(
             );
         }
     }
+    if let Some(off) = clocks.common_off() {
+        eprintln!("ibjitter incast: {off}");
+    }
     let merged = merge::merge(
         &receiver,
         flows_per_sender,

@@ -85,8 +85,13 @@ pub struct IncastReport {
     pub flows_per_sender: u32,
     pub flows_requested: u32,
     pub flows_started: u32,
-    /// From the launch of the first process to the first operation of any flow.
-    pub launch_to_first_byte_s: f64,
+    /// From the launch of the first process to the first operation of any flow; `None` (null)
+    /// where the senders' clocks are off against this machine's (`clock_note` says how).
+    pub launch_to_first_byte_s: Option<f64>,
+    /// What is off in the senders' clocks against this machine's, when they are off alike
+    /// (a lone sender's, or every one's): see `incast::clocks`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub clock_note: Option<String>,
     /// Spread of every flow's first post, across hosts (wall clocks: as synchronized as the
     /// hosts' clocks are; exact on the bench, where all hosts share one).
     pub start_skew_us: f64,
@@ -314,7 +319,8 @@ mod tests {
                 flows_per_sender: 1,
                 flows_requested: 1,
                 flows_started: 1,
-                launch_to_first_byte_s: 0.0,
+                launch_to_first_byte_s: Some(0.0),
+                clock_note: None,
                 start_skew_us: 0.0,
                 duration_s: 1.0,
                 total: Totals::new(ops, bytes, 1.0, &latency),

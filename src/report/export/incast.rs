@@ -100,7 +100,7 @@ pub fn step_summary<W: Write>(r: &IncastReport, report_path: &Path, mut w: W) ->
     };
     writeln!(
         w,
-        "{what}: {} flows ({} per {per} x {}), started {}, {:.3} Gb/s, fairness {:.4}, latency p50 {:.1} us p99 {:.1} us p99.9 {:.1} us; launch to first byte {:.2} s, start skew {:.1} ms",
+        "{what}: {} flows ({} per {per} x {}), started {}, {:.3} Gb/s, fairness {:.4}, latency p50 {:.1} us p99 {:.1} us p99.9 {:.1} us; launch to first byte {}, start skew {:.1} ms",
         r.flows_requested,
         r.flows_per_sender,
         r.senders.len(),
@@ -110,7 +110,8 @@ pub fn step_summary<W: Write>(r: &IncastReport, report_path: &Path, mut w: W) ->
         us(l.p50_ns),
         us(l.p99_ns),
         us(l.p999_ns),
-        r.launch_to_first_byte_s,
+        r.launch_to_first_byte_s
+            .map_or("unknown (clocks off)".into(), |s| format!("{s:.2} s")),
         r.start_skew_us / 1e3
     )?;
     if r.ops.len() > 1 {
