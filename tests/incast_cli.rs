@@ -437,39 +437,108 @@ fn alive(pid: i32) -> bool {
     }
 }
 
-#[test]
-fn an_error_after_launching_stops_everything_launched() {
-    let dir = TempDir::new("leak");
-    let out = dir.arg("out");
-    // Sender 1's log cannot be made (a directory is in its place): after the receiver and
-    // sender 0 were launched.
-    std::fs::create_dir_all(dir.path("out/sender-1-b.err")).unwrap();
-    // Every process launched notes its pid (its group's) and sleeps.
-    let pids = dir.path("pids");
-    let launcher = format!("echo $$ >> {}; exec sleep 25 #{{host}}", pids.display());
-    let start = Instant::now();
+/// Runs an incast from r to a, b and c through `launcher`, which notes every process it
+/// launches as a "HOST PID" line in `pids`; the step fails on c's log (a directory is in its
+/// place) once r and a have noted themselves. a's and b's logs are FIFOs, each let through by a
+/// reader only once the process launched before it (r, then a) is noted: else ibjitter stopped
+/// the shells before they ran anything, and there was nothing to check.
+fn fail_after_launching(dir: &TempDir, launcher: &str, pids: &Path) -> Ran {
+    use std::os::unix::fs::OpenOptionsExt;
+    let out = dir.path("out");
+    std::fs::create_dir_all(out.join("sender-2-c.err")).unwrap();
+    let gates = [
+        ("r", out.join("sender-0-a.err")),
+        ("a", out.join("sender-1-b.err")),
+    ];
+    for (_, fifo) in &gates {
+        let path = std::ffi::CString::new(fifo.display().to_string()).unwrap();
+        // SAFETY: mkfifo(3) on a path of this test's own directory.
+        assert_eq!(
+            unsafe { libc::mkfifo(path.as_ptr(), 0o600) },
+            0,
+            "{}",
+            fifo.display()
+        );
+    }
+    let pids = pids.to_path_buf();
+    let gate = std::thread::spawn(move || {
+        let mut readers = Vec::new();
+        let deadline = Instant::now() + TIME_LIMIT;
+        for (host, fifo) in gates {
+            while !noted(&pids).iter().any(|(h, _)| h == host) {
+                if Instant::now() > deadline {
+                    return readers;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Held open until ibjitter is done: its open of the FIFO goes through.
+            let reader = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo)
+                .unwrap();
+            readers.push(reader);
+        }
+        readers
+    });
     let ran = incast(
-        &dir,
-        &launcher,
-        &out,
-        &["--receiver", "r", "--senders", "a,b"],
+        dir,
+        launcher,
+        &dir.arg("out"),
+        &["--receiver", "r", "--senders", "a,b,c"],
     );
-    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
-    assert!(ran.stderr.contains("sender-1-b.err"), "{}", ran.stderr);
-    assert!(start.elapsed() < TIME_LIMIT);
-    // A launched shell may note its pid after ibjitter ended: give it a moment.
-    std::thread::sleep(Duration::from_millis(500));
-    let pids: Vec<i32> = std::fs::read_to_string(&pids)
+    drop(gate.join().unwrap());
+    ran
+}
+
+/// The "HOST PID" lines noted in `pids`.
+fn noted(pids: &Path) -> Vec<(String, i32)> {
+    std::fs::read_to_string(pids)
         .unwrap_or_default()
         .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    let running: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
-    for &p in &running {
+        .filter_map(|l| {
+            let (host, pid) = l.split_once(' ')?;
+            Some((host.to_string(), pid.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every process noted in `pids` is gone (those left running are killed), and r's and a's
+/// were noted: a check of no pid at all passed whatever ibjitter left.
+#[track_caller]
+fn none_left_running(pids: &Path) {
+    // A launched shell (b's) may note its pid after ibjitter ended: give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let noted = noted(pids);
+    let running: Vec<&(String, i32)> = noted.iter().filter(|&&(_, p)| alive(p)).collect();
+    for &&(_, p) in &running {
         // SAFETY: kill(2) of a process this test launched (through ibjitter).
         unsafe { libc::kill(p, libc::SIGKILL) };
     }
-    assert!(running.is_empty(), "left running: {running:?} of {pids:?}");
+    for host in ["r", "a"] {
+        assert!(
+            noted.iter().any(|(h, _)| h == host),
+            "{host} noted no pid: {noted:?}"
+        );
+    }
+    assert!(running.is_empty(), "left running: {running:?} of {noted:?}");
+}
+
+#[test]
+fn an_error_after_launching_stops_everything_launched() {
+    let dir = TempDir::new("leak");
+    // Every process launched notes its pid (its group's) and sleeps.
+    let pids = dir.path("pids");
+    let launcher = format!(
+        "echo {{host}} $$ >> {}; exec sleep 25 #{{host}}",
+        pids.display()
+    );
+    let start = Instant::now();
+    let ran = fail_after_launching(&dir, &launcher, &pids);
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("sender-2-c.err"), "{}", ran.stderr);
+    assert!(start.elapsed() < TIME_LIMIT);
+    none_left_running(&pids);
 }
 
 #[test]
