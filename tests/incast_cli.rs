@@ -542,6 +542,37 @@ fn an_error_after_launching_stops_everything_launched() {
 }
 
 #[test]
+fn what_a_launcher_leaves_running_when_it_exits_is_stopped_on_an_error_or_ctrl_c() {
+    let dir = TempDir::new("orphans");
+    let pids = dir.path("pids");
+    // Each launcher starts its command in the background, notes that one's pid and exits: the
+    // command runs on in the group launched, its leader gone (as a wrapper that forks and
+    // exits leaves it, or `sh -c 'ibjitter run ...; echo done'` stopped first).
+    let launcher = format!(
+        "sleep 25 >/dev/null 2>&1 & echo {{host}} $! >> {}; #{{host}}",
+        pids.display()
+    );
+    let ran = fail_after_launching(&dir, &launcher, &pids);
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    none_left_running(&pids);
+    // Ctrl-C once sender a is launched (a background command ignores SIGINT: it is stopped
+    // with the step).
+    std::fs::remove_file(&pids).unwrap();
+    let launcher = format!(
+        "sleep 25 >/dev/null 2>&1 & echo {{host}} $! >> {}; [ {{host}} != a ] || kill -INT $PPID; #{{host}}",
+        pids.display()
+    );
+    let ran = incast(
+        &dir,
+        &launcher,
+        &dir.arg("out2"),
+        &["--receiver", "r", "--senders", "a,b"],
+    );
+    assert_eq!(ran.code, Some(130), "{}", ran.stderr);
+    none_left_running(&pids);
+}
+
+#[test]
 fn a_step_that_fails_keeps_the_steps_before_it() {
     let dir = TempDir::new("partial");
     let launcher = fake_launcher(&dir);
