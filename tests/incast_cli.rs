@@ -601,4 +601,105 @@ fn a_step_that_fails_keeps_the_steps_before_it() {
     assert_eq!(steps.len(), 1, "{p}");
     assert_eq!(steps[0]["sink"], "a");
     assert!(dir.path("out/step-0-a/incast.json").exists());
+    // pattern.json alone says it is partial, as stderr does.
+    assert_eq!(
+        (&p["steps_asked"], &p["steps_done"]),
+        (&json!(2), &json!(1)),
+        "{p}"
+    );
+    let why = "step 1 (sink b) could not be launched";
+    assert_eq!(p["stopped"], why, "{p}");
+    let said = format!("rotation stopped early, 1 of 2 steps done: {why}");
+    assert!(ran.stderr.contains(&said), "{}", ran.stderr);
+}
+
+/// The status column of a sweep.csv, by flows per sender.
+fn sweep_statuses(csv: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(csv).unwrap();
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().ends_with(",status"), "{text}");
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            (cells[0].to_string(), cells[cells.len() - 1].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_sweep_or_rotation_stopped_early_says_how_far_it_got_in_its_files() {
+    let dir = TempDir::new("stopped");
+    let launcher = fake_launcher(&dir);
+    for host in ["a", "b", "c"] {
+        sender_reports(&dir, host, now_ns(), 2);
+    }
+    let pairs = |csv: &[(&str, &str)]| -> Vec<(String, String)> {
+        csv.iter().map(|&(n, s)| (n.into(), s.into())).collect()
+    };
+    // A sweep whose second step cannot be launched: sweep.csv listed the first only.
+    std::fs::create_dir_all(dir.path("out/flows-3/sender-0-a.err")).unwrap();
+    let sweep = ["--receiver", "r", "--senders", "a,b", "--sweep", "2,3,4"];
+    let ran = incast(&dir, &launcher, &dir.arg("out"), &sweep);
+    assert_eq!(ran.code, Some(2), "{}{}", ran.stdout, ran.stderr);
+    let said = "sweep stopped early, 1 of 3 steps done: its step of 3 flows per sender could not \
+                be launched";
+    assert!(ran.stderr.contains(said), "{}", ran.stderr);
+    assert_eq!(
+        sweep_statuses(&dir.path("out/sweep.csv")),
+        pairs(&[("2", "done"), ("3", "not launched"), ("4", "not run")])
+    );
+    // Ctrl-C in the second step of a sweep, then of a rotation (sender a's launcher sends
+    // SIGINT to ibjitter the second time it runs a sender, and the first).
+    let ctrl_c = |second: bool| {
+        let marks = dir.path("marks");
+        let _ = std::fs::remove_dir_all(&marks);
+        std::fs::create_dir_all(&marks).unwrap();
+        let m = marks.display();
+        let when = if second {
+            format!("! mkdir {m}/1 2>/dev/null && mkdir {m}/2 2>/dev/null")
+        } else {
+            format!("mkdir {m}/1 2>/dev/null")
+        };
+        let fake = dir.path("fake.sh");
+        format!(
+            "f() {{ if [ \"$1\" = a ] && [ \"$3\" = run ] && {when}; then kill -INT $PPID; fi; \
+             sh {} \"$@\"; }}; f {{host}}",
+            fake.display()
+        )
+    };
+    let ran = incast(&dir, &ctrl_c(true), &dir.arg("out2"), &sweep);
+    assert_eq!(ran.code, Some(130), "{}{}", ran.stdout, ran.stderr);
+    let said = "sweep stopped early, 1 of 3 steps done: interrupted (Ctrl-C) in its step of 3 \
+                flows per sender, whose figures are partial";
+    assert!(ran.stderr.contains(said), "{}", ran.stderr);
+    assert_eq!(
+        sweep_statuses(&dir.path("out2/sweep.csv")),
+        pairs(&[("2", "done"), ("3", "interrupted"), ("4", "not run")])
+    );
+    // Steps 0 (sink a: senders b, c) and 1 (sink b: a is sender): step 1 cut short.
+    let rotation = ["--pattern", "rotating-incast", "--hosts", "a,b,c"];
+    let ran = incast(&dir, &ctrl_c(false), &dir.arg("out3"), &rotation);
+    assert_eq!(ran.code, Some(130), "{}{}", ran.stdout, ran.stderr);
+    let p = common::read_json(&dir.path("out3/pattern.json"));
+    assert_eq!(
+        (&p["steps_asked"], &p["steps_done"]),
+        (&json!(3), &json!(1)),
+        "{p}"
+    );
+    assert_eq!(p["steps"].as_array().unwrap().len(), 2, "{p}");
+    let why = "interrupted (Ctrl-C) in step 1 (sink b), whose figures are partial";
+    assert_eq!(p["stopped"], why, "{p}");
+    let said = format!("rotation stopped early, 1 of 3 steps done: {why}");
+    assert!(ran.stderr.contains(&said), "{}", ran.stderr);
+    // Run to its end: every step done, nothing said.
+    let ran = incast(&dir, &launcher, &dir.arg("out4"), &rotation);
+    assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
+    let p = common::read_json(&dir.path("out4/pattern.json"));
+    assert_eq!(
+        (&p["steps_asked"], &p["steps_done"]),
+        (&json!(3), &json!(3)),
+        "{p}"
+    );
+    assert!(p.get("stopped").is_none(), "{p}");
+    assert!(!ran.stderr.contains("stopped early"), "{}", ran.stderr);
 }

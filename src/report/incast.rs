@@ -127,10 +127,42 @@ pub struct Merged {
     pub series: Vec<Vec<u64>>,
 }
 
+/// How far a step of a sweep or a rotation got: a sweep's files list every step asked for,
+/// so that one stopped early says so without its stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepStatus {
+    /// Ran to its end.
+    Done,
+    /// Cut short by Ctrl-C: its figures are what was measured until then.
+    Interrupted,
+    /// Could not be launched: no figures, and the sweep stopped.
+    NotLaunched,
+    /// Not run: an earlier step stopped the sweep.
+    NotRun,
+}
+
+impl StepStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            StepStatus::Done => "done",
+            StepStatus::Interrupted => "interrupted",
+            StepStatus::NotLaunched => "not launched",
+            StepStatus::NotRun => "not run",
+        }
+    }
+
+    /// Whether the step measured anything (its figures mean something).
+    pub fn ran(self) -> bool {
+        matches!(self, StepStatus::Done | StepStatus::Interrupted)
+    }
+}
+
 /// One step of a sweep, as the thesis tabulated it by hand.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepRow {
     pub per_sender: u32,
+    /// Its figures are zero where the step did not run.
+    pub status: StepStatus,
     pub requested: u32,
     pub started: u32,
     pub gbps: f64,
@@ -140,15 +172,29 @@ pub struct SweepRow {
 }
 
 impl SweepRow {
-    pub fn of(per_sender: u32, r: &IncastReport) -> SweepRow {
+    pub fn of(per_sender: u32, status: StepStatus, r: &IncastReport) -> SweepRow {
         let l = &r.total.latency;
         SweepRow {
             per_sender,
+            status,
             requested: r.flows_requested,
             started: r.flows_started,
             gbps: r.total.gbps,
             fairness: r.fairness,
             latency_us: [us(l.p50_ns), us(l.p99_ns), us(l.p999_ns)],
+        }
+    }
+
+    /// A step that did not run (`status` says why).
+    pub fn unrun(per_sender: u32, status: StepStatus) -> SweepRow {
+        SweepRow {
+            per_sender,
+            status,
+            requested: 0,
+            started: 0,
+            gbps: 0.0,
+            fairness: 0.0,
+            latency_us: [0.0; 3],
         }
     }
 }
@@ -158,6 +204,16 @@ impl SweepRow {
 pub struct RotationReport {
     pub tool: String,
     pub pattern: String,
+    /// Steps asked for (--steps, or one per host).
+    #[serde(default)]
+    pub steps_asked: usize,
+    /// Steps that ran to their end; fewer than asked where the rotation stopped early.
+    #[serde(default)]
+    pub steps_done: usize,
+    /// Why the rotation stopped before its end (Ctrl-C, a step that could not be launched).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stopped: Option<String>,
+    /// Every step that ran, one cut short by Ctrl-C too (`stopped` names it).
     pub steps: Vec<RotationStep>,
     pub pairs: PairMatrix,
 }
