@@ -330,6 +330,55 @@ fn a_sender_whose_clock_is_off_is_named_and_merged_in_bounded_memory() {
 }
 
 #[test]
+fn senders_whose_clocks_are_off_alike_leave_the_launch_to_first_byte_unknown() {
+    let dir = TempDir::new("common-skew");
+    let launcher = fake_launcher(&dir);
+    let out = dir.arg("out");
+    const DAY_NS: i64 = 86_400_000_000_000;
+    // A lone sender a day behind was reported 0 s from launch to first byte (its first byte
+    // before the launch, saturated); two senders a day ahead, 86400 s. Comparing senders with
+    // each other sees neither.
+    for (senders, skew_ns, says) in [("a", -DAY_NS, "behind"), ("a,b", DAY_NS, "ahead of")] {
+        let t = now_ns().saturating_add_signed(skew_ns);
+        for s in senders.split(',') {
+            sender_reports(&dir, s, t, 2);
+        }
+        let ran = incast_flows(&dir, &launcher, &out, senders, "2");
+        // Every figure is the senders' own, and sound: only the launch's is unknown.
+        assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
+        let said = format!("{says} this machine's");
+        assert!(
+            ran.stderr.contains("the senders' clocks are at least 86")
+                && ran.stderr.contains(&said),
+            "{}",
+            ran.stderr
+        );
+        assert!(
+            ran.stdout.contains("launch to first byte unknown"),
+            "{}",
+            ran.stdout
+        );
+        let r = common::read_json(&dir.path("out/incast.json"));
+        assert!(r["launch_to_first_byte_s"].is_null(), "{r}");
+        let note = r["clock_note"].as_str().unwrap_or_default();
+        assert!(note.contains(&said) && note.contains("unknown"), "{r}");
+        assert!(r["senders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["status"] == "ok"));
+    }
+    // Clocks that agree with this machine's: a figure, and nothing said.
+    sender_reports(&dir, "a", now_ns(), 2);
+    let ran = incast_flows(&dir, &launcher, &out, "a", "2");
+    assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
+    assert!(!ran.stderr.contains("clocks"), "{}", ran.stderr);
+    let r = common::read_json(&dir.path("out/incast.json"));
+    assert!(r["launch_to_first_byte_s"].is_f64(), "{r}");
+    assert!(r.get("clock_note").is_none(), "{r}");
+}
+
+#[test]
 fn host_names_never_lead_files_outside_out() {
     let dir = TempDir::new("names");
     let launcher = fake_launcher(&dir);
@@ -388,39 +437,139 @@ fn alive(pid: i32) -> bool {
     }
 }
 
-#[test]
-fn an_error_after_launching_stops_everything_launched() {
-    let dir = TempDir::new("leak");
-    let out = dir.arg("out");
-    // Sender 1's log cannot be made (a directory is in its place): after the receiver and
-    // sender 0 were launched.
-    std::fs::create_dir_all(dir.path("out/sender-1-b.err")).unwrap();
-    // Every process launched notes its pid (its group's) and sleeps.
-    let pids = dir.path("pids");
-    let launcher = format!("echo $$ >> {}; exec sleep 25 #{{host}}", pids.display());
-    let start = Instant::now();
+/// Runs an incast from r to a, b and c through `launcher`, which notes every process it
+/// launches as a "HOST PID" line in `pids`; the step fails on c's log (a directory is in its
+/// place) once r and a have noted themselves. a's and b's logs are FIFOs, each let through by a
+/// reader only once the process launched before it (r, then a) is noted: else ibjitter stopped
+/// the shells before they ran anything, and there was nothing to check.
+fn fail_after_launching(dir: &TempDir, launcher: &str, pids: &Path) -> Ran {
+    use std::os::unix::fs::OpenOptionsExt;
+    let out = dir.path("out");
+    std::fs::create_dir_all(out.join("sender-2-c.err")).unwrap();
+    let gates = [
+        ("r", out.join("sender-0-a.err")),
+        ("a", out.join("sender-1-b.err")),
+    ];
+    for (_, fifo) in &gates {
+        let path = std::ffi::CString::new(fifo.display().to_string()).unwrap();
+        // SAFETY: mkfifo(3) on a path of this test's own directory.
+        assert_eq!(
+            unsafe { libc::mkfifo(path.as_ptr(), 0o600) },
+            0,
+            "{}",
+            fifo.display()
+        );
+    }
+    let pids = pids.to_path_buf();
+    let gate = std::thread::spawn(move || {
+        let mut readers = Vec::new();
+        let deadline = Instant::now() + TIME_LIMIT;
+        for (host, fifo) in gates {
+            while !noted(&pids).iter().any(|(h, _)| h == host) {
+                if Instant::now() > deadline {
+                    return readers;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Held open until ibjitter is done: its open of the FIFO goes through.
+            let reader = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo)
+                .unwrap();
+            readers.push(reader);
+        }
+        readers
+    });
     let ran = incast(
-        &dir,
-        &launcher,
-        &out,
-        &["--receiver", "r", "--senders", "a,b"],
+        dir,
+        launcher,
+        &dir.arg("out"),
+        &["--receiver", "r", "--senders", "a,b,c"],
     );
-    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
-    assert!(ran.stderr.contains("sender-1-b.err"), "{}", ran.stderr);
-    assert!(start.elapsed() < TIME_LIMIT);
-    // A launched shell may note its pid after ibjitter ended: give it a moment.
-    std::thread::sleep(Duration::from_millis(500));
-    let pids: Vec<i32> = std::fs::read_to_string(&pids)
+    drop(gate.join().unwrap());
+    ran
+}
+
+/// The "HOST PID" lines noted in `pids`.
+fn noted(pids: &Path) -> Vec<(String, i32)> {
+    std::fs::read_to_string(pids)
         .unwrap_or_default()
         .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    let running: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
-    for &p in &running {
+        .filter_map(|l| {
+            let (host, pid) = l.split_once(' ')?;
+            Some((host.to_string(), pid.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every process noted in `pids` is gone (those left running are killed), and r's and a's
+/// were noted: a check of no pid at all passed whatever ibjitter left.
+#[track_caller]
+fn none_left_running(pids: &Path) {
+    // A launched shell (b's) may note its pid after ibjitter ended: give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let noted = noted(pids);
+    let running: Vec<&(String, i32)> = noted.iter().filter(|&&(_, p)| alive(p)).collect();
+    for &&(_, p) in &running {
         // SAFETY: kill(2) of a process this test launched (through ibjitter).
         unsafe { libc::kill(p, libc::SIGKILL) };
     }
-    assert!(running.is_empty(), "left running: {running:?} of {pids:?}");
+    for host in ["r", "a"] {
+        assert!(
+            noted.iter().any(|(h, _)| h == host),
+            "{host} noted no pid: {noted:?}"
+        );
+    }
+    assert!(running.is_empty(), "left running: {running:?} of {noted:?}");
+}
+
+#[test]
+fn an_error_after_launching_stops_everything_launched() {
+    let dir = TempDir::new("leak");
+    // Every process launched notes its pid (its group's) and sleeps.
+    let pids = dir.path("pids");
+    let launcher = format!(
+        "echo {{host}} $$ >> {}; exec sleep 25 #{{host}}",
+        pids.display()
+    );
+    let start = Instant::now();
+    let ran = fail_after_launching(&dir, &launcher, &pids);
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("sender-2-c.err"), "{}", ran.stderr);
+    assert!(start.elapsed() < TIME_LIMIT);
+    none_left_running(&pids);
+}
+
+#[test]
+fn what_a_launcher_leaves_running_when_it_exits_is_stopped_on_an_error_or_ctrl_c() {
+    let dir = TempDir::new("orphans");
+    let pids = dir.path("pids");
+    // Each launcher starts its command in the background, notes that one's pid and exits: the
+    // command runs on in the group launched, its leader gone (as a wrapper that forks and
+    // exits leaves it, or `sh -c 'ibjitter run ...; echo done'` stopped first).
+    let launcher = format!(
+        "sleep 25 >/dev/null 2>&1 & echo {{host}} $! >> {}; #{{host}}",
+        pids.display()
+    );
+    let ran = fail_after_launching(&dir, &launcher, &pids);
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    none_left_running(&pids);
+    // Ctrl-C once sender a is launched (a background command ignores SIGINT: it is stopped
+    // with the step).
+    std::fs::remove_file(&pids).unwrap();
+    let launcher = format!(
+        "sleep 25 >/dev/null 2>&1 & echo {{host}} $! >> {}; [ {{host}} != a ] || kill -INT $PPID; #{{host}}",
+        pids.display()
+    );
+    let ran = incast(
+        &dir,
+        &launcher,
+        &dir.arg("out2"),
+        &["--receiver", "r", "--senders", "a,b"],
+    );
+    assert_eq!(ran.code, Some(130), "{}", ran.stderr);
+    none_left_running(&pids);
 }
 
 #[test]
@@ -452,4 +601,105 @@ fn a_step_that_fails_keeps_the_steps_before_it() {
     assert_eq!(steps.len(), 1, "{p}");
     assert_eq!(steps[0]["sink"], "a");
     assert!(dir.path("out/step-0-a/incast.json").exists());
+    // pattern.json alone says it is partial, as stderr does.
+    assert_eq!(
+        (&p["steps_asked"], &p["steps_done"]),
+        (&json!(2), &json!(1)),
+        "{p}"
+    );
+    let why = "step 1 (sink b) could not be launched";
+    assert_eq!(p["stopped"], why, "{p}");
+    let said = format!("rotation stopped early, 1 of 2 steps done: {why}");
+    assert!(ran.stderr.contains(&said), "{}", ran.stderr);
+}
+
+/// The status column of a sweep.csv, by flows per sender.
+fn sweep_statuses(csv: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(csv).unwrap();
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().ends_with(",status"), "{text}");
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            (cells[0].to_string(), cells[cells.len() - 1].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_sweep_or_rotation_stopped_early_says_how_far_it_got_in_its_files() {
+    let dir = TempDir::new("stopped");
+    let launcher = fake_launcher(&dir);
+    for host in ["a", "b", "c"] {
+        sender_reports(&dir, host, now_ns(), 2);
+    }
+    let pairs = |csv: &[(&str, &str)]| -> Vec<(String, String)> {
+        csv.iter().map(|&(n, s)| (n.into(), s.into())).collect()
+    };
+    // A sweep whose second step cannot be launched: sweep.csv listed the first only.
+    std::fs::create_dir_all(dir.path("out/flows-3/sender-0-a.err")).unwrap();
+    let sweep = ["--receiver", "r", "--senders", "a,b", "--sweep", "2,3,4"];
+    let ran = incast(&dir, &launcher, &dir.arg("out"), &sweep);
+    assert_eq!(ran.code, Some(2), "{}{}", ran.stdout, ran.stderr);
+    let said = "sweep stopped early, 1 of 3 steps done: its step of 3 flows per sender could not \
+                be launched";
+    assert!(ran.stderr.contains(said), "{}", ran.stderr);
+    assert_eq!(
+        sweep_statuses(&dir.path("out/sweep.csv")),
+        pairs(&[("2", "done"), ("3", "not launched"), ("4", "not run")])
+    );
+    // Ctrl-C in the second step of a sweep, then of a rotation (sender a's launcher sends
+    // SIGINT to ibjitter the second time it runs a sender, and the first).
+    let ctrl_c = |second: bool| {
+        let marks = dir.path("marks");
+        let _ = std::fs::remove_dir_all(&marks);
+        std::fs::create_dir_all(&marks).unwrap();
+        let m = marks.display();
+        let when = if second {
+            format!("! mkdir {m}/1 2>/dev/null && mkdir {m}/2 2>/dev/null")
+        } else {
+            format!("mkdir {m}/1 2>/dev/null")
+        };
+        let fake = dir.path("fake.sh");
+        format!(
+            "f() {{ if [ \"$1\" = a ] && [ \"$3\" = run ] && {when}; then kill -INT $PPID; fi; \
+             sh {} \"$@\"; }}; f {{host}}",
+            fake.display()
+        )
+    };
+    let ran = incast(&dir, &ctrl_c(true), &dir.arg("out2"), &sweep);
+    assert_eq!(ran.code, Some(130), "{}{}", ran.stdout, ran.stderr);
+    let said = "sweep stopped early, 1 of 3 steps done: interrupted (Ctrl-C) in its step of 3 \
+                flows per sender, whose figures are partial";
+    assert!(ran.stderr.contains(said), "{}", ran.stderr);
+    assert_eq!(
+        sweep_statuses(&dir.path("out2/sweep.csv")),
+        pairs(&[("2", "done"), ("3", "interrupted"), ("4", "not run")])
+    );
+    // Steps 0 (sink a: senders b, c) and 1 (sink b: a is sender): step 1 cut short.
+    let rotation = ["--pattern", "rotating-incast", "--hosts", "a,b,c"];
+    let ran = incast(&dir, &ctrl_c(false), &dir.arg("out3"), &rotation);
+    assert_eq!(ran.code, Some(130), "{}{}", ran.stdout, ran.stderr);
+    let p = common::read_json(&dir.path("out3/pattern.json"));
+    assert_eq!(
+        (&p["steps_asked"], &p["steps_done"]),
+        (&json!(3), &json!(1)),
+        "{p}"
+    );
+    assert_eq!(p["steps"].as_array().unwrap().len(), 2, "{p}");
+    let why = "interrupted (Ctrl-C) in step 1 (sink b), whose figures are partial";
+    assert_eq!(p["stopped"], why, "{p}");
+    let said = format!("rotation stopped early, 1 of 3 steps done: {why}");
+    assert!(ran.stderr.contains(&said), "{}", ran.stderr);
+    // Run to its end: every step done, nothing said.
+    let ran = incast(&dir, &launcher, &dir.arg("out4"), &rotation);
+    assert_eq!(ran.code, Some(0), "{}{}", ran.stdout, ran.stderr);
+    let p = common::read_json(&dir.path("out4/pattern.json"));
+    assert_eq!(
+        (&p["steps_asked"], &p["steps_done"]),
+        (&json!(3), &json!(3)),
+        "{p}"
+    );
+    assert!(p.get("stopped").is_none(), "{p}");
+    assert!(!ran.stderr.contains("stopped early"), "{}", ran.stderr);
 }

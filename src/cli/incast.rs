@@ -10,7 +10,7 @@ use ibjitter::incast::pattern::{self, Host, Pattern};
 use ibjitter::incast::{run_step, IncastConfig};
 use ibjitter::report::export::incast as export;
 use ibjitter::report::export::pairs as pairs_export;
-use ibjitter::report::incast::{Merged, RotationReport, RotationStep, SweepRow};
+use ibjitter::report::incast::{Merged, RotationReport, RotationStep, StepStatus, SweepRow};
 use ibjitter::report::pairs::PairMatrix;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -247,6 +247,8 @@ pub fn run(a: IncastArgs) -> i32 {
     };
     let mut rows = Vec::new();
     let mut code = exit::OK;
+    // Why the sweep stopped before its end, as stderr and sweep.csv say it.
+    let mut stopped = None;
     for &n in &steps {
         let dir = if a.sweep.is_empty() {
             a.out.clone()
@@ -259,6 +261,10 @@ pub fn run(a: IncastArgs) -> i32 {
                 eprintln!("ibjitter incast: {e}");
                 // What the sweep's steps before measured is still written.
                 code = code.max(exit::SETUP);
+                rows.push(SweepRow::unrun(n, StepStatus::NotLaunched));
+                stopped = Some(format!(
+                    "its step of {n} flows per sender could not be launched"
+                ));
                 break;
             }
         };
@@ -280,13 +286,29 @@ pub fn run(a: IncastArgs) -> i32 {
         if !step.clean() {
             code = code.max(exit::PARTLY);
         }
-        rows.push(SweepRow::of(n, &step.merged.report));
         if step.interrupted {
+            rows.push(SweepRow::of(
+                n,
+                StepStatus::Interrupted,
+                &step.merged.report,
+            ));
             code = exit::INTERRUPTED;
+            stopped = Some(format!(
+                "interrupted (Ctrl-C) in its step of {n} flows per sender, whose figures are \
+                 partial"
+            ));
             break;
         }
+        rows.push(SweepRow::of(n, StepStatus::Done, &step.merged.report));
     }
-    if !a.sweep.is_empty() && !rows.is_empty() {
+    // The steps after one that stopped the sweep are listed too: the files alone say it.
+    let not_run = steps[rows.len()..].iter();
+    rows.extend(not_run.map(|&n| SweepRow::unrun(n, StepStatus::NotRun)));
+    if let (false, Some(why)) = (a.sweep.is_empty(), &stopped) {
+        let done = rows.iter().filter(|r| r.status == StepStatus::Done).count();
+        say_stopped("sweep", done, rows.len(), why);
+    }
+    if !a.sweep.is_empty() && rows.iter().any(|r| r.status.ran()) {
         if let Err(e) = export::sweep_csv(&rows, &a.out.join("sweep.csv")) {
             eprintln!("ibjitter incast: {e}");
             code = exit::with_write_failure(code);
@@ -294,6 +316,11 @@ pub fn run(a: IncastArgs) -> i32 {
         let _ = export::sweep_table(&rows, std::io::stdout().lock());
     }
     code
+}
+
+/// Says on stderr that a sweep or a rotation stopped before its end, as its files say it.
+fn say_stopped(what: &str, done: usize, asked: usize, why: &str) {
+    eprintln!("ibjitter incast: {what} stopped early, {done} of {asked} steps done: {why}");
 }
 
 /// Writes pairs.csv into `dir`; says which pairs moved nothing or failed. Its exit status.
@@ -319,7 +346,11 @@ fn rotate(a: &IncastArgs, cfg: &IncastConfig, names: &[String]) -> i32 {
     let mut code = exit::OK;
     let mut kept = KeptSteps::default();
     let mut steps = Vec::new();
-    for k in 0..a.steps.unwrap_or(names.len()) {
+    let asked = a.steps.unwrap_or(names.len());
+    // Why the rotation stopped before its end, and whether its last step was cut short.
+    let mut stopped = None;
+    let mut cut_short = false;
+    for k in 0..asked {
         // Made as it runs: a rotation's steps are many.
         let layout = pattern::layout(a.pattern, names.len(), a.seed, k);
         let sink = &names[layout.receivers()[0]];
@@ -328,11 +359,9 @@ fn rotate(a: &IncastArgs, cfg: &IncastConfig, names: &[String]) -> i32 {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("ibjitter incast: {e}");
-                if steps.is_empty() {
-                    return exit::SETUP;
-                }
                 // What the steps before measured is still written, pattern.json with them.
                 code = code.max(exit::SETUP);
+                stopped = Some(format!("step {k} (sink {sink}) could not be launched"));
                 break;
             }
         };
@@ -350,8 +379,20 @@ fn rotate(a: &IncastArgs, cfg: &IncastConfig, names: &[String]) -> i32 {
         kept.push(step.merged);
         if interrupted {
             code = exit::INTERRUPTED;
+            stopped = Some(format!(
+                "interrupted (Ctrl-C) in step {k} (sink {sink}), whose figures are partial"
+            ));
+            cut_short = true;
             break;
         }
+    }
+    let done = steps.len() - usize::from(cut_short);
+    if let Some(why) = &stopped {
+        say_stopped("rotation", done, asked, why);
+    }
+    if steps.is_empty() {
+        // Its first step could not be launched: nothing to write.
+        return code;
     }
     let all: Vec<&_> = kept.steps.iter().collect();
     let pairs = PairMatrix::of(names, &all);
@@ -359,6 +400,9 @@ fn rotate(a: &IncastArgs, cfg: &IncastConfig, names: &[String]) -> i32 {
     let report = RotationReport {
         tool: format!("ibjitter {}", ibjitter::VERSION),
         pattern: a.pattern.name().into(),
+        steps_asked: asked,
+        steps_done: done,
+        stopped,
         steps,
         pairs,
     };

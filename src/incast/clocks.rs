@@ -3,7 +3,10 @@
 //! other (as timed here, plus [`SLACK`] for clocks that agree only as well as NTP keeps them),
 //! and none ran longer than that. A start further from the others' is its host's clock being
 //! off, not when it ran: the merge places such a sender at the others' start instead of padding
-//! every series by the skew, and says so.
+//! every series by the skew, and says so. Where they agree, they must also agree with this
+//! machine: they started after the step was launched here and before it ended. Clocks off alike
+//! (a lone sender's, or every one's) agree with each other but not with that; only the launch to
+//! the first byte depends on this machine's clock, and it is then unknown.
 use std::time::Duration;
 
 /// How far the hosts' clocks may disagree on top of the step's own length.
@@ -19,6 +22,10 @@ pub struct Clocks {
     /// Per sender: how far its start is from the reference (ns; negative: behind) where that
     /// is more than `bound_ns`; `None` where it is not, or the sender sent no report.
     pub skews: Vec<Option<i128>>,
+    /// How far the reference is outside the step as timed here (ns; negative: before its
+    /// launch, positive: past its end) where it is more than [`SLACK`] outside: the senders'
+    /// clocks are off alike by at least that much. `None` where it is within.
+    pub common_skew: Option<i128>,
 }
 
 impl Clocks {
@@ -26,6 +33,7 @@ impl Clocks {
     /// where a sender sent no report), in a step launched at `launch_unix_ns` (this machine's
     /// clock) that lasted `step`.
     pub fn of(starts: &[Option<u64>], launch_unix_ns: u64, step: Duration) -> Clocks {
+        let step_ns = i128::try_from(step.as_nanos()).unwrap_or(i128::MAX);
         let bound_ns = u64::try_from(step.saturating_add(SLACK).as_nanos()).unwrap_or(u64::MAX);
         let mut sorted: Vec<u64> = starts.iter().flatten().copied().collect();
         sorted.sort_unstable();
@@ -50,10 +58,21 @@ impl Clocks {
                 (skew.unsigned_abs() > u128::from(bound_ns)).then_some(skew)
             })
             .collect();
+        // No honest start is before the launch or past the step's end, as timed here.
+        let (reference, launch) = (i128::from(reference_unix_ns), i128::from(launch_unix_ns));
+        let slack = SLACK.as_nanos() as i128;
+        let common_skew = if reference < launch - slack {
+            Some(reference - launch)
+        } else if reference > launch.saturating_add(step_ns).saturating_add(slack) {
+            Some(reference - launch - step_ns)
+        } else {
+            None
+        };
         Clocks {
             reference_unix_ns,
             bound_ns,
             skews,
+            common_skew,
         }
     }
 
@@ -80,6 +99,24 @@ impl Clocks {
             skew.unsigned_abs() as f64 / 1e9,
             if skew < 0 { "behind" } else { "ahead of" },
             self.bound_s()
+        ))
+    }
+
+    /// What is said of the senders' clocks against this machine's, if they are off alike.
+    pub fn common_off(&self) -> Option<String> {
+        let skew = self.common_skew?;
+        Some(format!(
+            "the senders' clocks are at least {:.3} s {} this machine's (they say they started \
+             {}, beyond the {:.1} s clocks may disagree): the launch to the first byte is \
+             unknown",
+            skew.unsigned_abs() as f64 / 1e9,
+            if skew < 0 { "behind" } else { "ahead of" },
+            if skew < 0 {
+                "before the step was launched here"
+            } else {
+                "after the step ended here"
+            },
+            SLACK.as_secs_f64()
         ))
     }
 }
@@ -123,5 +160,31 @@ mod tests {
         assert_eq!(c.skews, [None, None]);
         let c = starts(&[0, u64::MAX], T, 10);
         assert_eq!(c.skews, [None, Some(i128::from(u64::MAX))]);
+    }
+
+    #[test]
+    fn clocks_off_alike_are_off_against_this_machines_launch() {
+        // A lone sender a day behind, and three that agree a day ahead of the step's end.
+        let c = starts(&[T - DAY], T, 10);
+        assert_eq!(
+            (c.skews.as_slice(), c.common_skew),
+            (&[None][..], Some(-i128::from(DAY)))
+        );
+        assert!(c
+            .common_off()
+            .unwrap()
+            .starts_with("the senders' clocks are at least 86400.000 s behind"));
+        let c = starts(&[T + DAY - 5, T + DAY, T + DAY + 9], T - 10_000_000_000, 10);
+        assert_eq!(c.common_skew, Some(i128::from(DAY)));
+        assert!(c.common_off().unwrap().contains("86400.000 s ahead of"));
+        // Within the step and its slack either side: not said; nor without a report.
+        for start in [T - 900_000_000, T + 10_900_000_000] {
+            assert_eq!(starts(&[start], T, 10).common_skew, None);
+        }
+        assert_eq!(Clocks::of(&[None], T, Duration::ZERO).common_off(), None);
+        assert_eq!(
+            starts(&[u64::MAX], 0, 0).common_skew,
+            Some(i128::from(u64::MAX))
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! One report out of every sender's: flows numbered across senders, latency histograms added
 //! exactly, time series aligned on the senders' common start (a sender whose clock is off
-//! placed at the others', see [`super::clocks`]), fairness over all flows.
+//! placed at the others', see [`super::clocks`]), fairness over all flows; the launch to the
+//! first byte unless the senders' clocks are off alike.
 use super::clocks::Clocks;
 use crate::gen::intervals::{MIN_HDR_INTERVAL_NS, MIN_INTERVAL_NS};
 use crate::gen::stats::new_histogram;
@@ -152,10 +153,13 @@ pub fn merge(
     let duration_s = duration_s.max(f64::MIN_POSITIVE);
     let rates: Vec<f64> = flows.iter().map(|f| f.gbps).collect();
     let skew_us = spread_us(&firsts);
-    let first_byte_s = firsts
-        .iter()
-        .min()
-        .map_or(0.0, |&f| f.saturating_sub(launch_unix_ns) as f64 / 1e9);
+    // Measured from this machine's launch on the senders' clocks: unknown where they are off.
+    let first_byte_s = clocks.common_skew.is_none().then(|| {
+        firsts
+            .iter()
+            .min()
+            .map_or(0.0, |&f| f.saturating_sub(launch_unix_ns) as f64 / 1e9)
+    });
     let report = IncastReport {
         tool: format!("ibjitter {}", crate::VERSION),
         receiver: receiver.to_string(),
@@ -165,6 +169,7 @@ pub fn merge(
             .unwrap_or(u32::MAX),
         flows_started: firsts.len() as u32,
         launch_to_first_byte_s: first_byte_s,
+        clock_note: clocks.common_off(),
         start_skew_us: skew_us,
         duration_s,
         total: Totals::new(ops, bytes, duration_s, &latency),

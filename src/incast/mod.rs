@@ -13,11 +13,12 @@ use crate::gen::stop::{Reason, StopToken};
 use crate::report::incast::{Merged, SenderSummary};
 use crate::report::RunReport;
 use clocks::Clocks;
+use launcher::Group;
 use pattern::{Host, Layout};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Stdio};
+use std::process::{ChildStdin, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -62,19 +63,20 @@ impl Step {
 
 /// A receiver's `serve`, and with several receivers what releases it.
 struct Receiver {
-    child: Child,
+    group: Group,
     host: String,
     /// Held at its start barrier until we write a line here (several receivers only).
     stdin: Option<ChildStdin>,
     ready: Arc<AtomicBool>,
 }
 
-/// A sender: its process (`None`: it could not be launched), the thread reading its report,
-/// and how it fared.
-type Sender = (Option<Child>, Option<ReportReader>, SenderSummary);
+/// A sender: its process group (`None`: it could not be launched), the thread reading its
+/// report, and how it fared.
+type Sender = (Option<Group>, Option<ReportReader>, SenderSummary);
 
-/// Everything a step launched. Dropped with any of it still running (an error after some were
-/// launched, a panic), it stops them all: nothing a step launched outlives it.
+/// Everything a step launched. Dropped, at the step's end or with any of it still running (an
+/// error after some were launched, a panic), it stops them all and reaps them: nothing a step
+/// launched outlives it. No leader is reaped before: each group can be signalled until then.
 #[derive(Default)]
 struct Started {
     receivers: Vec<Receiver>,
@@ -83,7 +85,7 @@ struct Started {
 
 impl Drop for Started {
     fn drop(&mut self) {
-        let receivers = self.receivers.iter_mut().map(|r| &mut r.child);
+        let receivers = self.receivers.iter_mut().map(|r| &mut r.group);
         let senders = self.senders.iter_mut().filter_map(|s| s.0.as_mut());
         stop_all(receivers.chain(senders).collect());
     }
@@ -137,15 +139,15 @@ pub fn run_step(
             Stdio::from(out.try_clone().map_err(|e| e.to_string())?)
         };
         let stdin = if hold { Stdio::piped() } else { Stdio::null() };
-        let mut child = launcher::spawn(&line, stdin, stdio, Stdio::from(err))
+        let mut group = Group::spawn(&line, stdin, stdio, Stdio::from(err))
             .map_err(|e| format!("cannot launch the receiver on {} ({line}): {e}", host.name))?;
         let ready = Arc::new(AtomicBool::new(false));
-        if let Some(stdout) = child.stdout.take() {
+        if let Some(stdout) = group.take_stdout() {
             watch_ready(stdout, out, ready.clone());
         }
         started.receivers.push(Receiver {
-            stdin: child.stdin.take(),
-            child,
+            stdin: group.take_stdin(),
+            group,
             host: host.name.clone(),
             ready,
         });
@@ -179,11 +181,11 @@ pub fn run_step(
             stderr_tail: String::new(),
         };
         let stderr = Stdio::from(log(&sender_log(k, &summary))?);
-        match launcher::spawn(&line, Stdio::null(), Stdio::piped(), stderr) {
-            Ok(mut child) => {
-                let mut out = child.stdout.take().expect("piped stdout");
+        match Group::spawn(&line, Stdio::null(), Stdio::piped(), stderr) {
+            Ok(mut group) => {
+                let mut out = group.take_stdout().expect("piped stdout");
                 let reader = std::thread::spawn(move || read_report(&mut out, MAX_REPORT));
-                started.senders.push((Some(child), Some(reader), summary));
+                started.senders.push((Some(group), Some(reader), summary));
             }
             Err(e) => {
                 let status = format!("failed to launch: {e}");
@@ -194,27 +196,28 @@ pub fn run_step(
         }
     }
 
-    // Wait for the senders; Ctrl-C is passed on to each (they write what they measured).
-    // Held receivers are released together once each is ready (or gone).
+    // Wait for the senders: each until its leader has exited and its stdout is closed (what
+    // the leader started may still be writing its report). Ctrl-C is passed on to each (they
+    // write what they measured). Held receivers are released together once each is ready (or
+    // gone).
     let mut forwarded = false;
     loop {
         if stop.requested() == Some(Reason::Interrupted) && !forwarded {
-            // Only to senders still running: a reaped one's pid (its group's) may be another
-            // process's by now.
-            for child in started.senders.iter_mut().filter_map(|s| s.0.as_mut()) {
-                if matches!(child.try_wait(), Ok(None)) {
-                    launcher::signal_group(child, libc::SIGINT);
-                }
+            // To every sender's group, also those whose leader has exited: none is reaped yet,
+            // so each id is still its group's.
+            for group in started.senders.iter().filter_map(|s| s.0.as_ref()) {
+                group.signal(libc::SIGINT);
             }
             forwarded = true;
         }
         release_when_all_ready(&mut started.receivers);
         let running = started
             .senders
-            .iter_mut()
-            .filter_map(|s| s.0.as_mut())
-            .map(|c| matches!(c.try_wait(), Ok(None)))
-            .filter(|&alive| alive)
+            .iter()
+            .filter(|(group, reader, _)| {
+                group.as_ref().is_some_and(Group::running)
+                    || reader.as_ref().is_some_and(|r| !r.is_finished())
+            })
             .count();
         if running == 0 {
             break;
@@ -224,19 +227,21 @@ pub fn run_step(
     // Receivers exit by themselves once their senders are done; one that does not is stopped.
     for r in &mut started.receivers {
         r.stdin = None;
-        wait_or_stop(&mut r.child, Duration::from_secs(10));
+        wait_or_stop(&mut r.group, Duration::from_secs(10));
     }
-    // Every sender has exited: what is left of them is read below.
-    let senders = std::mem::take(&mut started.senders);
 
+    // Every sender's leader has exited, unreaped: what is left of its group is stopped and it
+    // is reaped when `started` is dropped.
     let mut reports = Vec::new();
     let mut summaries = Vec::new();
-    for (k, (child, reader, mut summary)) in senders.into_iter().enumerate() {
+    for (k, (group, reader, summary)) in started.senders.iter_mut().enumerate() {
         let (stdout, too_large) = reader
+            .take()
             .map(|r| r.join().unwrap_or_default())
             .unwrap_or_default();
-        if let Some(mut child) = child {
-            let code = child.wait().ok().and_then(|s| s.code());
+        let mut summary = summary.clone();
+        if let Some(group) = group {
+            let code = group.exited().ok().flatten().and_then(|s| s.code());
             summary.exit_code = code;
             if code != Some(0) {
                 summary.status = match code {
@@ -277,6 +282,9 @@ pub fn run_step(
                 s.host, s.receiver
             );
         }
+    }
+    if let Some(off) = clocks.common_off() {
+        eprintln!("ibjitter incast: {off}");
     }
     let merged = merge::merge(
         &receiver,
@@ -322,8 +330,8 @@ fn release_when_all_ready(receivers: &mut [Receiver]) {
         return;
     }
     let waiting = receivers
-        .iter_mut()
-        .any(|r| !r.ready.load(Ordering::Acquire) && matches!(r.child.try_wait(), Ok(None)));
+        .iter()
+        .any(|r| !r.ready.load(Ordering::Acquire) && r.group.running());
     if waiting {
         return;
     }
@@ -336,42 +344,43 @@ fn release_when_all_ready(receivers: &mut [Receiver]) {
     }
 }
 
-/// Stops every child still running, together: SIGTERM to each one's group, SIGKILL to the
-/// groups of those still running after a grace; each reaped.
-fn stop_all(mut children: Vec<&mut Child>) {
-    children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
-    for c in &children {
-        launcher::signal_group(c, libc::SIGTERM);
+/// Stops every group launched, together, and reaps its leader: SIGTERM to each, SIGKILL to
+/// each once none runs anything or after a grace (a process of a group that outlived its
+/// leader, which a scan of /proc may miss, is killed all the same), then the leaders reaped.
+/// Only then: until a leader is reaped its group id is still ours (see [`Group`]), and a
+/// group with nothing left in it is only its zombie leader, which signals do not reach.
+fn stop_all(mut groups: Vec<&mut Group>) {
+    groups.retain(|g| !g.is_reaped());
+    for g in &groups {
+        g.signal(libc::SIGTERM);
     }
     let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline {
-        children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
-        if children.is_empty() {
-            return;
-        }
+    while Instant::now() < deadline && launcher::any_running(groups.iter().map(|g| &**g)) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    for c in children {
-        launcher::signal_group(c, libc::SIGKILL);
-        let _ = c.wait();
+    for g in &mut groups {
+        g.kill();
+    }
+    for g in groups {
+        g.reap();
     }
 }
 
-/// Waits up to `grace` for a child, then asks it to stop (SIGTERM), then kills it.
-fn wait_or_stop(child: &mut Child, grace: Duration) {
+/// Waits up to `grace` for a group's leader, then asks the group to stop (SIGTERM), then kills
+/// it; [`stop_all`] reaps it.
+fn wait_or_stop(group: &mut Group, grace: Duration) {
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
-        if !matches!(child.try_wait(), Ok(None)) {
+        if !group.running() {
             return;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    launcher::signal_group(child, libc::SIGTERM);
+    group.signal(libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(500));
-    if matches!(child.try_wait(), Ok(None)) {
-        launcher::signal_group(child, libc::SIGKILL);
+    if group.running() {
+        group.kill();
     }
-    let _ = child.wait();
 }
 
 fn unix_ns(t: SystemTime) -> u64 {

@@ -85,8 +85,13 @@ pub struct IncastReport {
     pub flows_per_sender: u32,
     pub flows_requested: u32,
     pub flows_started: u32,
-    /// From the launch of the first process to the first operation of any flow.
-    pub launch_to_first_byte_s: f64,
+    /// From the launch of the first process to the first operation of any flow; `None` (null)
+    /// where the senders' clocks are off against this machine's (`clock_note` says how).
+    pub launch_to_first_byte_s: Option<f64>,
+    /// What is off in the senders' clocks against this machine's, when they are off alike
+    /// (a lone sender's, or every one's): see `incast::clocks`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub clock_note: Option<String>,
     /// Spread of every flow's first post, across hosts (wall clocks: as synchronized as the
     /// hosts' clocks are; exact on the bench, where all hosts share one).
     pub start_skew_us: f64,
@@ -122,10 +127,42 @@ pub struct Merged {
     pub series: Vec<Vec<u64>>,
 }
 
+/// How far a step of a sweep or a rotation got: a sweep's files list every step asked for,
+/// so that one stopped early says so without its stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepStatus {
+    /// Ran to its end.
+    Done,
+    /// Cut short by Ctrl-C: its figures are what was measured until then.
+    Interrupted,
+    /// Could not be launched: no figures, and the sweep stopped.
+    NotLaunched,
+    /// Not run: an earlier step stopped the sweep.
+    NotRun,
+}
+
+impl StepStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            StepStatus::Done => "done",
+            StepStatus::Interrupted => "interrupted",
+            StepStatus::NotLaunched => "not launched",
+            StepStatus::NotRun => "not run",
+        }
+    }
+
+    /// Whether the step measured anything (its figures mean something).
+    pub fn ran(self) -> bool {
+        matches!(self, StepStatus::Done | StepStatus::Interrupted)
+    }
+}
+
 /// One step of a sweep, as the thesis tabulated it by hand.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepRow {
     pub per_sender: u32,
+    /// Its figures are zero where the step did not run.
+    pub status: StepStatus,
     pub requested: u32,
     pub started: u32,
     pub gbps: f64,
@@ -135,15 +172,29 @@ pub struct SweepRow {
 }
 
 impl SweepRow {
-    pub fn of(per_sender: u32, r: &IncastReport) -> SweepRow {
+    pub fn of(per_sender: u32, status: StepStatus, r: &IncastReport) -> SweepRow {
         let l = &r.total.latency;
         SweepRow {
             per_sender,
+            status,
             requested: r.flows_requested,
             started: r.flows_started,
             gbps: r.total.gbps,
             fairness: r.fairness,
             latency_us: [us(l.p50_ns), us(l.p99_ns), us(l.p999_ns)],
+        }
+    }
+
+    /// A step that did not run (`status` says why).
+    pub fn unrun(per_sender: u32, status: StepStatus) -> SweepRow {
+        SweepRow {
+            per_sender,
+            status,
+            requested: 0,
+            started: 0,
+            gbps: 0.0,
+            fairness: 0.0,
+            latency_us: [0.0; 3],
         }
     }
 }
@@ -153,6 +204,16 @@ impl SweepRow {
 pub struct RotationReport {
     pub tool: String,
     pub pattern: String,
+    /// Steps asked for (--steps, or one per host).
+    #[serde(default)]
+    pub steps_asked: usize,
+    /// Steps that ran to their end; fewer than asked where the rotation stopped early.
+    #[serde(default)]
+    pub steps_done: usize,
+    /// Why the rotation stopped before its end (Ctrl-C, a step that could not be launched).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stopped: Option<String>,
+    /// Every step that ran, one cut short by Ctrl-C too (`stopped` names it).
     pub steps: Vec<RotationStep>,
     pub pairs: PairMatrix,
 }
@@ -314,7 +375,8 @@ mod tests {
                 flows_per_sender: 1,
                 flows_requested: 1,
                 flows_started: 1,
-                launch_to_first_byte_s: 0.0,
+                launch_to_first_byte_s: Some(0.0),
+                clock_note: None,
                 start_skew_us: 0.0,
                 duration_s: 1.0,
                 total: Totals::new(ops, bytes, 1.0, &latency),

@@ -2,7 +2,8 @@
 //! SVG plots), its one-paragraph summary, and a sweep's CSV and table.
 use super::{hdrlog, timeseries};
 use crate::report::incast::{
-    percentile_points, throughput_plot, time_unit, IncastReport, Merged, RotationReport, SweepRow,
+    percentile_points, throughput_plot, time_unit, IncastReport, Merged, RotationReport,
+    StepStatus, SweepRow,
 };
 use crate::report::plot::{band_chart, line_chart, Series};
 use crate::report::us;
@@ -100,7 +101,7 @@ pub fn step_summary<W: Write>(r: &IncastReport, report_path: &Path, mut w: W) ->
     };
     writeln!(
         w,
-        "{what}: {} flows ({} per {per} x {}), started {}, {:.3} Gb/s, fairness {:.4}, latency p50 {:.1} us p99 {:.1} us p99.9 {:.1} us; launch to first byte {:.2} s, start skew {:.1} ms",
+        "{what}: {} flows ({} per {per} x {}), started {}, {:.3} Gb/s, fairness {:.4}, latency p50 {:.1} us p99 {:.1} us p99.9 {:.1} us; launch to first byte {}, start skew {:.1} ms",
         r.flows_requested,
         r.flows_per_sender,
         r.senders.len(),
@@ -110,7 +111,8 @@ pub fn step_summary<W: Write>(r: &IncastReport, report_path: &Path, mut w: W) ->
         us(l.p50_ns),
         us(l.p99_ns),
         us(l.p999_ns),
-        r.launch_to_first_byte_s,
+        r.launch_to_first_byte_s
+            .map_or("unknown (clocks off)".into(), |s| format!("{s:.2} s")),
         r.start_skew_us / 1e3
     )?;
     if r.ops.len() > 1 {
@@ -156,28 +158,34 @@ pub fn rotation_json(r: &RotationReport, path: &Path) -> Result<(), String> {
         .map_err(failed(path))
 }
 
-/// A sweep as CSV, one row per step.
+/// A sweep as CSV, one row per step asked for: its status last ("done", "interrupted", "not
+/// launched", "not run"), the figures empty where it did not run.
 pub fn sweep_csv(rows: &[SweepRow], path: &Path) -> Result<(), String> {
     let mut w = create(path)?;
     let io = &failed(path);
     writeln!(
         w,
-        "flows_per_sender,flows_requested,flows_started,total_gbps,fairness,p50_us,p99_us,p999_us"
+        "flows_per_sender,flows_requested,flows_started,total_gbps,fairness,p50_us,p99_us,p999_us,status"
     )
     .map_err(io)?;
     for r in rows {
         let [p50, p99, p999] = r.latency_us;
-        writeln!(
-            w,
-            "{},{},{},{:.6},{:.6},{p50:.3},{p99:.3},{p999:.3}",
-            r.per_sender, r.requested, r.started, r.gbps, r.fairness
-        )
+        let status = r.status.name();
+        if r.status.ran() {
+            writeln!(
+                w,
+                "{},{},{},{:.6},{:.6},{p50:.3},{p99:.3},{p999:.3},{status}",
+                r.per_sender, r.requested, r.started, r.gbps, r.fairness
+            )
+        } else {
+            writeln!(w, "{},,,,,,,,{status}", r.per_sender)
+        }
         .map_err(io)?;
     }
     w.flush().map_err(io)
 }
 
-/// A sweep as a text table.
+/// A sweep as a text table, its steps that did not run as such.
 pub fn sweep_table<W: Write>(rows: &[SweepRow], mut w: W) -> io::Result<()> {
     writeln!(
         w,
@@ -186,11 +194,29 @@ pub fn sweep_table<W: Write>(rows: &[SweepRow], mut w: W) -> io::Result<()> {
     )?;
     for r in rows {
         let [p50, p99, p999] = r.latency_us;
-        writeln!(
-            w,
-            " {:>9} {:>9} {:>10.3} {:>9.4} {p50:>11.1} {p99:>11.1} {p999:>11.1}",
-            r.requested, r.started, r.gbps, r.fairness
-        )?;
+        match r.status {
+            StepStatus::Done | StepStatus::Interrupted => writeln!(
+                w,
+                " {:>9} {:>9} {:>10.3} {:>9.4} {p50:>11.1} {p99:>11.1} {p999:>11.1}{}",
+                r.requested,
+                r.started,
+                r.gbps,
+                r.fairness,
+                if r.status == StepStatus::Done {
+                    ""
+                } else {
+                    "  (interrupted)"
+                }
+            )?,
+            StepStatus::NotLaunched | StepStatus::NotRun => writeln!(
+                w,
+                " {:>9} {:>9}  ({} flows per sender: {})",
+                "-",
+                "-",
+                r.per_sender,
+                r.status.name()
+            )?,
+        }
     }
     Ok(())
 }
