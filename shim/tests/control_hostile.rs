@@ -277,15 +277,7 @@ fn a_full_dev_shm_is_one_warning_and_pass_through() {
         warned[0]
     );
     // Every send reached the provider.
-    let result = stdout
-        .lines()
-        .find_map(|l| l.split_once("RESULT ").map(|r| r.1.to_string()))
-        .expect("RESULT");
-    let n: Vec<u64> = result
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(n[0] > 0 && n[0] == n[1], "{result}");
+    every_send_reached_the_provider(&stdout, 0);
     // Nothing half-made is left behind.
     let left: Vec<_> = std::fs::read_dir(ctl::dir())
         .map(|d| d.map(|e| e.unwrap().file_name()).collect())
@@ -331,15 +323,7 @@ fn a_truncated_live_segment_leaves_its_process_running() {
     let warned = lines.iter().filter(|l| l.contains("truncated")).count();
     assert_eq!(warned, 1, "{lines:?}");
     // Every send reached the provider, before and after the truncation.
-    let result = stdout
-        .lines()
-        .find_map(|l| l.split_once("RESULT ").map(|r| r.1.to_string()))
-        .expect("RESULT");
-    let n: Vec<u64> = result
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(n[0] > 100 && n[0] == n[1], "{result}");
+    every_send_reached_the_provider(&stdout, 100);
 }
 
 /// A sandbox that refuses `rename` (the segment is made under a temporary name and renamed
@@ -378,15 +362,7 @@ fn a_segment_that_cannot_be_renamed_into_place_leaves_no_file() {
         "left in {}: {left:?}",
         ctl::dir().display()
     );
-    let result = stdout
-        .lines()
-        .find_map(|l| l.split_once("RESULT ").map(|r| r.1.to_string()))
-        .expect("RESULT");
-    let n: Vec<u64> = result
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(n[0] > 0 && n[0] == n[1], "{result}");
+    every_send_reached_the_provider(&stdout, 0);
 }
 
 /// After an exec into a program without the shim, the file stays (same pid, same start
@@ -504,15 +480,7 @@ fn another_users_control_directory_is_refused_by_the_process() {
         .filter(|l| l.contains("live control unavailable"))
         .collect();
     assert_eq!(warned.len(), 1, "{lines:?}");
-    let result = stdout
-        .lines()
-        .find_map(|l| l.split_once("RESULT ").map(|r| r.1.to_string()))
-        .expect("RESULT");
-    let n: Vec<u64> = result
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(n[0] > 0 && n[0] == n[1], "{result}");
+    every_send_reached_the_provider(&stdout, 0);
     assert!(
         !ctl::path(pid).exists(),
         "a segment in another user's directory"
@@ -708,6 +676,20 @@ fn a_program_that_allows_no_descriptors_keeps_its_cores() {
         .filter(|l| l.contains("cannot be polled"))
         .collect();
     assert_eq!(said.len(), 1, "{lines:?}");
+}
+
+/// The child's `RESULT posts provider` line: more than `least` posts, each of which reached
+/// the provider.
+fn every_send_reached_the_provider(stdout: &str, least: u64) {
+    let result = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|r| r.1.to_string()))
+        .expect("RESULT");
+    let n: Vec<u64> = result
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(n[0] > least && n[0] == n[1], "{result}");
 }
 
 /// The CPU time (ms) the thread named `name` of `pid` used so far; None if it has none.

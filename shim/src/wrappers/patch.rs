@@ -134,17 +134,23 @@ pub unsafe fn patch_context(ctx: *mut ibv_context) -> bool {
     true
 }
 
+/// The provider's original of a patched context's op, looked up under the registry's lock
+/// (a close may be restoring it).
+fn original<F>(
+    ctx: *mut ibv_context,
+    pick: impl FnOnce(&registry::CtxEntry) -> Option<F>,
+) -> Option<F> {
+    let _g = registry::lock();
+    registry::find_ctx(ctx).and_then(pick)
+}
+
 /// Our `verbs_context.alloc_parent_domain` (`IBJITTER_MODE=line`): the provider's, then a
 /// domain made with a thread domain is noted ([`line::thread_domains`]).
 unsafe extern "C" fn alloc_parent_domain_hook(
     ctx: *mut ibv_context,
     attr: *mut ibv_parent_domain_init_attr,
 ) -> *mut ibv_pd {
-    let orig = {
-        let _g = registry::lock();
-        registry::find_ctx(ctx).and_then(|e| e.alloc_parent_domain.get(Relaxed))
-    };
-    let Some(orig) = orig else {
+    let Some(orig) = original(ctx, |e| e.alloc_parent_domain.get(Relaxed)) else {
         *libc::__errno_location() = libc::EOPNOTSUPP;
         return null_mut();
     };
@@ -161,11 +167,7 @@ unsafe extern "C" fn create_cq_ex_hook(
     ctx: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
 ) -> *mut ibv_cq_ex {
-    let orig = {
-        let _g = registry::lock();
-        registry::find_ctx(ctx).and_then(|e| e.create_cq_ex.get(Relaxed))
-    };
-    let Some(orig) = orig else {
+    let Some(orig) = original(ctx, |e| e.create_cq_ex.get(Relaxed)) else {
         *libc::__errno_location() = libc::EOPNOTSUPP;
         return null_mut();
     };
@@ -276,11 +278,7 @@ unsafe extern "C" fn create_qp_ex_hook(
     ctx: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
-    let orig = {
-        let _g = registry::lock();
-        registry::find_ctx(ctx).and_then(|e| e.create_qp_ex.get(Relaxed))
-    };
-    let Some(orig) = orig else {
+    let Some(orig) = original(ctx, |e| e.create_qp_ex.get(Relaxed)) else {
         *libc::__errno_location() = libc::EOPNOTSUPP;
         return null_mut();
     };
