@@ -31,6 +31,8 @@ use std::ffi::{c_int, c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
 
 const SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// Each signal's default action is under way ([`end_by_default`] sent it again).
+static ENDING: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
 
 /// What the handler reads, prepared at load and at live sets (the path again in a forked
 /// child).
@@ -198,6 +200,14 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     };
     // SAFETY: PREVIOUS was filled in `install_handlers`, before this handler was installed.
     let prev = unsafe { &(*PREVIOUS.0.get())[k] };
+    if prev.sa_sigaction == libc::SIG_DFL && ENDING[k].swap(true, AcqRel) {
+        // Here again after `end_by_default` sent the signal anew: a handler the program
+        // installed since, which chains to ours, had it delivered to itself, and the default
+        // action could not be put back (a sandbox refusing `rt_sigaction`). Ended as by
+        // the signal, without a second stats file.
+        // SAFETY: the raw exit_group: no exit handler runs, as at a signal.
+        unsafe { libc::syscall(libc::SYS_exit_group, 128 + sig) };
+    }
     if crate::state::in_use() {
         // The three signals' default action ends the process; a program's handler may not.
         let ends = prev.sa_sigaction == libc::SIG_DFL;
@@ -227,10 +237,13 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
 }
 
 /// Ends the process by `sig`'s default action, once this handler returns: `sig` is blocked
-/// in this thread until then, and SA_RESETHAND made its action the default again as the
-/// kernel delivered it (no `sigaction` here: a program that denied itself `rt_sigaction`
-/// after its first device open, a seccomp sandbox, had this handler re-raise into itself
-/// for ever, rewriting the stats, instead of dying). The signal is sent again to this
+/// in this thread until then. SA_RESETHAND made its action the default again as the kernel
+/// delivered it to our handler; but a handler the program installed since, which chains to
+/// ours (saved as its previous action, called, then returns), was the one delivered, and it
+/// is still in place: the default is put back here too, its failure ignored (a program that
+/// denied itself `rt_sigaction` after its first device open, a seccomp sandbox: relying on
+/// `sigaction` alone had this handler re-raise into itself for ever, rewriting the stats;
+/// [`ENDING`] ends that case). The signal is sent again to this
 /// thread (`tgkill`), else to the process (`kill`; a thread that does not block it, or this
 /// one once the handler returns, takes it); if the sandbox refuses both, the process ends
 /// with the status a shell gives a death by that signal, 128 + `sig`, by the raw
@@ -240,6 +253,9 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
 /// # Safety
 /// From the handler of `sig` installed with SA_RESETHAND over the default action.
 unsafe fn end_by_default(sig: c_int) {
+    let mut default: libc::sigaction = std::mem::zeroed();
+    default.sa_sigaction = libc::SIG_DFL;
+    libc::sigaction(sig, &default, std::ptr::null_mut());
     if libc::raise(sig) == 0 || libc::kill(libc::getpid(), sig) == 0 {
         return;
     }

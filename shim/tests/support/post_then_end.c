@@ -19,7 +19,10 @@
  *
  * POST_THEN_END_DENY=CALLS (comma-separated, of rt_sigaction, tgkill, kill): once it has
  * posted, the program sandboxes itself, as programs that drop privileges after their set-up
- * do: a seccomp filter on every thread (TSYNC) makes those calls fail with EPERM. */
+ * do: a seccomp filter on every thread (TSYNC) makes those calls fail with EPERM.
+ * POST_THEN_END_CHAIN=1: once it has posted (before any sandbox), the program installs its
+ * own SIGTERM handler, which calls the action it replaced (the shim's) and returns, as
+ * libraries that chain handlers do (the JVM's libjsig). */
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <linux/filter.h>
@@ -48,6 +51,15 @@ static volatile sig_atomic_t sigints;
 static void on_sigint(int sig) {
     (void)sig;
     sigints++;
+}
+
+/* POST_THEN_END_CHAIN: the action replaced, called by the program's own handler. */
+static struct sigaction chained;
+static void chain_sigterm(int sig, siginfo_t *info, void *uctx) {
+    if (chained.sa_flags & SA_SIGINFO)
+        chained.sa_sigaction(sig, info, uctx);
+    else if (chained.sa_handler != SIG_DFL && chained.sa_handler != SIG_IGN)
+        chained.sa_handler(sig);
 }
 static struct ibv_qp_ex qpx;
 
@@ -179,6 +191,17 @@ int main(int argc, char **argv) {
         }
         post(qp, after);
         posts += after;
+    }
+    if (getenv("POST_THEN_END_CHAIN")) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = chain_sigterm;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGTERM, &sa, &chained) != 0) {
+            perror("post_then_end: sigaction");
+            return 1;
+        }
     }
     if (getenv("POST_THEN_END_DENY"))
         deny(getenv("POST_THEN_END_DENY"));
