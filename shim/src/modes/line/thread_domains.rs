@@ -5,8 +5,9 @@
 //! their QPs' posts wait in place instead ([`super::post`]).
 //!
 //! A fixed table, written when a domain is made or freed and read when a QP's entry is
-//! made: never on a post. Past its size every new QP is taken for a thread domain's (they
-//! all wait in place, said once): the safe side.
+//! made: never on a post. Past its size (256 domains alive at once) every new QP is taken
+//! for a thread domain's from then on, for the process's life (they all wait in place, said
+//! once): the safe side.
 use crate::abi::verbs::ibv_pd;
 use crate::sys::say;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
@@ -16,15 +17,15 @@ static DOMAINS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 /// A domain could not be noted: any PD may be one.
 static OVERFLOWED: AtomicBool = AtomicBool::new(false);
 
-/// `pd` was made with a thread domain.
+/// `pd` was made with a thread domain. Noted even if its address is there already: a domain
+/// freed by another thread just before this one was made at its address, and not yet
+/// forgotten ([`freed`] runs after the real dealloc), must not take the new one's note with
+/// it. One note per domain made, one removed per domain freed.
 pub fn made(pd: *mut ibv_pd) {
     if pd.is_null() {
         return;
     }
     let key = pd as usize;
-    if DOMAINS.iter().any(|d| d.load(Acquire) == key) {
-        return;
-    }
     for d in &DOMAINS {
         if d.compare_exchange(0, key, AcqRel, Relaxed).is_ok() {
             return;
@@ -44,7 +45,9 @@ pub fn freed(pd: *mut ibv_pd) {
         return;
     }
     for d in &DOMAINS {
-        let _ = d.compare_exchange(key, 0, AcqRel, Relaxed);
+        if d.compare_exchange(key, 0, AcqRel, Relaxed).is_ok() {
+            return;
+        }
     }
 }
 
