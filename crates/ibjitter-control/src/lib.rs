@@ -1164,8 +1164,8 @@ pub fn send(
 /// Sleeps `ns` (CLOCK_MONOTONIC), resuming after a signal; false, at once, when no sleep can
 /// be had. The injector's threads sleep through this, never `std::thread::sleep`, which
 /// panics on any error but EINTR: under a seccomp filter that denies `clock_nanosleep`, their
-/// sleeps fall back to `ppoll`, then `poll` (whole milliseconds), with no descriptors, and
-/// where all fail their caller must stop rather than spin a core.
+/// sleeps fall back to `ppoll`, then `poll` (whole milliseconds), with no descriptors, then
+/// a timed futex wait, and where all fail their caller must stop rather than spin a core.
 pub fn nap(ns: u64) -> bool {
     let mut ts = libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
@@ -1203,9 +1203,27 @@ pub fn nap(ns: u64) -> bool {
             return true;
         }
         if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return false;
+            break;
         }
     }
+    // Last, a futex wait that nobody wakes: every threaded program needs futex, so a sandbox
+    // that refuses all the rest still allows it.
+    let word = std::sync::atomic::AtomicU32::new(0);
+    // SAFETY: a private futex wait on a live word of ours, with a valid relative timeout.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            0u32,
+            &ts as *const libc::timespec,
+        )
+    };
+    rc == 0
+        || matches!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ETIMEDOUT | libc::EINTR)
+        )
 }
 
 /// CLOCK_MONOTONIC, the clock of `applied_ns` and the heartbeat.

@@ -325,7 +325,7 @@ pub fn timer_thread() {
     // much earlier and spins the rest (unknown: as if none).
     let early_ns = match slack {
         _ if one_cpu => 0,
-        Some(ns) if ns != SLACK_UNKNOWN => EARLY_NS.saturating_add(ns),
+        Some(ns) if ns != SLACK_UNKNOWN => EARLY_NS.saturating_add(ns.min(SLACK_SPIN_MAX_NS)),
         _ => EARLY_NS,
     };
     let units = |ns| clock::ns_to_units(ns, clock::kind());
@@ -458,30 +458,23 @@ pub fn timer_thread() {
     }
 }
 
-/// The timer thread cannot sleep (a seccomp filter denies `clock_nanosleep`, `poll` and
-/// `futex`): it would spin a core for the process's life. The line takes no more requests
-/// (posts wait in place, as in spin mode); this thread hands over those it holds as they
-/// fall due, spinning (at most the table's longest delay), and ends.
+/// The timer thread ended: it could not sleep ([`without_sleep`]).
+static TIMER_GONE: AtomicBool = AtomicBool::new(false);
+
+/// The timer thread cannot sleep (a seccomp filter denies `clock_nanosleep`, `ppoll`, `poll`
+/// and `futex`): it would spin a core for the process's life. It ends. The line goes on
+/// (order, accounting and the exit drain as before): the program's own posts and polls hand
+/// its requests over, and a program about to sleep on a completion first waits in place
+/// until the line is empty ([`program_may_sleep`]), as a post waits in spin mode.
 #[cold]
 fn without_sleep() {
     say::warn(
         "IBJITTER_MODE=line: the delay line's timer thread cannot sleep (clock_nanosleep, \
-         poll and futex fail: a seccomp filter?); from now on posts wait in place (spin), and \
-         the requests in the line leave at their due times",
+         ppoll, poll and futex fail: a seccomp filter?) and ends: the program's own calls \
+         hand its requests over, and before it sleeps on a completion it waits in place \
+         until they have left",
     );
-    crate::state::set_line(false);
-    // A post that read the mode just before it changed may still be entering the line.
-    let mut empty_since = None;
-    loop {
-        let now = clock::monotonic_ns();
-        if in_line() != 0 {
-            empty_since = None;
-        } else if now - *empty_since.get_or_insert(now) > 10_000_000 {
-            return;
-        }
-        flush(&BY_TIMER, None);
-        std::hint::spin_loop();
-    }
+    TIMER_GONE.store(true, SeqCst);
 }
 
 /// The timer thread's timer slack when it could not lower it to 1 ns (ns; [`SLACK_UNKNOWN`]:
@@ -489,6 +482,10 @@ fn without_sleep() {
 static TIMER_SLACK_NS: AtomicU64 = AtomicU64::new(0);
 /// The timer slack could not be read.
 pub const SLACK_UNKNOWN: u64 = u64::MAX;
+/// The most a slack the timer thread could not lower widens its spin before each due time:
+/// a slack of 100 ms (systemd's `TimerSlackNSec=`) would have it spin almost all the time, a
+/// core taken from a full node's ranks; beyond this, the slack is lateness (said).
+const SLACK_SPIN_MAX_NS: u64 = 2_000_000;
 /// A timer slack the margins absorb (the kernel's default): above it, a slack the timer
 /// thread could not lower is said.
 pub const SLACK_SAID_NS: u64 = 50_000;
@@ -532,9 +529,10 @@ fn say_timer_slack(slack: Option<u64>, one_cpu: bool) {
             .to_string()
     } else {
         format!(
-            "it wakes that much earlier and spins to each due time instead ({:.3} ms before \
-             it, the spin's CPU time)",
-            EARLY_NS.saturating_add(ns) as f64 / 1e6
+            "it wakes that much earlier, up to {:.3} ms, and spins to each due time instead \
+             ({:.3} ms before it, the spin's CPU time; a slack beyond that is lateness)",
+            SLACK_SPIN_MAX_NS as f64 / 1e6,
+            EARLY_NS.saturating_add(ns.min(SLACK_SPIN_MAX_NS)) as f64 / 1e6
         )
     };
     say::warn(&format!(
@@ -717,6 +715,14 @@ fn wait_for_the_bell(bell: u32, ns: u64) -> bool {
 /// about to sleep anyway.
 pub fn program_may_sleep() {
     if NEXT_DUE.load(Acquire) == u64::MAX {
+        return;
+    }
+    if TIMER_GONE.load(SeqCst) {
+        // Nobody else would hand the rest over while the program sleeps.
+        while in_line() != 0 {
+            flush(&BY_PROGRAM, None);
+            std::hint::spin_loop();
+        }
         return;
     }
     flush(&BY_PROGRAM, None);
