@@ -398,6 +398,88 @@ fn a_program_that_sandboxes_itself_still_dies_of_its_sigterm() {
     }
 }
 
+/// A second ending signal while the shim writes the stats for the first: Ctrl-C at a
+/// terminal reaches every rank and then `mpirun` forwards SIGTERM; Slurm and the launcher
+/// both send SIGTERM. The program has threads that block no signal (a runtime's helpers), so
+/// the second signal (a SIGTERM, or a SIGINT, which the main thread blocks) goes to one of
+/// them while the first one's handler writes on the main thread. The file must
+/// be whole and say what the process died of. Before: a second SIGTERM found the default
+/// action back (SA_RESETHAND) and killed the process mid-write (an empty file in each of 8
+/// rounds). The SIGINT rounds passed before too: its handler on the other thread waited for
+/// the writer, but could have taken the file in the microseconds between the writer's end
+/// and its process's death.
+#[test]
+fn a_second_ending_signal_during_the_stats_write_leaves_the_file_whole() {
+    let dir = scratch("two-signals");
+    let mut cut = Vec::new();
+    for round in 0..16 {
+        let second = if round % 2 == 0 {
+            libc::SIGTERM
+        } else {
+            libc::SIGINT
+        };
+        let stats = dir.join(format!("{round}.json"));
+        // 200,000 draws over the 4096 entries: every entry hit, a document of ~60 KB, written
+        // in ~15 calls.
+        let mut child = driver(0, 200_000, "wait")
+            .env("POST_THEN_END_THREADS", "2")
+            .env("IBJITTER_STATS", &stats)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let pid: i32 = loop {
+            let mut line = String::new();
+            assert!(out.read_line(&mut line).unwrap() > 0, "no READY line");
+            if let Some(pid) = line.trim().strip_prefix("READY ") {
+                break pid.parse().unwrap();
+            }
+        };
+        // SAFETY: signals to our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        // The file appears as the handler opens it: it is writing now.
+        let t0 = Instant::now();
+        while !stats.exists() && t0.elapsed() < Duration::from_secs(5) {
+            std::hint::spin_loop();
+        }
+        // SAFETY: as above (the child is not reaped yet: its pid is its own).
+        unsafe { libc::kill(pid, second) };
+        child.stdout = Some(out.into_inner());
+        let r = finish(child, "post_then_end, two signals", Duration::from_secs(10));
+        let died_of = r.status.signal();
+        assert!(
+            died_of == Some(libc::SIGTERM) || died_of == Some(second),
+            "round {round}: {} {}",
+            r.status,
+            r.stderr
+        );
+        let text = std::fs::read_to_string(&stats).unwrap_or_default();
+        match serde_json::from_str::<Value>(&text) {
+            Ok(s) => {
+                assert_eq!(s["posts_total"], 200_000, "round {round}: {s}");
+                let name = if died_of == Some(libc::SIGTERM) {
+                    "SIGTERM"
+                } else {
+                    "SIGINT"
+                };
+                assert_eq!(
+                    s["ended_by"], name,
+                    "round {round}: the file says another end"
+                );
+            }
+            Err(e) => cut.push(format!("round {round}: {} bytes: {e}", text.len())),
+        }
+        assert!(
+            warnings(&r.stderr).is_empty(),
+            "round {round}: {}",
+            r.stderr
+        );
+    }
+    assert!(cut.is_empty(), "stats files cut short: {cut:#?}");
+}
+
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a valid path string.

@@ -33,6 +33,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*
 const SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 /// Each signal's default action is under way ([`end_by_default`] sent it again).
 static ENDING: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
+/// The thread (id) whose handler took the first signal that ends the process, 0 before one:
+/// a handler for an ending signal on another thread waits for that one to end the process
+/// ([`wait_for_the_first_end`]).
+static ENDER: AtomicI32 = AtomicI32::new(0);
 
 /// What the handler reads, prepared at load and at live sets (the path again in a forked
 /// child).
@@ -75,6 +79,9 @@ struct Previous(UnsafeCell<[libc::sigaction; 3]>);
 unsafe impl Sync for Previous {}
 // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
 static PREVIOUS: Previous = Previous(UnsafeCell::new(unsafe { std::mem::zeroed() }));
+/// Our actions as installed (the handler puts one back: [`keep_ours`]); written like
+/// PREVIOUS.
+static OURS: Previous = Previous(UnsafeCell::new(unsafe { std::mem::zeroed() }));
 
 /// Prepares the signal-time file at `path` (the handlers come at first use:
 /// [`install_handlers`]). `table`: the delays in `unit`, if injecting.
@@ -171,6 +178,7 @@ pub fn install_handlers() {
                 ours.sa_flags = libc::SA_SIGINFO | (prev[k].sa_flags & keep);
                 ours.sa_mask = prev[k].sa_mask;
             }
+            (*OURS.0.get())[k] = ours;
             libc::sigaction(sig, &ours, std::ptr::null_mut());
         }
     }
@@ -180,6 +188,7 @@ pub fn install_handlers() {
 /// thread that may have been writing at the fork does not exist here).
 pub fn after_fork_child(path: &str) {
     WRITER.store(0, Release);
+    ENDER.store(0, Release);
     FINAL.store(false, Release);
     set_path(path);
 }
@@ -200,6 +209,16 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     };
     // SAFETY: PREVIOUS was filled in `install_handlers`, before this handler was installed.
     let prev = unsafe { &(*PREVIOUS.0.get())[k] };
+    if prev.sa_sigaction == libc::SIG_DFL {
+        // SAFETY: from our handler of SIGNALS[k], installed over the default action.
+        unsafe { keep_ours(k) };
+        // SAFETY: gettid has no preconditions (a system call: async-signal-safe).
+        let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+        match ENDER.compare_exchange(0, me, SeqCst, SeqCst) {
+            Err(first) if first != me => wait_for_the_first_end(),
+            _ => {}
+        }
+    }
     if prev.sa_sigaction == libc::SIG_DFL && ENDING[k].swap(true, AcqRel) {
         // Here again after `end_by_default` sent the signal anew: a handler the program
         // installed since, which chains to ours, had it delivered to itself, and the default
@@ -233,6 +252,40 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
             }
         }
         *libc::__errno_location() = errno;
+    }
+}
+
+/// Puts our handler of `SIGNALS[k]` back where the kernel reset it to the default action as
+/// it delivered the signal (SA_RESETHAND): a second one (Ctrl-C reaching every rank, then the
+/// launcher's SIGTERM; Slurm's and the launcher's SIGTERM) goes to another thread while this
+/// handler writes the file, and its default action would kill the process mid-write. A
+/// program's handler installed since stays. Failure is ignored (a sandbox refusing
+/// `rt_sigaction`: the second signal then ends the process as without the shim).
+///
+/// # Safety
+/// From our handler of `SIGNALS[k]`, installed over the default action.
+unsafe fn keep_ours(k: usize) {
+    let sig = SIGNALS[k];
+    let mut now: libc::sigaction = std::mem::zeroed();
+    if libc::sigaction(sig, std::ptr::null(), &mut now) == 0 && now.sa_sigaction == libc::SIG_DFL {
+        libc::sigaction(sig, &(*OURS.0.get())[k], std::ptr::null_mut());
+    }
+}
+
+/// In a handler for a signal that ends the process while another thread's handler ends it
+/// already (writes the file, then dies of its signal): waits for that, so that this one
+/// neither cuts the file short nor writes another as the process dies. Bounded (2 s): that
+/// handler may have been abandoned by a `longjmp` out of a program's handler that
+/// interrupted it; then this one goes on as the only one.
+fn wait_for_the_first_end() {
+    for _ in 0..2000 {
+        // SAFETY: poll with no descriptors sleeps 1 ms (async-signal-safe); refused (a
+        // sandbox), a spin of about as long.
+        if unsafe { libc::poll(std::ptr::null_mut(), 0, 1) } < 0 {
+            for _ in 0..200_000 {
+                std::hint::spin_loop();
+            }
+        }
     }
 }
 

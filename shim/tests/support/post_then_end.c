@@ -22,8 +22,13 @@
  * do: a seccomp filter on every thread (TSYNC) makes those calls fail with EPERM.
  * POST_THEN_END_CHAIN=1: once it has posted (before any sandbox), the program installs its
  * own SIGTERM handler, which calls the action it replaced (the shim's) and returns, as
- * libraries that chain handlers do (the JVM's libjsig). */
+ * libraries that chain handlers do (the JVM's libjsig).
+ * POST_THEN_END_THREADS=N: N more threads, started before the device is opened, wait in
+ * pause() with no signal blocked, as a runtime's helper threads do, and the main thread
+ * then blocks SIGINT: a SIGINT, and a signal the main thread's handler blocks, goes to one
+ * of them. */
 #include <errno.h>
+#include <pthread.h>
 #include <infiniband/verbs.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -62,6 +67,13 @@ static void chain_sigterm(int sig, siginfo_t *info, void *uctx) {
         chained.sa_handler(sig);
 }
 static struct ibv_qp_ex qpx;
+
+static void *idle_thread(void *arg) {
+    (void)arg;
+    for (;;)
+        pause();
+    return NULL;
+}
 
 static void post(struct ibv_qp *qp, long n) {
     struct ibv_send_wr wr, *bad;
@@ -149,6 +161,18 @@ int main(int argc, char **argv) {
             perror("post_then_end: sigaction");
             return 1;
         }
+    }
+    for (long t = getenv("POST_THEN_END_THREADS") ? atol(getenv("POST_THEN_END_THREADS")) : 0;
+         t > 0; t--) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, idle_thread, NULL) != 0) {
+            fprintf(stderr, "post_then_end: pthread_create failed\n");
+            return 1;
+        }
+        sigset_t intr;
+        sigemptyset(&intr);
+        sigaddset(&intr, SIGINT);
+        pthread_sigmask(SIG_BLOCK, &intr, NULL);
     }
     vctx.sz = sizeof vctx;
     vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
