@@ -570,6 +570,16 @@ fn what_a_launcher_leaves_running_when_it_exits_is_stopped_on_an_error_or_ctrl_c
     );
     assert_eq!(ran.code, Some(130), "{}", ran.stderr);
     none_left_running(&pids);
+    // Said, as a sweep or a rotation says it (this said nothing but its status before).
+    let why = "interrupted (Ctrl-C): the senders were stopped and the figures are partial";
+    assert!(
+        ran.stderr
+            .contains(&format!("ibjitter incast: {why}; written to ")),
+        "{}",
+        ran.stderr
+    );
+    let report = common::read_json(&dir.path("out2/incast.json"));
+    assert_eq!(report["stopped"], why, "{report}");
 }
 
 #[test]

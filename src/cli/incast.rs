@@ -307,6 +307,13 @@ pub fn run(a: IncastArgs) -> i32 {
     if let (false, Some(why)) = (a.sweep.is_empty(), &stopped) {
         let done = rows.iter().filter(|r| r.status == StepStatus::Done).count();
         say_stopped("sweep", done, rows.len(), why);
+    } else if code == exit::INTERRUPTED {
+        // A single incast: its files say it too (incast.json's `stopped`).
+        eprintln!(
+            "ibjitter incast: {}; written to {}",
+            ibjitter::incast::INTERRUPTED,
+            a.out.display()
+        );
     }
     if !a.sweep.is_empty() && rows.iter().any(|r| r.status.ran()) {
         if let Err(e) = export::sweep_csv(&rows, &a.out.join("sweep.csv")) {

@@ -170,6 +170,7 @@ pub fn merge(
         flows_started: firsts.len() as u32,
         launch_to_first_byte_s: first_byte_s,
         clock_note: clocks.common_off(),
+        stopped: None,
         start_skew_us: skew_us,
         duration_s,
         total: Totals::new(ops, bytes, duration_s, &latency),

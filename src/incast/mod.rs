@@ -47,6 +47,10 @@ pub struct IncastConfig {
     pub run_args: Vec<String>,
 }
 
+/// Why a step Ctrl-C stopped says it stopped (incast.json's `stopped`, stderr).
+pub const INTERRUPTED: &str =
+    "interrupted (Ctrl-C): the senders were stopped and the figures are partial";
+
 /// One step: every pair's outcome and the merged report.
 pub struct Step {
     pub merged: Merged,
@@ -286,7 +290,7 @@ pub fn run_step(
     if let Some(off) = clocks.common_off() {
         eprintln!("ibjitter incast: {off}");
     }
-    let merged = merge::merge(
+    let mut merged = merge::merge(
         &receiver,
         flows_per_sender,
         &reports,
@@ -294,9 +298,13 @@ pub fn run_step(
         &clocks,
         launch_unix_ns,
     );
+    let interrupted = stop.requested() == Some(Reason::Interrupted);
+    if interrupted {
+        merged.report.stopped = Some(INTERRUPTED.to_string());
+    }
     Ok(Step {
         merged,
-        interrupted: stop.requested() == Some(Reason::Interrupted),
+        interrupted,
     })
 }
 

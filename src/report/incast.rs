@@ -92,6 +92,10 @@ pub struct IncastReport {
     /// (a lone sender's, or every one's): see `incast::clocks`.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub clock_note: Option<String>,
+    /// Why the step stopped before its senders' end (Ctrl-C): its figures are partial. Null
+    /// when it ran to its end.
+    #[serde(default)]
+    pub stopped: Option<String>,
     /// Spread of every flow's first post, across hosts (wall clocks: as synchronized as the
     /// hosts' clocks are; exact on the bench, where all hosts share one).
     pub start_skew_us: f64,
@@ -372,6 +376,7 @@ mod tests {
             report: IncastReport {
                 tool: String::new(),
                 receiver: "r".into(),
+                stopped: None,
                 flows_per_sender: 1,
                 flows_requested: 1,
                 flows_started: 1,

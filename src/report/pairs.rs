@@ -136,6 +136,7 @@ mod tests {
             report: IncastReport {
                 tool: String::new(),
                 receiver: String::new(),
+                stopped: None,
                 flows_per_sender: 2,
                 flows_requested: 0,
                 flows_started: 0,
