@@ -479,3 +479,37 @@ fn episodes_refuses_short_one_state_and_bad_series() {
     assert!(err.contains("--hdr-log"), "{err}");
     assert!(!dir.exists(), "nothing is written when the fit fails");
 }
+
+/// `-o /dev/stdout` (or `/dev/fd/N`) with that descriptor appended to a file by the shell:
+/// the output goes after what the file held. Opened again by its name, the file was emptied
+/// first (O_TRUNC) and written from its start: `>> results` lost every earlier result.
+#[test]
+fn an_output_named_by_our_descriptor_is_appended_where_the_shell_appends() {
+    let d = TempDir::new("append");
+    let log = d.path("results.txt");
+    for (name, redirect) in [("/dev/stdout", ">>"), ("/dev/fd/3", "3>>")] {
+        std::fs::write(&log, "an earlier result\n").unwrap();
+        let line = format!(
+            "exec \"$0\" table uniform --mean 5us -o {name} {redirect} {}",
+            p(&log)
+        );
+        let out = Command::new("sh")
+            .args(["-c", &line, env!("CARGO_BIN_EXE_ibjitter")])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.starts_with("an earlier result\n"),
+            "{name}: {text:.200}"
+        );
+        let table = d.path("t.dist");
+        std::fs::write(&table, &text["an earlier result\n".len()..]).unwrap();
+        let t = read(&table, Kind::Absolute).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(t.entries.len(), ibjitter::table::ENTRIES, "{name}");
+    }
+}

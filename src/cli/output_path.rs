@@ -77,9 +77,13 @@ where
 /// Opens `path` for writing (created and emptied with `create`) without waiting for a FIFO's
 /// reader: a FIFO nobody reads is an error ("no reader"), not an open that waits before any
 /// work, or for ever. The descriptor then blocks again, for the writes. A FIFO with a
-/// reader (`-o >(gzip > f)`) and `/dev/stdout` work as before.
+/// reader (`-o >(gzip > f)`) works as before. A name of one of this process's descriptors
+/// (`/dev/stdout`) is that descriptor ([`our_descriptor`]).
 fn open_without_waiting(path: &std::path::Path, create: bool) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
+    if let Some(fd) = names_our_descriptor(path) {
+        return our_descriptor(fd);
+    }
     let f = std::fs::OpenOptions::new()
         .write(true)
         .create(create)
@@ -95,6 +99,40 @@ fn open_without_waiting(path: &std::path::Path, create: bool) -> std::io::Result
     // The writes block again.
     ibjitter::table::input::clear_nonblock(&f)?;
     Ok(f)
+}
+
+/// The descriptor `path` names, if it names one of this process's own by its name:
+/// `/dev/stdout`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`.
+fn names_our_descriptor(path: &std::path::Path) -> Option<i32> {
+    let p = path.to_str()?;
+    match p {
+        "/dev/stdout" => Some(1),
+        "/dev/stderr" => Some(2),
+        _ => p
+            .strip_prefix("/dev/fd/")
+            .or_else(|| p.strip_prefix("/proc/self/fd/"))
+            .and_then(|n| n.parse().ok())
+            .filter(|&n: &i32| n >= 0),
+    }
+}
+
+/// Our descriptor `fd`, duplicated: written where the shell pointed it, as it opened it.
+/// Opening its name again would open the file anew: emptied (O_TRUNC), and without the
+/// shell's O_APPEND or offset, so `-o /dev/stdout >> log` emptied the log, and a summary on
+/// stdout and the output overwrote each other.
+fn our_descriptor(fd: i32) -> std::io::Result<std::fs::File> {
+    use std::os::fd::BorrowedFd;
+    // SAFETY: fcntl(F_GETFD) only asks whether `fd` is open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is open (above) and stays so while it is duplicated: this process does
+    // not close its own descriptors meanwhile.
+    let owned = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
+    // What this process wrote there through its own stdout goes first.
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    Ok(std::fs::File::from(owned))
 }
 
 /// Whether `path` can be written, without changing anything: an existing file must open for
