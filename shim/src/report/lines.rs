@@ -274,7 +274,7 @@ pub fn line_late_beyond_table(
 /// handed them over on time; and in either case, when the provider's slowest calls took as
 /// long as `late`'s p99, that requests falling due during such a call waited for its end.
 pub fn line_lateness_cause(late: &LineLate) -> String {
-    use line::flusher::{SLACK_SAID_NS, SLACK_UNKNOWN};
+    use line::timer::{SLACK_SAID_NS, SLACK_UNKNOWN};
     let busy = line::provider_busy();
     let not_on_time = || {
         format!(
@@ -288,12 +288,12 @@ pub fn line_lateness_cause(late: &LineLate) -> String {
                 " (the provider's post_send was busy {:.0} % of the time)",
                 100.0 * share
             )),
-            line::flusher::EMPTY_GRACE_NS / 1_000_000,
-            line::flusher::IDLE_MAX_NS / 1_000_000,
-            line::flusher::backstop_longest_ns() as f64 / 1e6,
+            line::timer::EMPTY_GRACE_NS / 1_000_000,
+            line::timer::IDLE_MAX_NS / 1_000_000,
+            line::timer::backstop_longest_ns() as f64 / 1e6,
         )
     };
-    let slack = line::flusher::timer_slack_kept().filter(|&ns| ns > SLACK_SAID_NS);
+    let slack = line::timer::timer_slack_kept().filter(|&ns| ns > SLACK_SAID_NS);
     let mut why = match busy {
         Some((_, share, per_request)) if share >= 0.5 => format!(
             "the provider's post_send was busy {:.0} % of the time taking them ({} a \
@@ -319,7 +319,7 @@ pub fn line_lateness_cause(late: &LineLate) -> String {
         ),
         _ => not_on_time(),
     };
-    if line::flusher::timer_on_one_cpu() {
+    if line::timer::timer_on_one_cpu() {
         why += "; the timer thread may run on one CPU only, the program's (a rank bound to \
                 its core): it sleeps to each due time and runs when the program's thread \
                 yields that CPU";

@@ -37,11 +37,11 @@
 //!   `ibv_poll_cq` and `ibv_start_poll` hands over what is due ([`flush_if_due`]: one atomic
 //!   load while the line is empty, a clock read and a compare while nothing is due; no
 //!   syscall, no wait). On a busy node the ranks that fill the cores are the ones calling
-//!   into the provider all the time. The timer thread is for programs that sleep
+//!   into the provider all the time. The timer thread ([`timer`]) is for programs that sleep
 //!   (completion channels, idle phases): while the program's calls are flushing it only
 //!   sleeps, as a backstop, leaving the core to the program; otherwise it sleeps until just
 //!   before the earliest due time and spins the rest. Once the line has been empty a while
-//!   its sleeps lengthen (to [`flusher::IDLE_MAX_NS`]); a program about to sleep on a completion
+//!   its sleeps lengthen (to [`timer::IDLE_MAX_NS`]); a program about to sleep on a completion
 //!   (`ibv_req_notify_cq`, `ibv_get_cq_event`) wakes it ([`program_may_sleep`]). One thread
 //!   flushes at a time.
 //! - **Posting from another thread** (the timer thread, or a thread polling a CQ) uses the
@@ -65,6 +65,7 @@ pub mod lanes;
 pub mod qps;
 pub mod slots;
 pub mod thread_domains;
+pub mod timer;
 
 pub use flusher::{in_line, lateness, provider_busy, provider_call_times};
 
@@ -106,7 +107,7 @@ pub fn start() -> bool {
     crate::sys::threads::spawn_or_say(
         "ibjitter-line",
         "IBJITTER_MODE=line has no timer thread; posts wait in place (spin)",
-        flusher::timer_thread,
+        timer::timer_thread,
     )
 }
 
@@ -351,10 +352,10 @@ pub fn flush_if_due() {
     flusher::flush_if_due(None);
 }
 
-/// The program is about to sleep for a completion: see [`flusher::program_may_sleep`].
+/// The program is about to sleep for a completion: see [`timer::program_may_sleep`].
 #[inline]
 pub fn program_may_sleep() {
-    flusher::program_may_sleep();
+    timer::program_may_sleep();
 }
 
 /// A QP was created: its entry is made now, while line mode is on, rather than at its first
@@ -532,13 +533,14 @@ pub fn after_fork_child() {
         parents.store(0, Relaxed);
     }
     flusher::forget_after_fork();
+    timer::forget_after_fork();
     qps::forget_after_fork();
 }
 
 /// The stats' `line` object.
 pub fn stats_json() -> serde_json::Value {
     let (post_errors, dropped) = flusher::errors();
-    let timer = flusher::timer_cost();
+    let timer = timer::timer_cost();
     serde_json::json!({
         "deferred": lanes::entered(),
         "posted_directly": DIRECT.load(Relaxed),
@@ -573,18 +575,18 @@ pub fn stats_json() -> serde_json::Value {
             // `backstop_longest_ns`: its longest sleep while the program's calls hand
             // requests over, longer than 1 ms where its wake-ups cost much (emulated CPUs).
             serde_json::json!({ "wakeups": wakeups, "cpu_ns": cpu_ns, "alive_ns": alive_ns,
-                                "woken_by_program": flusher::timer_rung(),
+                                "woken_by_program": timer::timer_rung(),
                                 // Allowed one CPU (a pinned rank's): it never spins.
-                                "one_cpu": flusher::timer_on_one_cpu(),
+                                "one_cpu": timer::timer_on_one_cpu(),
                                 // 1: it lowered its timer slack to 1 ns; else the slack it
                                 // could not lower (null: nor read), by which its sleeps
                                 // wake late.
-                                "timer_slack_ns": match flusher::timer_slack_kept() {
+                                "timer_slack_ns": match timer::timer_slack_kept() {
                                     None => Some(1),
-                                    Some(flusher::SLACK_UNKNOWN) => None,
+                                    Some(timer::SLACK_UNKNOWN) => None,
                                     kept => kept,
                                 },
-                                "backstop_longest_ns": flusher::backstop_longest_ns() })
+                                "backstop_longest_ns": timer::backstop_longest_ns() })
         }),
         // How late requests reached the provider, ns after their due time.
         "late_ns": summary_json(lateness()),
