@@ -2,8 +2,12 @@
 //! tests of one binary run in parallel); the files of this very process's pid are made under
 //! [`OWN_PID`].
 use super::*;
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Held by the tests that make files of this very process's pid (they run in parallel).
 static OWN_PID: std::sync::Mutex<()> = std::sync::Mutex::new(());
