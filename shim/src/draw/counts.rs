@@ -35,7 +35,7 @@ pub struct Slot {
     hits: [AtomicU64; INDICES],
 }
 
-/// EXCLUSIVE_SLOTS + 1 slots, allocated once at load when stats are on (null otherwise).
+/// EXCLUSIVE_SLOTS + 1 slots, mapped once at load when counting is on (null otherwise).
 static SLOTS: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Allocates the slots (once; later calls zero them). Under an address-space limit
@@ -43,37 +43,54 @@ static SLOTS: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
 /// readers see no slots), never an abort.
 pub fn enable() {
     if SLOTS.load(Acquire).is_null() {
-        // Zeroed memory straight from the allocator (fresh pages for this size): a thread's
-        // slot costs resident memory only once it counts.
-        // Never freed. SAFETY: all-zero is a valid Slot (atomics only); a non-zero layout.
-        let Ok(layout) = std::alloc::Layout::array::<Slot>(EXCLUSIVE_SLOTS + 1) else {
-            return;
+        // Anonymous pages straight from the kernel, zero until touched: a thread's slot costs
+        // resident memory only once it counts, and a process that never posts (a shell, a
+        // launcher: the shim enters every process of a job) pays nothing for them. The
+        // allocator's zeroed allocation of this 64-byte-aligned array wrote all of it: ~1,000
+        // page faults and ~6 ms at every process's start.
+        let bytes = std::mem::size_of::<Slot>() * (EXCLUSIVE_SLOTS + 1);
+        // SAFETY: a new private anonymous mapping; all-zero is a valid Slot (atomics only),
+        // and pages are aligned beyond a Slot's 64 bytes. Never unmapped.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
         };
-        let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut Slot;
-        if p.is_null() {
+        if p == libc::MAP_FAILED {
             static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
             if !SAID.swap(true, Relaxed) {
                 crate::sys::say::warn(&format!(
                     "cannot allocate the send counters ({} KiB; address space limit?): sends are \
                      not counted, and the stats and exit line say none",
-                    layout.size() >> 10
+                    bytes >> 10
                 ));
             }
             return;
         }
-        SLOTS.store(p, Release);
+        SLOTS.store(p.cast(), Release);
     } else {
         reset();
     }
 }
 
+/// The slots threads may have counted into: one per thread that posted since load (or the
+/// fork), the last one shared. Readers look at those only: the rest are pages nobody touched,
+/// and reading them would map them (~1,000 page faults at each exit and fork of every
+/// process the shim enters, a shell's included).
 fn slots() -> Option<&'static [Slot]> {
     let p = SLOTS.load(Acquire);
-    // SAFETY: leaked allocation of EXCLUSIVE_SLOTS + 1 slots, never freed.
-    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, EXCLUSIVE_SLOTS + 1) })
+    let used = (crate::sys::rng::threads_posted() as usize).min(EXCLUSIVE_SLOTS + 1);
+    // SAFETY: a mapping of EXCLUSIVE_SLOTS + 1 slots, never unmapped; used <= that.
+    (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, used) })
 }
 
-/// Zeroes all counters (a forked child starts from zero).
+/// Zeroes all counters (a forked child starts from zero): before the child numbers its
+/// threads anew, so that the parent's are the ones zeroed.
 pub fn reset() {
     for s in slots().unwrap_or(&[]) {
         s.posts

@@ -349,10 +349,11 @@ pub fn after_fork_child() {
     registry::unlock_after_fork();
     loaded::unlock_after_fork();
     state::forked_child();
+    // The parent's threads' counters, while their number is still the parent's.
+    counts::reset();
     rng::atfork_child();
     state::reset_seen_after_fork();
     ports::reset_after_fork();
-    counts::reset();
     trace::reset();
     line::after_fork_child();
     select::after_fork_child();
