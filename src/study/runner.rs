@@ -7,6 +7,7 @@ pub use super::output::last_match;
 use super::output::last_match_in_file;
 use super::plan::{Configuration, Perturbation, Plan, Slot};
 use super::record::Row;
+use super::stragglers;
 use crate::gen::stop::StopToken;
 use crate::incast::launcher::{shell_quote, Group};
 use crate::inject_env::InjectorEnv;
@@ -70,6 +71,21 @@ impl Runner {
     fn log_path(&self, slot: &Slot, config: &Configuration, what: &str) -> PathBuf {
         self.runs_dir
             .join(format!("{:04}-{}.{what}", slot.index, config.name))
+    }
+
+    /// What marks every process of this attempt's runs ([`stragglers`]): a resumed study
+    /// finds by it what a killed one left running.
+    fn mark(&self) -> String {
+        stragglers::mark(&self.attempt, &self.runs_dir)
+    }
+
+    /// Stops what an earlier, killed invocation of this study left running on this host
+    /// ([`stragglers`]), and says so. Once per study, before its first run.
+    pub fn stop_left_running(&self) {
+        let done = stragglers::stop_left_running(&self.runs_dir, &self.attempt, stragglers::GRACE);
+        for line in done.lines() {
+            eprintln!("ibjitter study: {line}");
+        }
     }
 
     /// The start of the names of run `index`'s stats files in this attempt.
@@ -160,7 +176,9 @@ impl Runner {
         }
 
         let mut cmd = Command::new(&self.command[0]);
-        cmd.args(&self.command[1..]).stdin(Stdio::null());
+        cmd.args(&self.command[1..])
+            .stdin(Stdio::null())
+            .env(stragglers::VAR, self.mark());
         match File::create(&log).and_then(|f| Ok((f.try_clone()?, f))) {
             Ok((out, err)) => {
                 cmd.stdout(out).stderr(err);
@@ -324,7 +342,8 @@ impl Runner {
             .arg(&line)
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err);
+            .stderr(err)
+            .env(stragglers::VAR, self.mark());
         Group::start(&mut cmd).map_err(|e| format!("cannot start the congestor ({line}): {e}"))
     }
 
