@@ -746,10 +746,11 @@ fn a_killed_tolerance_sweep_resumes_into_the_rows_of_an_uninterrupted_one() {
 }
 
 /// A study killed (SIGKILL: a job's end) while its program is a launcher leaves the ranks
-/// it launched running: the launcher gets the study's SIGTERM, they do not. They end later
-/// and write their injector stats then, into the runs directory the resumed study fills,
-/// under the index it is running again. Those counts are the killed attempt's, not the
-/// re-run's.
+/// it launched running: the launcher gets the study's SIGTERM, they do not. The resumed study
+/// stops those it can find (the next test); one it cannot (on another node, or started
+/// without the environment: here the rank drops IBJITTER_STUDY_RUN) ends later and writes
+/// its injector stats then, into the runs directory the resumed study fills, under the index
+/// it is running again. Those counts are the killed attempt's, not the re-run's.
 #[test]
 fn a_run_left_running_by_a_killed_study_is_not_counted_in_its_rerun() {
     let _serial = one_at_a_time();
@@ -763,6 +764,7 @@ fn a_run_left_running_by_a_killed_study_is_not_counted_in_its_rerun() {
     assert!(made.status.success(), "{made:?}");
     let out = dir.join("st");
     // `sh` forks the probe (a launcher's rank): 5 sends, then 1.5 s asleep.
+    let rank = r#"env -u IBJITTER_STUDY_RUN "$0" model 10000 0 0 5 1500; exit $?"#;
     let study = || {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ibjitter"));
         cmd.args(["study", "--no-progress", "--reps", "1", "--warmup", "0"])
@@ -772,7 +774,7 @@ fn a_run_left_running_by_a_killed_study_is_not_counted_in_its_rerun() {
             .arg(shim())
             .arg("--out")
             .arg(&out)
-            .args(["--", "sh", "-c", r#""$0" model 10000 0 0 5 1500; exit $?"#])
+            .args(["--", "sh", "-c", rank])
             .arg(tolerance_probe());
         for (k, _) in std::env::vars() {
             if k.starts_with("IBJITTER_") || k == "LD_PRELOAD" {
@@ -819,6 +821,142 @@ fn a_run_left_running_by_a_killed_study_is_not_counted_in_its_rerun() {
         .count();
     assert_eq!(files, 2, "the killed run's rank and the re-run's");
     assert_eq!(delayed, 5, "{row}");
+}
+
+/// A process by pid and start time: the same process, not the pid recycled.
+struct Process {
+    pid: u32,
+    start: String,
+}
+
+impl Process {
+    /// State and start time (fields 3 and 22 of /proc/PID/stat).
+    fn stat(pid: u32) -> Option<(String, String)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(')')?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        Some((fields.first()?.to_string(), fields.get(19)?.to_string()))
+    }
+
+    fn new(pid: u32) -> Process {
+        let (_, start) = Process::stat(pid).expect("the process runs");
+        Process { pid, start }
+    }
+
+    /// Whether it runs (a zombie, waiting for whoever inherited it to reap it, has ended).
+    fn runs(&self) -> bool {
+        Process::stat(self.pid).is_some_and(|(state, start)| start == self.start && state != "Z")
+    }
+}
+
+impl Drop for Process {
+    /// A test that failed leaves nothing running.
+    fn drop(&mut self) {
+        if self.runs() {
+            // SAFETY: kill(2) on the process just seen to be ours.
+            unsafe {
+                libc::kill(self.pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The rank a killed study left running would take a core from the resumed study's first
+/// runs (and distort their times): the resumed study stops it before its first run, and says
+/// so on stderr.
+#[test]
+fn a_run_left_running_by_a_killed_study_is_stopped_before_its_resume_runs() {
+    let _serial = one_at_a_time();
+    let dir = scratch_dir("study-stragglers");
+    let table = dir.join("t.dist");
+    let made = Command::new(env!("CARGO_BIN_EXE_ibjitter"))
+        .args(["table", "constant", "--value", "10us", "-o"])
+        .arg(&table)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let out = dir.join("st");
+    let sleep_ms = dir.join("sleep_ms");
+    let pid_file = dir.join("rank.pid");
+    // `sh` starts the probe in the background (a launcher's rank), says its pid and waits for
+    // it: 5 sends, then as long asleep as `sleep_ms` says.
+    let rank = r#""$0" model 10000 0 0 5 "$(cat "$1")" &
+        echo $! > "$2.new" && mv "$2.new" "$2"; wait $!"#;
+    let study = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ibjitter"));
+        cmd.args(["study", "--no-progress", "--reps", "1", "--warmup", "0"])
+            .arg("--tables")
+            .arg(&table)
+            .arg("--shim")
+            .arg(shim())
+            .arg("--out")
+            .arg(&out)
+            .args(["--", "sh", "-c", rank])
+            .arg(tolerance_probe())
+            .arg(&sleep_ms)
+            .arg(&pid_file);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IBJITTER_") || k == "LD_PRELOAD" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd
+    };
+    let rank_started = |since: Instant| -> u32 {
+        loop {
+            if let Some(pid) = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                return pid;
+            }
+            assert!(since.elapsed() < Duration::from_secs(60), "no run began");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // The first run's rank sleeps a minute; the study dies while it does.
+    std::fs::write(&sleep_ms, "60000").unwrap();
+    let mut child = study().stderr(Stdio::null()).spawn().unwrap();
+    let straggler = Process::new(rank_started(Instant::now()));
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(straggler.runs(), "the rank outlives its study");
+
+    // Resumed, with short runs.
+    std::fs::remove_file(&pid_file).unwrap();
+    std::fs::write(&sleep_ms, "100").unwrap();
+    let mut resumed = study()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = resumed.stderr.take().unwrap();
+    let said = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+        text
+    });
+    let first = rank_started(Instant::now());
+    assert!(
+        !straggler.runs(),
+        "the killed study's rank {} still runs while the resumed study's first run (rank {first}) goes",
+        straggler.pid
+    );
+    let status = resumed.wait().unwrap();
+    let said = said.join().unwrap();
+    eprintln!("{said}");
+    assert_eq!(status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "ibjitter study: stopped 1 process an earlier, killed invocation of this study left \
+             running on this host (pid {})",
+            straggler.pid
+        )),
+        "{said}"
+    );
+    let csv = std::fs::read_to_string(out.join("study.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "a header and both runs: {csv}");
 }
 
 /// The model of the resume test on a machine that became 5 % slower at everything from the

@@ -40,7 +40,9 @@ Every run's environment loads libibjitter.so (LD_PRELOAD, IBJITTER_TABLE or _EPI
 _EPISODES_SYNC, IBJITTER_SEED, IBJITTER_SEED_PER_RANK, IBJITTER_STATS) for table and episodes
 configurations; launchers that start ranks on other hosts must pass it on (Open MPI: -x
 LD_PRELOAD -x IBJITTER_TABLE -x IBJITTER_SEED ...; srun passes the environment by default).
-Re-running with the same --out continues the study.
+Re-running with the same --out continues the study, first stopping (and naming) the processes
+a killed invocation of it left running on this host (each run's processes carry
+IBJITTER_STUDY_RUN).
 Exit status: 0 done; 1 some runs did not count (failed, metric missing, nothing injected) or
 --until-ci hit its cap; 2 bad arguments; 130 Ctrl-C (the rows so far are kept and
 summarized).")]
@@ -220,6 +222,9 @@ fn owned_by_study(name: &str) -> Option<&'static str> {
             Some("each --episodes configuration says whether its ranks share episodes: --episodes-sharing")
         }
         "IBJITTER_SEED" => Some("a seed per run, from --seed, so that the study repeats"),
+        ibjitter::study::stragglers::VAR => Some(
+            "it marks every process of a run, so that a resumed study finds what a killed one left running",
+        ),
         "IBJITTER_STATS" => Some(
             "what each run injected is read from its own stats files, DIR/runs/NNNN.stats.ATTEMPT.HOST.PID.json",
         ),

@@ -40,14 +40,6 @@ pub fn spawn(line: &str, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> std::io:
         .spawn()
 }
 
-/// Sends `signal` to a child's whole process group.
-pub fn signal_group(child: &Child, signal: i32) {
-    // SAFETY: kill(2) on a process group we created; a group that is gone gives ESRCH.
-    unsafe {
-        libc::kill(-(child.id() as i32), signal);
-    }
-}
-
 /// A command started by [`spawn`] and everything it started: its process group, led by our
 /// child. The group may outlive its leader (a launcher that forks and exits, a wrapper shell
 /// stopped before its command). The group's id is the leader's pid, which stays ours until
@@ -63,6 +55,17 @@ impl Group {
     /// [`spawn`]s `line` as a group.
     pub fn spawn(line: &str, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> io::Result<Group> {
         let child = spawn(line, stdin, stdout, stderr)?;
+        Ok(Group {
+            child,
+            reaped: None,
+        })
+    }
+
+    /// Starts `cmd` as a group: in a process group of its own (`process_group(0)`), led by
+    /// it. Whatever else `cmd` was given (environment, `pre_exec`, output) is kept.
+    pub fn start(cmd: &mut Command) -> io::Result<Group> {
+        use std::os::unix::process::CommandExt;
+        let child = cmd.process_group(0).spawn()?;
         Ok(Group {
             child,
             reaped: None,

@@ -10,6 +10,7 @@
 //! - [`tables`]: the tables as configurations (files, a generated mean-preserving family,
 //!   constant delays).
 //! - [`runner`]: one run: environment, congestor, wall time, metric, what was injected.
+//! - [`stragglers`]: what a killed invocation left running, stopped before a resume's runs.
 //! - [`output`]: a run's output read for its metric from the end, in bounded memory.
 //! - [`record`]: `study.csv`, appended as runs finish; read back to resume.
 //! - [`stats`], [`summary`]: the figures and the verdict, from the rows alone.
@@ -26,6 +27,7 @@ pub mod record;
 pub mod runner;
 pub mod stats;
 pub mod stopping;
+pub mod stragglers;
 pub mod summary;
 pub mod sweep;
 pub mod tables;
@@ -159,6 +161,9 @@ pub fn run(
     progress: bool,
 ) -> Result<(Vec<Row>, Ending), String> {
     let mut csv = Writer::open(&dir.join("study.csv"))?;
+    // First what a killed invocation left running (they write their stats as they end), then
+    // the stats of the runs the CSV does not hold.
+    runner.stop_left_running();
     runner.forget_unrecorded(rows.len())?;
     let tty = progress && std::io::stderr().is_terminal();
     let started = Instant::now();

@@ -7,14 +7,15 @@ pub use super::output::last_match;
 use super::output::last_match_in_file;
 use super::plan::{Configuration, Perturbation, Plan, Slot};
 use super::record::Row;
+use super::stragglers;
 use crate::gen::stop::StopToken;
-use crate::incast::launcher::{shell_quote, signal_group, spawn};
+use crate::incast::launcher::{shell_quote, Group};
 use crate::inject_env::InjectorEnv;
 use regex::Regex;
 use std::fs::File;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// What every run of a study shares.
@@ -70,6 +71,21 @@ impl Runner {
     fn log_path(&self, slot: &Slot, config: &Configuration, what: &str) -> PathBuf {
         self.runs_dir
             .join(format!("{:04}-{}.{what}", slot.index, config.name))
+    }
+
+    /// What marks every process of this attempt's runs ([`stragglers`]): a resumed study
+    /// finds by it what a killed one left running.
+    fn mark(&self) -> String {
+        stragglers::mark(&self.attempt, &self.runs_dir)
+    }
+
+    /// Stops what an earlier, killed invocation of this study left running on this host
+    /// ([`stragglers`]), and says so. Once per study, before its first run.
+    pub fn stop_left_running(&self) {
+        let done = stragglers::stop_left_running(&self.runs_dir, &self.attempt, stragglers::GRACE);
+        for line in done.lines() {
+            eprintln!("ibjitter study: {line}");
+        }
     }
 
     /// The start of the names of run `index`'s stats files in this attempt.
@@ -146,7 +162,8 @@ impl Runner {
                 stop_group(&mut c, CONGESTOR_GRACE);
                 return Err(Interrupted);
             }
-            if let Ok(Some(status)) = c.try_wait() {
+            if let Ok(Some(status)) = c.exited() {
+                c.reap();
                 row.exit = "not started".into();
                 row.note = format!(
                     "the congestor ended before the program started ({}; see {})",
@@ -159,7 +176,9 @@ impl Runner {
         }
 
         let mut cmd = Command::new(&self.command[0]);
-        cmd.args(&self.command[1..]).stdin(Stdio::null());
+        cmd.args(&self.command[1..])
+            .stdin(Stdio::null())
+            .env(stragglers::VAR, self.mark());
         match File::create(&log).and_then(|f| Ok((f.try_clone()?, f))) {
             Ok((out, err)) => {
                 cmd.stdout(out).stderr(err);
@@ -170,7 +189,7 @@ impl Runner {
                 return Ok(row);
             }
         }
-        cmd.process_group(0);
+        // The program leads a process group of its own (Group::start).
         // If the study itself is killed (SIGKILL, a job's end), its run must not outlive it.
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
@@ -217,8 +236,8 @@ impl Runner {
             env.apply(&mut cmd);
         }
         let started = Instant::now();
-        let status = match cmd.spawn() {
-            Ok(mut child) => self.wait(&mut child, started),
+        let status = match Group::start(&mut cmd) {
+            Ok(mut group) => self.wait(&mut group, started),
             Err(e) => {
                 row.exit = "not started".into();
                 row.note = format!("cannot start {}: {e}", self.command[0]);
@@ -233,7 +252,7 @@ impl Runner {
         // The congestor must have run the whole time; then it is stopped like Ctrl-C would.
         let mut congestor_note = None;
         if let Some(c) = congestor.as_mut() {
-            if let Ok(Some(st)) = c.try_wait() {
+            if let Ok(Some(st)) = c.exited() {
                 congestor_note = Some(format!(
                     "the congestor ended during the run ({}): not congested throughout",
                     describe(st)
@@ -308,7 +327,7 @@ impl Runner {
         slot: &Slot,
         config: &Configuration,
         args: &str,
-    ) -> Result<Child, String> {
+    ) -> Result<Group, String> {
         let path = self.log_path(slot, config, "congestor.log");
         let out = File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let err = out
@@ -318,8 +337,14 @@ impl Runner {
             "exec {} {args}",
             shell_quote(&self.self_exe.display().to_string())
         );
-        spawn(&line, Stdio::null(), Stdio::from(out), Stdio::from(err))
-            .map_err(|e| format!("cannot start the congestor ({line}): {e}"))
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(&line)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .env(stragglers::VAR, self.mark());
+        Group::start(&mut cmd).map_err(|e| format!("cannot start the congestor ({line}): {e}"))
     }
 
     /// Waits the congestor's settling time, watching for Ctrl-C.
@@ -334,19 +359,23 @@ impl Runner {
         Ok(())
     }
 
-    fn wait(&self, child: &mut Child, started: Instant) -> Waited {
+    fn wait(&self, group: &mut Group, started: Instant) -> Waited {
         loop {
-            match child.try_wait() {
-                Ok(Some(status)) => return Waited::Exited(status),
+            match group.exited() {
+                Ok(Some(status)) => {
+                    // What the program left in its group goes on, as it always did.
+                    group.reap();
+                    return Waited::Exited(status);
+                }
                 Ok(None) => {}
                 Err(_) => return Waited::Exited(ExitStatus::from_raw(1 << 8)),
             }
             if self.stop.is_set() {
-                stop_group(child, GRACE);
+                stop_group(group, GRACE);
                 return Waited::Interrupted;
             }
             if self.timeout.is_some_and(|t| started.elapsed() > t) {
-                stop_group(child, GRACE);
+                stop_group(group, GRACE);
                 return Waited::TimedOut;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -361,24 +390,19 @@ enum Waited {
 }
 
 /// SIGINT to the whole group (what Ctrl-C would do: programs write their partial results),
-/// SIGKILL after a grace period, and the child reaped.
-fn stop_group(child: &mut Child, grace: Duration) {
-    if let Ok(Some(_)) = child.try_wait() {
-        // The leader is gone; its group may not be.
-        signal_group(child, libc::SIGKILL);
-        return;
-    }
-    signal_group(child, libc::SIGINT);
-    let until = Instant::now() + grace;
-    while Instant::now() < until {
-        if let Ok(Some(_)) = child.try_wait() {
-            signal_group(child, libc::SIGKILL);
-            return;
+/// SIGKILL as soon as the leader has ended (to what it left in its group) or after a grace
+/// period, and only then the leader reaped: until it is, its pid, the group's id, cannot be
+/// another group's ([`Group`]).
+fn stop_group(group: &mut Group, grace: Duration) {
+    if group.running() {
+        group.signal(libc::SIGINT);
+        let until = Instant::now() + grace;
+        while group.running() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
     }
-    signal_group(child, libc::SIGKILL);
-    let _ = child.wait();
+    group.kill();
+    group.reap();
 }
 
 fn describe(status: ExitStatus) -> String {
