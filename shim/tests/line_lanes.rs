@@ -187,6 +187,13 @@ extern "C" fn post_from_fault(_sig: c_int, _info: *mut libc::siginfo_t, _uc: *mu
             ]
         };
         let _ = FAULT_RC.set(rc);
+        // Lingers past its inline request's due time (the scenario's delay is 2 ms): the
+        // timer thread must not hand that request over before the one this handler
+        // interrupted, which enters the line only once the handler returns.
+        let t = now_ns();
+        while now_ns() - t < 10_000_000 {
+            std::hint::spin_loop();
+        }
     }
     let page = FAULT_PAGE.load(Relaxed) as *mut libc::c_void;
     // SAFETY: the scenario's own page.
@@ -1228,8 +1235,10 @@ fn a_post_inside_the_lines_own_hand_over_with_the_line_full_is_refused_not_hung(
 /// a SIGSEGV in the copy of its payload) posts on the same QP: a request the line cannot
 /// copy would wait for the interrupted request, which goes in only once the handler
 /// returns; it is refused with ENOMEM, as a full send queue, counted and said. The handler's
-/// inline request enters and leaves after the interrupted one; the program's retry of the
-/// refused request succeeds, in order.
+/// inline request enters and leaves after the interrupted one, also when the handler lingers
+/// past that request's due time (the timer thread handed it over first: a QP's requests
+/// leave in the order of their due times, whatever way and moment they entered); the
+/// program's retry of the refused request succeeds, in order.
 #[test]
 fn a_handlers_uncopyable_request_behind_the_post_it_interrupted_is_refused_not_hung() {
     if let Some(how) = scenario() {

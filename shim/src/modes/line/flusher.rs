@@ -100,6 +100,9 @@ static LAST_OUT: AtomicU64 = AtomicU64::new(0);
 /// hand-overs measured.
 pub struct Flusher {
     heap: BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
+    /// Due requests held back in one pass: their QP's request before them has not entered
+    /// the line yet ([`in_order`]).
+    held: Vec<u32>,
     times: Times,
 }
 
@@ -125,7 +128,8 @@ pub fn start() -> bool {
         return false;
     };
     let mut heap = BinaryHeap::new();
-    if heap.try_reserve_exact(SLOTS).is_err() {
+    let mut held = Vec::new();
+    if heap.try_reserve_exact(SLOTS).is_err() || held.try_reserve_exact(SLOTS).is_err() {
         return false;
     }
     SEEN_STEP.store(clock::ns_to_units(ACTIVE_NS / 4, clock::kind()), Relaxed);
@@ -133,6 +137,7 @@ pub fn start() -> bool {
     unsafe {
         *FLUSHER.0.get() = Some(Flusher {
             heap,
+            held,
             times: Times {
                 late,
                 provider_call,
@@ -238,11 +243,22 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
             }
             f.heap.pop();
             // SAFETY: the flusher owns slot i until post_list gives it back.
-            unsafe { add_to_list(line, &mut list, i, &mut f.times, by, &mut now) };
+            unsafe {
+                if in_order(line, &list, i) {
+                    add_to_list(line, &mut list, i, &mut f.times, by, &mut now);
+                } else {
+                    f.held.push(i);
+                }
+            }
         }
         if list.n > 0 {
             // SAFETY: as above.
             unsafe { post_list(line, &mut list, &mut f.times, by, &mut now) };
+        }
+        for i in f.held.drain(..) {
+            // SAFETY: slot i is still the flusher's.
+            f.heap
+                .push(std::cmp::Reverse((unsafe { line.pool.slot(i) }.due, i)));
         }
         let next = f.heap.peek().map_or(u64::MAX, |r| r.0 .0);
         // The fence orders this store before the look at the ways below (as `announce`
@@ -278,6 +294,31 @@ impl List {
             n: 0,
             bytes: 0,
         }
+    }
+}
+
+/// Whether the due request in slot `i` may be handed over now: the request before it on its
+/// QP was (or ends `list`). A QP's requests take their due times in order but may enter the
+/// line out of it: a thread (or a signal handler) between taking its due time and entering,
+/// while a later request of the QP entered by another way, read after the first by the
+/// flusher. Handed over at its due time, the later one went first (a signal handler's post
+/// inside the entry it interrupted, lingering past its due time: always; a handler posting
+/// every 2 us under load: now and then).
+///
+/// # Safety
+/// The flusher owns slot `i` and the slots of `list`.
+unsafe fn in_order(line: &Line, list: &List, i: u32) -> bool {
+    let s = line.pool.slot(i);
+    if list.n > 0 {
+        let last = line.pool.slot(list.slots[list.n - 1]);
+        if last.qp == s.qp && last.gen == s.gen && last.due == s.before {
+            return true;
+        }
+    }
+    match qps::entry(s.qp) {
+        // Its QP was destroyed or reset since: dropped when handed over, whatever the order.
+        Some(q) if q.gen() == s.gen => q.may_follow(s.before),
+        _ => true,
     }
 }
 
@@ -429,6 +470,7 @@ pub fn forget_after_fork() {
     // parent is not here (FLUSHING is released below). Clearing allocates nothing.
     if let Some(f) = unsafe { (*FLUSHER.0.get()).as_mut() } {
         f.heap.clear();
+        f.held.clear();
         f.times.late.reset();
         f.times.provider_call.reset();
     }

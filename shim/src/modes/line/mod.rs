@@ -166,13 +166,14 @@ pub unsafe fn post(
                 None => return refuse(cur, bad, carried(cur, wr, units)),
             },
         };
-        let (due, _) = q.next_due(now.saturating_add(units));
+        let (due, before) = q.next_due(now.saturating_add(units));
         let s = line.pool.slot(i);
         slots::copy_into(s, cur);
         s.qp = qp;
         s.gen = gen;
         s.lane = lane;
         s.due = due;
+        s.before = before;
         s.units = carried(cur, wr, units);
         line.enter(lane, i);
         first_due.get_or_insert(due);

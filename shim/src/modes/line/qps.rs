@@ -165,6 +165,14 @@ impl QpLine {
         self.handed_due.load(Acquire) >= due
     }
 
+    /// Whether a request whose predecessor on this QP is due at `before` may be handed
+    /// over: that one was. Also when `before` is beyond the QP's latest due time (a reset
+    /// since restarted its due times: the predecessor was dropped).
+    #[inline]
+    pub fn may_follow(&self, before: u64) -> bool {
+        self.handed_through(before) || before > self.last_due.load(Acquire)
+    }
+
     /// Requests of this QP due up to `due` were handed over (or posted directly).
     pub fn handed(&self, due: u64) {
         self.handed_due.fetch_max(due, AcqRel);

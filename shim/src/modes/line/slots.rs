@@ -23,6 +23,10 @@ pub struct Slot {
     pub lane: u32,
     /// Due time in clock units (unique per QP: requests of a QP leave in its order).
     pub due: u64,
+    /// The due time of the QP's request before this one (0: none since the QP was made or
+    /// reset): this one leaves only after that one (it may enter the line later, from a
+    /// thread or a signal handler interrupted between taking its due time and entering).
+    pub before: u64,
     /// The draw this request carries (clock units): its post's on the chain's first
     /// request, 0 on the others (under `IBJITTER_PER=post` a chain shares one draw, which
     /// the stats count once). What was not given if it is never handed over.
@@ -61,6 +65,7 @@ impl Pool {
                 gen: 0,
                 lane: 0,
                 due: 0,
+                before: 0,
                 units: 0,
                 // SAFETY: all-zero is a valid ibv_send_wr and ibv_sge (integers, pointers).
                 wr: unsafe { std::mem::zeroed() },
