@@ -962,6 +962,12 @@ fn threads_that_come_and_go_leave_their_slots_to_the_others() {
         s["line"]
     );
     assert_eq!(s["line"]["waited_for_a_slot"], 0, "{}", s["line"]);
+    // Each thread gave its lane up as it exited (the last one's may come after the stats).
+    assert!(
+        s["line"]["lanes_given_up"].as_u64().unwrap() >= CHURN_THREADS - 1,
+        "{}",
+        s["line"]
+    );
     // With every lane but one held by threads that stay, each thread that comes takes over
     // the lane the one before gave up, freed at that thread's exit although the line was
     // empty then (at a later flush, the next thread found none free and posted without one
@@ -974,10 +980,19 @@ fn threads_that_come_and_go_leave_their_slots_to_the_others() {
     );
     let n = HOLDERS + (HELD_CHURN_THREADS * CHURN_BURST) as usize;
     assert_eq!(seen_of(&r).len(), n, "{stderr}");
-    assert_eq!(s["line"]["entered_without_a_lane"], 0, "{}", s["line"]);
+    // No thread posted its burst without a lane. Under load, the timer thread's hand-over
+    // held the line as a thread exited, its lane was given up only at the next flush, and
+    // the next thread, come meanwhile, posted all 1,500 without one (one failure in ~10
+    // runs of this binary beside its other tests): the exiting thread now waits for the
+    // line, and a thread without a lane takes over one given up since.
+    let without = s["line"]["entered_without_a_lane"].as_u64().unwrap();
+    assert!(without < CHURN_BURST, "{}", s["line"]);
     assert_eq!(s["line"]["waited_for_a_slot"], 0, "{}", s["line"]);
+    // The threads that came and went (the holders exit only at the end: whether their lanes
+    // are counted given up before the stats are written is a race this checked by mistake,
+    // failing under load with 21 of 23).
     assert!(
-        s["line"]["lanes_given_up"].as_u64().unwrap() >= CHURN_THREADS - 1,
+        s["line"]["lanes_given_up"].as_u64().unwrap() >= HELD_CHURN_THREADS - 1,
         "{}",
         s["line"]
     );

@@ -191,7 +191,13 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
 /// A thread that had a lane exited: a flush (if the line is free) takes that lane's slots
 /// back and frees it for the next thread, even with nothing in the line.
 pub fn after_lane_owner_exits() {
-    flush(&BY_PROGRAM, None);
+    // Another thread holding the line now (the timer thread's hand-over) would leave the lane
+    // to its next flush, and a thread coming meanwhile (a pool's next worker) would find
+    // none: the exiting thread waits a little for the line (at most 50 ms; not a post).
+    let t0 = clock::monotonic_ns();
+    while !flush(&BY_PROGRAM, None) && clock::monotonic_ns().saturating_sub(t0) < 50_000_000 {
+        std::thread::yield_now();
+    }
 }
 
 /// Hands over what is due and due before `ceiling`, when the line is not empty and its

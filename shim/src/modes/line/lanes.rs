@@ -99,6 +99,9 @@ static LANES_TAKEN: AtomicU32 = AtomicU32::new(0);
 static SHARED_ENTERED: AtomicU64 = AtomicU64::new(0);
 /// Lanes given up by threads that exited (their slots taken back).
 static LANES_GIVEN_UP: AtomicU64 = AtomicU64::new(0);
+/// Lanes given up and not yet taken over: a thread without a lane looks for one while any is
+/// (one load a post, for such threads only).
+static FREE_LANES: AtomicU32 = AtomicU32::new(0);
 
 /// Lanes given up by threads that exited, their free slots taken back.
 pub fn lanes_given_up() -> u64 {
@@ -257,6 +260,14 @@ pub fn hold_my_lane() -> LaneHold {
         rng::set_line_lane(HELD);
         compiler_fence(SeqCst);
         word = take_lane();
+    } else if word == NO_LANE && FREE_LANES.load(Relaxed) != 0 {
+        // A lane was given up since this thread found none (a thread that came while the
+        // one before it was still giving its lane up): taken over now, not never.
+        rng::set_line_lane(HELD);
+        compiler_fence(SeqCst);
+        word = line()
+            .and_then(Line::take_over_free_lane)
+            .map_or(NO_LANE, |k| k + 1);
     }
     rng::set_line_lane(word | HELD);
     compiler_fence(SeqCst);
@@ -333,6 +344,7 @@ impl Line {
                 .compare_exchange(FREE, OWNED, Acquire, Relaxed)
                 .is_ok()
         })? as u32;
+        FREE_LANES.fetch_sub(1, Relaxed);
         claim(k, FREE);
         Some(k)
     }
@@ -458,6 +470,7 @@ impl Line {
         l.owner.back_head.store(h, Relaxed);
         LANES_GIVEN_UP.fetch_add(1, Relaxed);
         l.flusher.state.store(FREE, Release);
+        FREE_LANES.fetch_add(1, Relaxed);
     }
 
     /// Pushes slot `i` on the shared free stack.
