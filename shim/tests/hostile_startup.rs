@@ -399,6 +399,8 @@ fn a_clock_that_cannot_be_read_is_one_warning_and_pass_through() {
 }
 
 /// Minor page faults of `cmd` and every child it waited for (`wait4`'s rusage).
+// Reaped by wait4, which returns its rusage (std's wait does not).
+#[allow(clippy::zombie_processes)]
 fn page_faults(cmd: &mut Command) -> i64 {
     let child = cmd
         .stdin(Stdio::null())
