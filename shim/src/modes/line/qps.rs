@@ -57,9 +57,6 @@ pub fn entry(qp: *mut ibv_qp) -> Option<&'static QpLine> {
 pub unsafe fn entry_made(qp: *mut ibv_qp) -> Option<&'static QpLine> {
     let e = match addr_table::find(&QPS, qp as usize, MAX_PROBES, key_of) {
         Some(e) => e,
-        // Known to be so without a look under the lock: a program with more live QPs than
-        // the table holds posts on the rest all along, and each post took the lock.
-        None if FULL_AT.load(Acquire) == REMOVALS.load(Acquire) => return None,
         None => insert(
             qp as usize,
             (*qp).context as usize,
@@ -79,10 +76,6 @@ fn settled(e: &'static QpLine, qp: *mut ibv_qp) -> Option<&'static QpLine> {
 
 /// Held while a QP's entry is made.
 static INSERTING: SpinLock = SpinLock::new();
-/// Entries removed so far, and their count when an insertion last found no room for a new
-/// QP: until another is removed, a new QP finds none either (a post on it waits in place).
-static REMOVALS: AtomicU64 = AtomicU64::new(0);
-static FULL_AT: AtomicU64 = AtomicU64::new(u64::MAX);
 /// How long a new QP's first post waits for another thread's insertion before it gives up:
 /// long enough for a holder preempted on a busy node to run again.
 const INSERT_WAIT_NS: u64 = 200_000_000;
@@ -99,12 +92,7 @@ fn insert(key: usize, ctx: usize, in_thread_domain: bool) -> Option<&'static QpL
     let _held = INSERTING.lock_within(std::time::Duration::from_nanos(INSERT_WAIT_NS))?;
     // Another thread may have made it while this one waited.
     addr_table::find(&QPS, key, MAX_PROBES, key_of).or_else(|| {
-        // Read before the claim: a removal after it makes the next new QP look again.
-        let removals = REMOVALS.load(Acquire);
-        let Some(e) = addr_table::claim(&QPS, key, MAX_PROBES, key_of) else {
-            FULL_AT.store(removals, Release);
-            return None;
-        };
+        let e = addr_table::claim(&QPS, key, MAX_PROBES, key_of)?;
         // Set up, then publish the generation (lookups wait for it).
         e.last_due.store(0, Relaxed);
         e.handed_due.store(0, Relaxed);
@@ -206,7 +194,6 @@ pub fn destroyed(qp: *mut ibv_qp) {
     // QP's, at this address, with another generation) and are dropped.
     q.gen.store(0, Release);
     q.key.store(REMOVED, Release);
-    REMOVALS.fetch_add(1, AcqRel);
 }
 
 /// Before `ibv_modify_qp` to RESET: the QP's requests still in the line will be dropped, as
@@ -293,50 +280,6 @@ mod tests {
             destroyed(qp(k));
         }
         assert_eq!(split, 0, "QPs given two entries by threads posting at once");
-    }
-
-    /// A table with no room for a new QP (a program with more live QPs than it holds): a
-    /// post on a QP without an entry neither takes the insertion lock nor waits for it
-    /// (before, each such post took it: held by a stuck insertion, each waited
-    /// `INSERT_WAIT_NS`). Once an entry is removed, a new QP looks again.
-    #[test]
-    fn a_full_table_is_known_without_the_insertion_lock() {
-        let _one = ONE_AT_A_TIME.lock().unwrap();
-        let many = qps(QP_SLOTS + 1);
-        let mut made = Vec::new();
-        let mut left_out = None;
-        for q in many.iter_mut() {
-            let q: *mut ibv_qp = q;
-            match unsafe { entry_made(q) } {
-                Some(_) => made.push(q),
-                None => {
-                    left_out = Some(q);
-                    break;
-                }
-            }
-        }
-        let Some(left_out) = left_out else {
-            panic!("{} QPs all found room in a table of {QP_SLOTS}", made.len());
-        };
-        let held = INSERTING.lock();
-        let t = std::time::Instant::now();
-        let again = unsafe { entry_made(left_out) };
-        let waited = t.elapsed();
-        drop(held);
-        // One removed: its QP gets its entry back (its own slot is in its probe range).
-        let freed = made.pop().unwrap();
-        destroyed(freed);
-        let back = unsafe { entry_made(freed) };
-        made.push(freed);
-        for &q in &made {
-            destroyed(q);
-        }
-        assert!(again.is_none());
-        assert!(
-            waited < std::time::Duration::from_nanos(INSERT_WAIT_NS / 4),
-            "a post on a QP the full table has no room for waited {waited:?} for the lock"
-        );
-        assert!(back.is_some(), "no entry after a removal");
     }
 
     /// An insertion that never ends (a signal handler posting on the thread that was making
