@@ -193,9 +193,9 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
 pub fn after_lane_owner_exits() {
     // Another thread holding the line now (the timer thread's hand-over) would leave the lane
     // to its next flush, and a thread coming meanwhile (a pool's next worker) would find
-    // none: the exiting thread waits a little for the line (at most 50 ms; not a post).
+    // none: the exiting thread waits a little for the line (at most 10 ms; not a post).
     let t0 = clock::monotonic_ns();
-    while !flush(&BY_PROGRAM, None) && clock::monotonic_ns().saturating_sub(t0) < 50_000_000 {
+    while !flush(&BY_PROGRAM, None) && clock::monotonic_ns().saturating_sub(t0) < 10_000_000 {
         std::thread::yield_now();
     }
 }
@@ -239,7 +239,14 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
         unsafe {
             line.take_entered(|i| f.heap.push(std::cmp::Reverse((line.pool.slot(i).due, i))))
         };
+        // Those held back last time are looked at again, with what entered since.
+        for i in f.held.drain(..) {
+            // SAFETY: slot i is still the flusher's.
+            f.heap
+                .push(std::cmp::Reverse((unsafe { line.pool.slot(i) }.due, i)));
+        }
         let mut now = given.take().unwrap_or_else(now_units);
+        let hold = clock::ns_to_units(HOLD_NS, clock::kind());
         let mut list = List::new();
         while let Some(&std::cmp::Reverse((due, i))) = f.heap.peek() {
             // `now` is the caller's reading or the latest provider call's return: a request
@@ -252,6 +259,11 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
             unsafe {
                 if in_order(line, &list, i) {
                     add_to_list(line, &mut list, i, &mut f.times, by, &mut now);
+                } else if now >= due.saturating_add(hold) {
+                    // Its predecessor did not come within HOLD_NS: it leaves (out of order,
+                    // counted) rather than hold its QP up.
+                    OUT_OF_ORDER.fetch_add(1, Relaxed);
+                    add_to_list(line, &mut list, i, &mut f.times, by, &mut now);
                 } else {
                     f.held.push(i);
                 }
@@ -261,12 +273,20 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
             // SAFETY: as above.
             unsafe { post_list(line, &mut list, &mut f.times, by, &mut now) };
         }
-        for i in f.held.drain(..) {
+        // The earliest due time, or the time a held request stops waiting for its
+        // predecessor (whose own entry lowers NEXT_DUE to its due time meanwhile): never a
+        // held request's due time, which is past and would have every call flush again.
+        let held_until = f
+            .held
+            .iter()
             // SAFETY: slot i is still the flusher's.
-            f.heap
-                .push(std::cmp::Reverse((unsafe { line.pool.slot(i) }.due, i)));
-        }
-        let next = f.heap.peek().map_or(u64::MAX, |r| r.0 .0);
+            .map(|&i| unsafe { line.pool.slot(i) }.due.saturating_add(hold))
+            .min();
+        let next = f
+            .heap
+            .peek()
+            .map_or(u64::MAX, |r| r.0 .0)
+            .min(held_until.unwrap_or(u64::MAX));
         // The fence orders this store before the look at the ways below (as `announce`
         // orders a post's): a store that is itself a barrier is not needed.
         NEXT_DUE.store(next, Relaxed);
@@ -301,6 +321,20 @@ impl List {
             bytes: 0,
         }
     }
+}
+
+/// How long a due request waits for the request before it on its QP to enter the line
+/// ([`in_order`]): an entry is a few hundred ns, or a preemption's length on a busy node; a
+/// signal handler that posts inside the entry it interrupted, on the same QP, and then waits
+/// for its own request's completion gets it this much later, out of order, rather than never.
+const HOLD_NS: u64 = 5_000_000;
+/// Requests handed over before the request before them on their QP ([`HOLD_NS`]).
+static OUT_OF_ORDER: AtomicU64 = AtomicU64::new(0);
+
+/// Requests handed over before their QP's previous request: it had not entered the line
+/// within [`HOLD_NS`] of their due time.
+pub fn out_of_order() -> u64 {
+    OUT_OF_ORDER.load(Relaxed)
 }
 
 /// Whether the due request in slot `i` may be handed over now: the request before it on its
@@ -469,6 +503,7 @@ pub fn forget_after_fork() {
         &DROPPED_NS,
         &BY_PROGRAM,
         &BY_TIMER,
+        &OUT_OF_ORDER,
     ] {
         parents.store(0, Relaxed);
     }
@@ -514,8 +549,8 @@ pub fn undelivered_draws() -> (u64, u64) {
         // SAFETY: the flusher's state is ours, and so are the slots it and the ways hold.
         unsafe {
             line.take_entered(|i| f.heap.push(std::cmp::Reverse((line.pool.slot(i).due, i))));
-            for r in f.heap.iter() {
-                let units = line.pool.slot(r.0 .1).units;
+            for i in f.heap.iter().map(|r| r.0 .1).chain(f.held.iter().copied()) {
+                let units = line.pool.slot(i).units;
                 if units > 0 {
                     draws += 1;
                     sum = sum.saturating_add(units_to_ns(units));

@@ -4,7 +4,10 @@
 //! semantics and the default).
 //!
 //! - **Order.** An RC QP never reorders: a work request is due at its own delay or just after
-//!   its predecessor's due time on the same QP, whichever is later ([`qps`]).
+//!   its predecessor's due time on the same QP, whichever is later ([`qps`]), and leaves only
+//!   after that predecessor, which may enter the line later (a thread or signal handler
+//!   stopped between taking its due time and entering): it waits for it up to 5 ms past its
+//!   own due time, then leaves, counted (`line.out_of_order`).
 //! - **Copies** ([`slots`]). Each work request takes a slot of a pool allocated when the line
 //!   starts: the request, its scatter list, and its inline payload (the caller may reuse that
 //!   buffer as soon as the post returns). A request the slot cannot hold (more than
@@ -28,9 +31,9 @@
 //!   queue, which a program retries), counted (`line.refused`) and said at exit. A
 //!   handler's request the line cannot copy, on a QP with requests in the line, is refused
 //!   so too, whatever it interrupted: it would wait for them, one of which may be the
-//!   interrupted entry's, not yet in. Not covered: on the interrupted post's own QP a
-//!   handler's request may leave before the interrupted one (the two posts overlap in
-//!   time).
+//!   interrupted entry's, not yet in. On the interrupted post's own QP a handler's request
+//!   waits for the interrupted one as above (5 ms at most: a handler that waits for its own
+//!   request's completion gets it that much later, out of order, not never).
 //! - **Hand-off** ([`flusher`]). Whoever flushes the line takes what entered into a heap
 //!   ordered by due time and hands the due ones to the provider, a QP's as one list.
 //! - **Who flushes.** The program's own calls, first: each patched `ibv_post_send`,
@@ -553,6 +556,9 @@ pub fn stats_json() -> serde_json::Value {
         // Posts made inside the thread's own hand-over on a QP with nothing in the line:
         // they waited in place, as in spin mode, and went to the provider at once.
         "posted_in_place": IN_PLACE.load(Relaxed),
+        // Handed over before the request before them on their QP, which had not entered the
+        // line 5 ms after their due time (a thread or handler stopped inside its entry).
+        "out_of_order": flusher::out_of_order(),
         // Posts on QPs whose provider takes no lock (a thread domain's): they waited in
         // place, in the posting thread.
         "in_thread_domain": IN_THREAD_DOMAIN.load(Relaxed),
