@@ -31,8 +31,9 @@ use std::ffi::{c_int, c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
 
 const SIGNALS: [c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-/// Each signal's default action is under way ([`end_by_default`] sent it again).
-static ENDING: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
+/// The thread (id) whose handler sent each signal again for its default action
+/// ([`end_by_default`]), 0 before.
+static ENDING: [AtomicI32; 3] = [const { AtomicI32::new(0) }; 3];
 /// The thread (id) whose handler took the first signal that ends the process, 0 before one:
 /// a handler for an ending signal on another thread waits for that one to end the process
 /// ([`wait_for_the_first_end`]).
@@ -215,17 +216,20 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
         // SAFETY: gettid has no preconditions (a system call: async-signal-safe).
         let me = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
         match ENDER.compare_exchange(0, me, SeqCst, SeqCst) {
-            Err(first) if first != me => wait_for_the_first_end(),
+            // Not if this thread was writing the file when the signal came (a caught
+            // signal's): the other ender waits for that write, which only this handler can
+            // finish (it takes the write over below).
+            Err(first) if first != me && WRITER.load(SeqCst) != me => wait_for_the_first_end(),
             _ => {}
         }
-    }
-    if prev.sa_sigaction == libc::SIG_DFL && ENDING[k].swap(true, AcqRel) {
-        // Here again after `end_by_default` sent the signal anew: a handler the program
-        // installed since, which chains to ours, had it delivered to itself, and the default
-        // action could not be put back (a sandbox refusing `rt_sigaction`). Ended as by
-        // the signal, without a second stats file.
-        // SAFETY: the raw exit_group: no exit handler runs, as at a signal.
-        unsafe { libc::syscall(libc::SYS_exit_group, 128 + sig) };
+        if ENDING[k].swap(me, AcqRel) == me {
+            // Here again on this thread after `end_by_default` sent the signal anew: a
+            // handler the program installed since, which chains to ours, had it delivered
+            // to itself, and the default action could not be put back (a sandbox refusing
+            // `rt_sigaction`). Ended as by the signal, without a second stats file.
+            // SAFETY: the raw exit_group: no exit handler runs, as at a signal.
+            unsafe { libc::syscall(libc::SYS_exit_group, 128 + sig) };
+        }
     }
     if crate::state::in_use() {
         // The three signals' default action ends the process; a program's handler may not.
