@@ -181,8 +181,10 @@ static AFTER_OWNER_EXITS: OnceLock<fn()> = OnceLock::new();
 
 /// The destructor of [`EXIT_KEY`], at the exit of a thread that had lane `value - 1`.
 unsafe extern "C" fn lane_owner_exits(value: *mut libc::c_void) {
-    // A post from a later destructor of this thread takes the shared way.
-    rng::set_line_lane(NO_LANE);
+    // A post from a later destructor of this thread takes the shared way (and never a lane
+    // given up since: it would be set up for this thread's exit again, and kept if that
+    // comes after the last round of destructors).
+    rng::set_line_lane(EXITED);
     let lane = (value as usize).wrapping_sub(1);
     if let Some(l) = line().and_then(|line| line.lanes.get(lane)) {
         // Its writes to the lane before this store are the flusher's to read after it.
@@ -207,6 +209,8 @@ pub fn line() -> Option<&'static Line> {
 /// The lane word (`rng::line_lane`) of a thread that has no lane of its own (it came after
 /// the first [`LANES`]). 0 means "none asked for yet", `l + 1` lane `l`.
 pub const NO_LANE: u32 = 0x7fff_ffff;
+/// The lane word of a thread that gave its lane up as it exits: the shared way from then on.
+const EXITED: u32 = NO_LANE - 1;
 /// Set in the lane word while the thread is inside an entry ([`hold_my_lane`]).
 const HELD: u32 = 1 << 31;
 
@@ -272,7 +276,11 @@ pub fn hold_my_lane() -> LaneHold {
     rng::set_line_lane(word | HELD);
     compiler_fence(SeqCst);
     LaneHold {
-        lane: if word == NO_LANE { SHARED } else { word - 1 },
+        lane: if word == NO_LANE || word == EXITED {
+            SHARED
+        } else {
+            word - 1
+        },
         restore: Some(word),
     }
 }
@@ -469,8 +477,9 @@ impl Line {
         }
         l.owner.back_head.store(h, Relaxed);
         LANES_GIVEN_UP.fetch_add(1, Relaxed);
-        l.flusher.state.store(FREE, Release);
+        // Counted first: a thread taking the lane over at once never takes the count below 0.
         FREE_LANES.fetch_add(1, Relaxed);
+        l.flusher.state.store(FREE, Release);
     }
 
     /// Pushes slot `i` on the shared free stack.
