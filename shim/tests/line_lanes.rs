@@ -171,6 +171,9 @@ static FAULT_QP: AtomicUsize = AtomicUsize::new(0);
 static FAULT_PAGE: AtomicUsize = AtomicUsize::new(0);
 static FAULT_RC: std::sync::OnceLock<[c_int; 2]> = std::sync::OnceLock::new();
 const FAULT_ID: u64 = 1 << 42;
+/// How long the "fault" scenario's handler lingers after its posts ("fault-late": past the 5
+/// ms a request waits for the one before it on its QP).
+static FAULT_LINGER_NS: AtomicU64 = AtomicU64::new(2_500_000);
 const PAGE: usize = 4096;
 
 /// The "fault" scenario's SIGSEGV handler, run inside the shim's copy of the payload (an
@@ -192,7 +195,7 @@ extern "C" fn post_from_fault(_sig: c_int, _info: *mut libc::siginfo_t, _uc: *mu
         // that request over before the one this handler interrupted, which enters the line
         // only once the handler returns.
         let t = now_ns();
-        while now_ns() - t < 2_500_000 {
+        while now_ns() - t < FAULT_LINGER_NS.load(Relaxed) {
             std::hint::spin_loop();
         }
     }
@@ -634,7 +637,10 @@ fn child(how: &str) {
             std::mem::forget(q);
             4099
         }
-        "fault" => {
+        "fault" | "fault-late" => {
+            if how == "fault-late" {
+                FAULT_LINGER_NS.store(12_000_000, Relaxed);
+            }
             let mut q = fake_qp(ctx as *mut _);
             let qp = new_qp(&mut q);
             FAULT_QP.store(qp, Relaxed);
@@ -1303,4 +1309,24 @@ fn a_handlers_uncopyable_request_behind_the_post_it_interrupted_is_refused_not_h
         stderr.contains("1 requests were refused with ENOMEM"),
         "{stderr}"
     );
+}
+
+/// The same handler lingering 12 ms, past its request's due time (2 ms) and the 5 ms it waits
+/// for the request before it on its QP (the interrupted one, which enters only once the
+/// handler returns): it leaves then, out of order and counted, rather than hold the QP (a
+/// handler that waits for its own completion would wait for ever). Each still arrives once.
+#[test]
+fn a_request_whose_predecessor_never_comes_in_time_leaves_counted() {
+    if let Some(how) = scenario() {
+        return child(&how);
+    }
+    let (r, stderr, s) = run(
+        "a_request_whose_predecessor_never_comes_in_time_leaves_counted",
+        "fault-late",
+        "2ms",
+        "0us",
+    );
+    let ids: Vec<u64> = seen_of(&r).iter().map(|x| x.1).collect();
+    assert_eq!(ids, [FAULT_ID + 2, FAULT_ID, FAULT_ID + 3], "{stderr}");
+    assert_eq!(s["line"]["out_of_order"], 1, "{}", s["line"]);
 }
