@@ -156,11 +156,20 @@ impl Group {
 /// them (if it cannot be read: yes). Leaders are looked at first: one that forks and exits
 /// while /proc is read would leave its new process unlisted. A member that does the same is
 /// missed, and only the grace before SIGKILL is shortened.
+/// The processes `/proc` lists now, with their entries (None when it cannot be read).
+pub fn processes() -> Option<impl Iterator<Item = (u32, std::fs::DirEntry)>> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    Some(dir.flatten().filter_map(|entry| {
+        let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+        Some((pid, entry))
+    }))
+}
+
 pub fn any_running<'a>(groups: impl IntoIterator<Item = &'a Group> + Clone) -> bool {
     if groups.clone().into_iter().any(Group::running) {
         return true;
     }
-    let Ok(dir) = std::fs::read_dir("/proc") else {
+    let Some(processes) = processes() else {
         return true;
     };
     let ours: HashSet<i32> = groups
@@ -168,14 +177,7 @@ pub fn any_running<'a>(groups: impl IntoIterator<Item = &'a Group> + Clone) -> b
         .filter(|g| !g.is_reaped())
         .map(Group::id)
         .collect();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for (pid, _) in processes {
         // Gone since it was listed: not running.
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;

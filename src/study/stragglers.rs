@@ -249,18 +249,11 @@ pub fn stop_left_running(runs_dir: &Path, attempt: &str, grace: Duration) -> Sto
     let me = std::process::id();
     // SAFETY: geteuid(2) cannot fail.
     let uid = unsafe { libc::geteuid() };
-    let Ok(proc) = std::fs::read_dir("/proc") else {
+    let Some(processes) = crate::incast::launcher::processes() else {
         return done;
     };
     let mut found = Vec::new();
-    for entry in proc.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for (pid, entry) in processes {
         if pid == me || !entry.metadata().is_ok_and(|m| m.uid() == uid) {
             continue;
         }
