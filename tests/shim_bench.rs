@@ -7,7 +7,7 @@
 //! without the shim inside the same VM, with a 25 % margin on the injected delay D.
 mod common;
 
-use common::bench::{mpi_pingpong, mpich_pingpong, repo_root, scratch_dir, Vm};
+use common::bench::{mpi_pingpong, mpich_pingpong, release_artifact, repo_root, scratch_dir, Vm};
 use ibjitter::table::dist::{Dist, LogNormal};
 use ibjitter::table::generate::make_table;
 use ibjitter::table::Kind;
@@ -22,18 +22,7 @@ const D_US: f64 = 1000.0;
 
 /// Builds the release libibjitter.so (a no-op when it is up to date).
 fn shim_so() -> PathBuf {
-    let st = Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "ibjitter-shim"])
-        .current_dir(repo_root())
-        .status()
-        .expect("run cargo build");
-    assert!(
-        st.success(),
-        "cargo build --release -p ibjitter-shim failed"
-    );
-    let so = repo_root().join("target/release/libibjitter.so");
-    assert!(so.is_file(), "{} missing", so.display());
-    so
+    release_artifact("ibjitter-shim", "libibjitter.so")
 }
 
 /// Compiles shim/tests/support/NAME.c with `flags` into target/bench-bin/OUT.

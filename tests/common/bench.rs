@@ -261,18 +261,23 @@ pub fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds `package` in release mode (timing comparisons need optimized code, and `cargo test`
-/// builds debug) and returns `<target>/release/<file>`.
+/// Builds the workspace in release mode (timing comparisons need optimized code, and `cargo
+/// test` builds debug) and returns `<target>/release/<file>`, which `package` makes.
+///
+/// The whole workspace, as `tools/test` builds it, never one package: cargo unifies features
+/// per invocation, so `-p ibjitter-shim` alone builds another variant of the shim, and the
+/// cdylib's file name has no hash to keep both: each switch between the two rebuilt it, and
+/// `-p ibjitter` alone rebuilt the binary (80 s) after the suite's workspace build.
 pub fn release_artifact(package: &str, file: &str) -> PathBuf {
     let root = repo_root();
     let status = Command::new(env!("CARGO"))
         .current_dir(&root)
-        .args(["build", "--release", "--quiet", "-p", package])
+        .args(["build", "--release", "--quiet", "--workspace"])
         .status()
         .unwrap_or_else(|e| panic!("cannot run cargo: {e}"));
     assert!(
         status.success(),
-        "cargo build --release -p {package} failed"
+        "cargo build --release --workspace failed (for {package})"
     );
     let path = target_dir().join("release").join(file);
     assert!(path.exists(), "{} was not built", path.display());

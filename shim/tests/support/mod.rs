@@ -19,17 +19,16 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds the release libibjitter.so (a no-op when up to date) and returns its path.
+/// Builds the release libibjitter.so (a no-op when up to date) and returns its path. The
+/// whole workspace, as `tools/test` builds it: `-p ibjitter-shim` alone unifies features
+/// differently, and the cdylib (no hash in its file name) was rebuilt at every switch.
 pub fn build_shim() -> PathBuf {
     let st = Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "ibjitter-shim"])
+        .args(["build", "--release", "--workspace"])
         .current_dir(workspace_root())
         .status()
         .expect("run cargo build");
-    assert!(
-        st.success(),
-        "cargo build --release -p ibjitter-shim failed"
-    );
+    assert!(st.success(), "cargo build --release --workspace failed");
     let so = target_dir().join("release/libibjitter.so");
     assert!(so.is_file(), "{} missing after build", so.display());
     so
