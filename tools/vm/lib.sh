@@ -2,10 +2,11 @@
 # (bash; the VM's rxe0 is 10.0.0.1 and rxe1 is 10.0.0.2)
 
 # wait_until SECS CMD...: retry CMD every 0.1 s until it succeeds; fail after SECS.
+# (bash's SECONDS, not date: each program started in the VM costs ~0.1 s under TCG)
 wait_until() {
-  local deadline=$(( $(date +%s) + $1 )); shift
+  local deadline=$(( SECONDS + $1 )); shift
   until "$@" > /dev/null 2>&1; do
-    if [ "$(date +%s)" -ge "$deadline" ]; then echo "wait_until: gave up on: $*" >&2; return 1; fi
+    if [ "$SECONDS" -ge "$deadline" ]; then echo "wait_until: gave up on: $*" >&2; return 1; fi
     sleep 0.1
   done
 }
