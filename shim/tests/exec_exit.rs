@@ -372,6 +372,22 @@ fn a_forked_child_reports_none_of_its_parents_line() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A forked child's thread that ends by `pthread_exit` runs its key destructors, the one
+/// that gives the thread's lane up among them, whose flush takes what the lanes hold: the
+/// parent's requests, still there when it forked. They are the parent's, on the parent's
+/// QPs (whose queues a child may share): the child hands none of them over, ever. It did,
+/// once they were due.
+#[test]
+fn a_forked_child_that_ends_its_thread_hands_over_none_of_its_parents_requests() {
+    let r = run(true, 3, "fork-thread-exit", &line("200ms"));
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, 0, "{all}");
+    assert!(r.stdout.contains("child status 0\n"), "{all}");
+    let parent = r.poster();
+    let handed = r.handed();
+    assert_eq!(handed, [(0, parent), (1, parent), (2, parent)], "{all}");
+}
+
 /// Without the line (the default mode), exec and `_exit` behave as without the shim: the same
 /// exit status and output, nothing on stderr from a process that opened no device, and no
 /// warning from one that did.

@@ -14,6 +14,9 @@
  *        child's status, then execv's `sh -c 'exit 5'` itself.
  *        fork: sleeps 50 ms (a line hands the requests over), forks; the child posts 2
  *        more and exits 0; the parent says the child's status and exits 0.
+ *        fork-thread-exit: forks at once (the parent's requests are still in the line);
+ *        the child sleeps 400 ms (past their due time) and ends by pthread_exit, which runs
+ *        its threads' key destructors; the parent says the child's status and exits 0.
  *        quick_exit: quick_exit(6).
  *        cancel-handover: a second thread posts 4 and polls; the hand-over in its poll
  *        calls the provider, which waits 200 ms in usleep (a cancellation point, as rxe's
@@ -253,6 +256,20 @@ int main(int argc, char **argv) {
         if (pid == 0) {
             post(2);
             exit(0);
+        }
+        if (pid < 0) {
+            perror("exec_exit: fork");
+            return 1;
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        say("child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return 0;
+    } else if (!strcmp(how, "fork-thread-exit")) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            usleep(400000);
+            pthread_exit(NULL);
         }
         if (pid < 0) {
             perror("exec_exit: fork");

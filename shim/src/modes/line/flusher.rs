@@ -12,7 +12,7 @@ use crate::sys::{rng, say, threads};
 use std::cell::UnsafeCell;
 use std::collections::BinaryHeap;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 /// The program counts as calling (polling, posting) if one of its calls saw requests in the
 /// line this recently: its calls then hand requests over at their due time, and the timer
@@ -77,6 +77,10 @@ pub fn flushing_here() -> bool {
 /// (their QP was destroyed), and handed over by the program's calls and by the timer thread.
 /// Only the thread flushing the line writes them (but POST_ERRORS, which says once).
 static LEFT: AtomicU64 = AtomicU64::new(0);
+/// Set in a fork child: the line (its lanes' rings, its slots) is the parent's, whose
+/// requests are for the parent's QPs, whose queues the child may share; nothing of it is
+/// ever handed over here ([`forget_after_fork`]).
+static PARENTS_LINE: AtomicBool = AtomicBool::new(false);
 static POST_ERRORS: AtomicU64 = AtomicU64::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// The draws the dropped requests carried, and their sum (ns, saturating): drawn, never
@@ -191,6 +195,9 @@ pub fn flush(by: &AtomicU64, now: Option<u64>) -> bool {
 /// A thread that had a lane exited: a flush (if the line is free) takes that lane's slots
 /// back and frees it for the next thread, even with nothing in the line.
 pub fn after_lane_owner_exits() {
+    if PARENTS_LINE.load(Acquire) {
+        return;
+    }
     // Another thread holding the line now (the timer thread's hand-over) would leave the lane
     // to its next flush, and a thread coming meanwhile (a pool's next worker) would find
     // none: the exiting thread waits a little for the line (at most 10 ms; not a post).
@@ -219,6 +226,9 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
     let Some(line) = lanes::line() else {
         return false;
     };
+    if PARENTS_LINE.load(Acquire) {
+        return false;
+    }
     // Marked before the line is taken and released after it (its drop at the end): a
     // handler's post while this thread holds the line always finds itself nested.
     let _nested_posts = lanes::hold_while_flushing();
@@ -517,6 +527,10 @@ pub fn forget_after_fork() {
     }
     LEFT.store(lanes::entered(), Release);
     NEXT_DUE.store(u64::MAX, Release);
+    // The lanes' rings may still hold requests the parent's flusher had not taken yet: a
+    // flush here (the lane-giving destructor of a thread ending by pthread_exit) would hand
+    // them over a second time, from the child.
+    PARENTS_LINE.store(true, Release);
     release_line();
 }
 
