@@ -9,7 +9,7 @@ fn main() {
     let bindings = bindgen::Builder::default()
         .header_contents("wrapper.h", "#include <infiniband/verbs.h>\n")
         .allowlist_type("ibv_context|verbs_context|ibv_qp|ibv_qp_ex|ibv_qp_init_attr|ibv_qp_init_attr_ex|ibv_send_wr|ibv_device|ibv_pd|ibv_qp_attr")
-        .allowlist_type("ibv_qp_attr_mask|ibv_send_flags|ibv_sge")
+        .allowlist_type("ibv_qp_attr_mask|ibv_qp_init_attr_mask|ibv_qp_create_send_ops_flags|ibv_send_flags|ibv_sge")
         .layout_tests(true)
         .derive_debug(false)
         .derive_default(false)

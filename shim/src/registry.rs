@@ -258,24 +258,3 @@ pub fn patched_contexts() -> usize {
         .filter(|e| e.key.load(Acquire) > REMOVED)
         .count()
 }
-
-/// Verbs contexts that UCX opened (left unpatched: their sends are UCP messages, delayed at
-/// UCP), by address. Lock-free, so a fork never inherits it locked.
-static UCX_CONTEXT_SLOTS: [AtomicUsize; 128] = [const { AtomicUsize::new(EMPTY) }; 128];
-static UCX_CONTEXTS: addr_table::KeySet = addr_table::KeySet::new(&UCX_CONTEXT_SLOTS, 128);
-
-/// Notes a context UCX opened. A full set leaves later ones unnoted: their QPs' `ibv_qp_ex`
-/// are then patched (the context itself stays unpatched anyway).
-pub fn note_ucx_context(ctx: *mut ibv_context) {
-    let _ = UCX_CONTEXTS.insert(ctx as usize);
-}
-
-/// Forgets a context (closed: its address may come back for another).
-pub fn forget_ucx_context(ctx: *mut ibv_context) {
-    UCX_CONTEXTS.remove(ctx as usize);
-}
-
-/// Whether UCX opened this context.
-pub fn is_ucx_context(ctx: *mut ibv_context) -> bool {
-    !ctx.is_null() && UCX_CONTEXTS.contains(ctx as usize)
-}

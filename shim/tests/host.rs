@@ -138,8 +138,8 @@ fn child_posts(n: u64, import: bool) {
     let patched = fc.post_send_ptr() != orig_ps && fc.create_qp_ex_ptr() != orig_cqe;
     let mut q = fake_qp(ctx);
     let qpx: *mut ibv_qp_ex = &mut *q;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+    let qp = unsafe { create_qp_for_wr_api(qpx) };
     assert_eq!(qp as usize, qpx as usize);
     let wr_patched = q.wr_start.map(|f| f as *const ()) != Some(noop_wr_start as *const ());
     let t0 = now_ns();
@@ -336,6 +336,69 @@ fn imported_context_is_patched_like_an_opened_one() {
     let s = &read_stats(&dir)[0];
     assert_eq!(s["posts"]["post_send"], 1000);
     assert_eq!(s["delays_injected"], 1500);
+}
+
+/// Child: a QP from the legacy `ibv_create_qp` and one created for the `ibv_wr_*` API on a
+/// patched context; reports the stub's `ibv_qp_to_qp_ex` calls after each and whether each
+/// QP's `wr_start` was patched.
+fn child_legacy_qp() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context passed as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    // Compared with what each QP had before it was created (two reads of one function's
+    // address may differ: this crate's units each have their own copy).
+    let wr_start = |q: &ibv_qp_ex| q.wr_start.map(|f| f as usize);
+    let mut legacy = fake_qp(ctx);
+    let legacy_before = wr_start(&legacy);
+    let lx: *mut ibv_qp_ex = &mut *legacy;
+    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
+    let qp = unsafe { (shim.create_qp)(lx as *mut _, std::ptr::null_mut()) };
+    // SAFETY: the stub's counter.
+    let after_legacy = unsafe { (shim.qp_to_qp_ex_calls)() };
+    for _ in 0..10 {
+        // SAFETY: a fake QP of a patched fake context.
+        assert_eq!(unsafe { ibv_post_send(qp) }, 0);
+    }
+    let mut extended = fake_qp(ctx);
+    let extended_before = wr_start(&extended);
+    // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+    unsafe { create_qp_for_wr_api(&mut *extended) };
+    // SAFETY: as above.
+    let after_extended = unsafe { (shim.qp_to_qp_ex_calls)() };
+    emit(serde_json::json!({
+        "after_legacy": after_legacy, "after_extended": after_extended,
+        "legacy_wr_patched": wr_start(&legacy) != legacy_before,
+        "extended_wr_patched": wr_start(&extended) != extended_before,
+        "provider_posts": PROVIDER_POSTS.load(std::sync::atomic::Ordering::Relaxed),
+    }));
+}
+
+/// A QP from the legacy `ibv_create_qp` has no `ibv_qp_ex` (no send ops flags can be asked
+/// for there), and the shim never asks for one: rdma-core's `ibv_qp_to_qp_ex` reads a
+/// `verbs_qp`'s `comp_mask`, past the end of the plain `ibv_qp` objects of siw, erdma or
+/// hfi1, so the shim read a neighbouring heap object and, where its bits looked right,
+/// wrote its hook into it, with no configuration at all. Its posts are delayed as before;
+/// a QP created for the `ibv_wr_*` API is still patched.
+#[test]
+fn a_legacy_qp_is_never_taken_for_an_extended_one() {
+    if child_scenario().is_some() {
+        return child_legacy_qp();
+    }
+    let dir = scratch("legacy-qp");
+    let out = respawn(
+        "a_legacy_qp_is_never_taken_for_an_extended_one",
+        "legacy-qp",
+        &[("IBJITTER_DELAY", "1us".into()), stats_env(&dir)],
+    );
+    let r = &out.result;
+    assert_eq!(r["after_legacy"], 0, "{r}");
+    assert_eq!(r["legacy_wr_patched"], false, "{r}");
+    assert_eq!(r["after_extended"], 1, "{r}");
+    assert_eq!(r["extended_wr_patched"], true, "{r}");
+    assert_eq!(r["provider_posts"], 10, "{r}");
+    let s = &read_stats(&dir)[0];
+    assert_eq!(s["delays_injected"], 10, "{s}");
 }
 
 #[test]
@@ -854,10 +917,10 @@ fn contexts_and_qps_of_different_providers_reach_their_own() {
         qb.wr_start = Some(noop_wr_start_b);
         qb.wr_complete = Some(counting_wr_complete_b);
         let (pa, pb): (*mut ibv_qp_ex, *mut ibv_qp_ex) = (&mut *qa, &mut *qb);
-        // SAFETY: the stub's ibv_create_qp returns the fake QP given as pd.
+        // SAFETY: the fake provider's create_qp_ex returns the fake QP given as pd.
         unsafe {
-            (shim.create_qp)(pa as *mut _, std::ptr::null_mut());
-            (shim.create_qp)(pb as *mut _, std::ptr::null_mut());
+            create_qp_for_wr_api(pa);
+            create_qp_for_wr_api(pb);
         }
         let post = |q: *mut ibv_qp_ex, n: usize| {
             for _ in 0..n {
@@ -1048,8 +1111,8 @@ fn child_then_signal() {
     let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
     let mut q = fake_qp(ctx);
     let qpx: *mut ibv_qp_ex = &mut *q;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+    let qp = unsafe { create_qp_for_wr_api(qpx) };
     for _ in 0..100 {
         // SAFETY: a fake QP of a patched fake context.
         assert_eq!(unsafe { ibv_post_send(qp) }, 0);
@@ -1185,8 +1248,8 @@ fn child_many_destroyed_qps() {
     let ca = unsafe { (shim.open_device)(a.ctx() as *mut _) };
     let mut qa = fake_qp(ca);
     let pa: *mut ibv_qp_ex = &mut *qa;
-    // SAFETY: the stub's ibv_create_qp returns the fake QP given as pd.
-    unsafe { (shim.create_qp)(pa as *mut _, std::ptr::null_mut()) };
+    // SAFETY: the fake provider's create_qp_ex returns the fake QP given as pd.
+    unsafe { create_qp_for_wr_api(pa) };
     let mut kept = Vec::new();
     let mut failed = 0;
     for _ in 0..5000 {
@@ -1196,7 +1259,7 @@ fn child_many_destroyed_qps() {
         let p: *mut ibv_qp_ex = &mut *q;
         // SAFETY: as above; the QP is destroyed through the shim after one post.
         unsafe {
-            (shim.create_qp)(p as *mut _, std::ptr::null_mut());
+            create_qp_for_wr_api(p);
             failed += (ibv_wr_batch(p) != 0) as u64;
             (shim.destroy_qp)(p as *mut _);
         }
@@ -1305,7 +1368,7 @@ fn child_wr_start_timing() {
     let mut q = fake_qp(ctx);
     q.wr_start = Some(timed_wr_start);
     let qpx: *mut ibv_qp_ex = &mut *q;
-    unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    unsafe { create_qp_for_wr_api(qpx) };
     let mut before_start = Vec::new();
     for _ in 0..20 {
         let t0 = now_ns();
@@ -1331,7 +1394,7 @@ fn each_warning_said_once_is_said() {
         let mut q = fake_qp(ctx);
         let qpx: *mut ibv_qp_ex = &mut *q;
         // SAFETY: as above.
-        let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+        let qp = unsafe { create_qp_for_wr_api(qpx) };
         // SAFETY: a fake QP of a patched fake context.
         assert_eq!(unsafe { ibv_wr_batch(qpx) }, 0);
         let byte = [1u8];
@@ -1445,7 +1508,7 @@ fn child_per() {
     q.wr_start = Some(recording_wr_start);
     q.wr_send = Some(recording_wr_send);
     let qpx: *mut ibv_qp_ex = &mut *q;
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    let qp = unsafe { create_qp_for_wr_api(qpx) };
     let chain = |ids: [u64; 3]| -> (c_int, Option<u64>, bool) {
         // SAFETY: all-zero work requests are valid; the fake provider reads wr_id and next.
         let mut wrs: [ibv_send_wr; 3] = unsafe { std::mem::zeroed() };
@@ -1656,7 +1719,7 @@ fn child_unseen(how: &str) {
         unsafe {
             let ctx = (shim.open_device)(fc.ctx() as *mut _);
             let mut q = fake_qp(ctx);
-            (shim.create_qp)(&mut *q as *mut ibv_qp_ex as *mut _, std::ptr::null_mut());
+            create_qp_for_wr_api(&mut *q);
         }
     }
     emit(serde_json::json!({ "posts": PROVIDER_POSTS.load(std::sync::atomic::Ordering::Relaxed) }));
@@ -1936,8 +1999,8 @@ fn child_windowed() {
     let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
     let mut q = fake_qp(ctx);
     let qpx: *mut ibv_qp_ex = &mut *q;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+    let qp = unsafe { create_qp_for_wr_api(qpx) };
     let t0 = now_ns();
     let mut posts = Vec::new();
     while now_ns() - t0 < 600_000_000 {
@@ -2039,8 +2102,8 @@ fn child_selective() {
         q.wr_rdma_write = Some(noop_wr_rkey_addr);
         q.wr_rdma_read = Some(noop_wr_rkey_addr);
         let qpx: *mut ibv_qp_ex = &mut *q;
-        // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-        let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+        // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+        let qp = unsafe { create_qp_for_wr_api(qpx) };
         // SAFETY: all-zero is a valid ibv_qp_attr; the stub's modify succeeds.
         let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.dest_qp_num = remote;
@@ -2335,8 +2398,8 @@ fn child_wall_clock_posts() {
     let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
     let mut q = fake_qp(ctx);
     let qpx: *mut ibv_qp_ex = &mut *q;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+    let qp = unsafe { create_qp_for_wr_api(qpx) };
     let t0 = now_ns();
     let mut times = Vec::new();
     while now_ns() - t0 < 700_000_000 {
@@ -2597,8 +2660,8 @@ fn child_controlled() {
     let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
     let mut q = fake_qp(ctx);
     let qpx: *mut ibv_qp_ex = &mut *q;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+    let qp = unsafe { create_qp_for_wr_api(qpx) };
     println!("READY {}", std::process::id());
     let t0 = now_ns();
     let mut posts = Vec::new();
@@ -2770,8 +2833,8 @@ fn child_line() {
     let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
     let mut q = fake_qp(ctx);
     let qpx: *mut ibv_qp_ex = &mut *q;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+    let qp = unsafe { create_qp_for_wr_api(qpx) };
     let mut buf = [0u8; 8];
     let mut posted = Vec::new();
     for k in 0..200u64 {
@@ -3021,8 +3084,8 @@ fn child_qpn_cost() {
     let mut q = fake_qp(ctx);
     q.qp_base.qp_num = std::env::var("IBJITTER_TEST_QPN").unwrap().parse().unwrap();
     let qpx: *mut ibv_qp_ex = &mut *q;
-    // SAFETY: the stub's ibv_create_qp returns its pd argument: our fake QP.
-    let qp = unsafe { (shim.create_qp)(qpx as *mut _, std::ptr::null_mut()) };
+    // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+    let qp = unsafe { create_qp_for_wr_api(qpx) };
     let mut best = f64::INFINITY;
     for _ in 0..40 {
         let t0 = now_ns();

@@ -92,12 +92,12 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     };
     line::context_closed(ctx);
     patch::unpatch_context(ctx);
-    registry::forget_ucx_context(ctx);
     real(ctx)
 }
 
-/// Interposed `ibv_create_qp@IBVERBS_1.1`: a provider may give legacy QPs an `ibv_qp_ex`
-/// too, reachable through `ibv_qp_to_qp_ex`; patch it where it exists.
+/// Interposed `ibv_create_qp@IBVERBS_1.1`: the delay line learns of the QP. A legacy QP has
+/// no `ibv_qp_ex` (no send ops flags can be asked for here), and `ibv_qp_to_qp_ex` is never
+/// called on it: on providers whose QP is a plain `ibv_qp` it reads past the object.
 ///
 /// # Safety
 /// Same contract as libibverbs' `ibv_create_qp`.
@@ -114,7 +114,6 @@ pub unsafe extern "C" fn ibv_create_qp(
         return qp;
     }
     state::note_qp_created();
-    patch::qp_created(qp);
     line::qp_created(qp);
     qp
 }

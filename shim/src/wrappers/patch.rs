@@ -273,7 +273,8 @@ pub unsafe fn patch_qp(qpx: *mut ibv_qp_ex) -> bool {
     true
 }
 
-/// Our `verbs_context.create_qp_ex`: the provider's, then patch the new QP's `wr_start`.
+/// Our `verbs_context.create_qp_ex`: the provider's, then, for a QP created for the
+/// `ibv_wr_*` API, patch its `wr_start`.
 unsafe extern "C" fn create_qp_ex_hook(
     ctx: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -282,35 +283,27 @@ unsafe extern "C" fn create_qp_ex_hook(
         *libc::__errno_location() = libc::EOPNOTSUPP;
         return null_mut();
     };
+    // Read before the provider's call, which may write the attributes back.
+    let send_ops = !attr.is_null()
+        && (*attr).comp_mask & ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
     let qp = orig(ctx, attr);
     if !qp.is_null() {
         state::note_qp_created();
         crate::modes::line::qp_created(qp);
+        if send_ops {
+            patch_qp_ex_of(qp);
+        }
     }
-    patch_qp_ex_of(qp);
     qp
 }
 
-/// A QP came back from `ibv_create_qp`: its `ibv_qp_ex` (where the provider gives legacy QPs
-/// one) is patched, unless UCX opened its context (its messages wait at UCP).
+/// Patches the `ibv_qp_ex` of `qp`, created with send ops flags (the only QPs that have one:
+/// `ibv_qp_to_qp_ex` reads a `verbs_qp`'s `comp_mask`, past the end of the QP objects of
+/// providers that give legacy QPs a plain `ibv_qp`, as siw, erdma and hfi1 do).
 ///
 /// # Safety
-/// `qp` a QP just created.
-pub unsafe fn qp_created(qp: *mut ibv_qp) {
-    if !registry::is_ucx_context((*qp).context) {
-        patch_qp_ex_of(qp);
-    }
-}
-
-/// Patches the `ibv_qp_ex` of `qp`, if it has one (created with send ops flags; a provider
-/// may give legacy QPs one too).
-///
-/// # Safety
-/// `qp` must be null or a live QP.
-pub unsafe fn patch_qp_ex_of(qp: *mut ibv_qp) {
-    if qp.is_null() {
-        return;
-    }
+/// `qp` must be a live QP created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+unsafe fn patch_qp_ex_of(qp: *mut ibv_qp) {
     if let Some(to_qpx) = QP_TO_QP_EX.get() {
         patch_qp(to_qpx(qp));
     }

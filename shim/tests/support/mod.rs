@@ -155,6 +155,8 @@ pub struct Shim {
     pub import_device: unsafe extern "C" fn(c_int) -> *mut ibv_context,
     /// The stub's: what its ibv_import_device returns.
     pub set_imported_context: unsafe extern "C" fn(*mut ibv_context),
+    /// The stub's: how many times `ibv_qp_to_qp_ex` was called.
+    pub qp_to_qp_ex_calls: unsafe extern "C" fn() -> std::ffi::c_long,
     pub close_device: unsafe extern "C" fn(*mut ibv_context) -> c_int,
     pub create_qp: unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
@@ -176,6 +178,7 @@ impl Shim {
             open_device: sym(h, "ibv_open_device"),
             import_device: sym(h, "ibv_import_device"),
             set_imported_context: sym(stub, "stub_set_imported_context"),
+            qp_to_qp_ex_calls: sym(stub, "stub_qp_to_qp_ex_calls"),
             close_device: sym(h, "ibv_close_device"),
             create_qp: sym(h, "ibv_create_qp"),
             destroy_qp: sym(h, "ibv_destroy_qp"),
@@ -238,12 +241,39 @@ pub unsafe extern "C" fn counting_wr_complete(_qpx: *mut ibv_qp_ex) -> c_int {
     0
 }
 
+/// The fake provider's `create_qp_ex`: counts, and returns the fake QP passed as the pd (as
+/// the stub's `ibv_create_qp` does), or null without one.
 pub unsafe extern "C" fn fake_create_qp_ex(
     _ctx: *mut ibv_context,
-    _attr: *mut ibv_qp_init_attr_ex,
+    attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
     PROVIDER_CREATE_QP_EX.fetch_add(1, Relaxed);
-    std::ptr::null_mut()
+    if attr.is_null() {
+        return std::ptr::null_mut();
+    }
+    (*attr).pd.cast()
+}
+
+/// `ibv_create_qp_ex` as verbs.h inlines it (through the context's `create_qp_ex`, the
+/// shim's once it patched the context), asking for the `ibv_wr_*` API as perftest does: the
+/// only way a QP gets an `ibv_qp_ex` the shim patches. Returns the QP (`qpx` itself, from
+/// the fake provider).
+///
+/// # Safety
+/// `qpx` a fake QP whose context is a [`FakeContext`]'s.
+pub unsafe fn create_qp_for_wr_api(qpx: *mut ibv_qp_ex) -> *mut ibv_qp {
+    let ctx = (*qpx).qp_base.context;
+    let vctx = ctx
+        .cast::<u8>()
+        .sub(std::mem::offset_of!(verbs_context, context))
+        .cast::<verbs_context>();
+    let create = std::ptr::read_volatile(&(*vctx).create_qp_ex).expect("create_qp_ex");
+    let mut attr: ibv_qp_init_attr_ex = std::mem::zeroed();
+    attr.comp_mask = ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD
+        | ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    attr.pd = qpx.cast();
+    attr.send_ops_flags = ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE as u64;
+    create(ctx, &mut attr)
 }
 
 /// A fake device context: an `ibv_context` inside a `verbs_context`, as providers allocate.

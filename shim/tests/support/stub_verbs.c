@@ -9,7 +9,11 @@ void stub_set_imported_context(void *context) { imported_context = context; }
 void *ibv_import_device(int cmd_fd) { (void)cmd_fd; return imported_context; }
 int ibv_close_device(void *context) { (void)context; return 0; }
 void *ibv_create_qp(void *pd, void *attr) { (void)attr; return pd; }
-void *ibv_qp_to_qp_ex(void *qp) { return qp; }
+/* Identity, counted: a QP it is called on must have been created with send ops flags (the
+ * real one reads a verbs_qp's comp_mask, past the end of a provider's plain ibv_qp). */
+static long qp_to_qp_ex_calls;
+void *ibv_qp_to_qp_ex(void *qp) { qp_to_qp_ex_calls++; return qp; }
+long stub_qp_to_qp_ex_calls(void) { return qp_to_qp_ex_calls; }
 int ibv_destroy_qp(void *qp) { (void)qp; return 0; }
 int ibv_dealloc_pd(void *pd) { (void)pd; return 0; }
 int ibv_modify_qp(void *qp, void *attr, int mask) { (void)qp; (void)attr; (void)mask; return 0; }
