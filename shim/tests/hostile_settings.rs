@@ -604,13 +604,35 @@ fn a_timer_thread_that_cannot_read_its_cpus_takes_it_that_it_has_one() {
 /// line were written into the program's own record.
 #[test]
 fn a_program_started_without_stderr_keeps_its_files_clean() {
+    program_record_is_clean(true);
+}
+
+/// A program that closes its stderr after its posts (a daemon or launcher closing 0-2 once
+/// set up) and opens a file of its own, which takes descriptor 2: the shim's exit line
+/// goes nowhere rather than into that file. Before, it was written there after the record.
+#[test]
+fn a_program_that_closes_its_stderr_later_keeps_its_files_clean() {
+    program_record_is_clean(false);
+}
+
+/// `limited_post` with a file of its own on descriptor 2: from the start (stderr closed
+/// at load) or from after its posts (stderr closed by the program).
+fn program_record_is_clean(closed_at_start: bool) {
     let (so, stub, driver) = built();
-    let dir = std::env::temp_dir().join(format!("ibjitter-no-stderr-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "ibjitter-no-stderr-{}-{closed_at_start}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let own = dir.join("record.txt");
     let mut cmd = Command::new("sh");
+    let script = if closed_at_start {
+        r#"LD_PRELOAD="$1" exec "$2" "$3" 20 2>&-"#
+    } else {
+        r#"LIMITED_POST_CLOSE_STDERR=1 LD_PRELOAD="$1" exec "$2" "$3" 20"#
+    };
     cmd.arg("-c")
-        .arg(r#"LD_PRELOAD="$1" exec "$2" "$3" 20 2>&-"#)
+        .arg(script)
         .arg("sh")
         .arg(so)
         .arg(driver)
@@ -634,5 +656,9 @@ fn a_program_started_without_stderr_keeps_its_files_clean() {
         std::fs::read_to_string(&own).unwrap(),
         "the program's record (descriptor 2)\n"
     );
+    if !closed_at_start {
+        // Said where stderr was while it was there.
+        assert!(text(&out.stderr).starts_with("ibjitter: "), "{out:?}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

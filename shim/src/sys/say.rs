@@ -2,19 +2,46 @@
 //! uses verbs or UCP, and at most one further warning. Each is one write, so it does not
 //! interleave with the application's output, and none raises SIGPIPE ([`write_to_stderr`]).
 use super::quiet;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 /// Descriptor 2 was closed when the shim loaded (a process started with `2>&-`): the next
 /// file the program opens takes that number, and the shim's lines would go into the
 /// program's own data. Nothing is written then.
 static STDERR_CLOSED_AT_LOAD: AtomicBool = AtomicBool::new(false);
+/// The file descriptor 2 named at load (device, inode). A daemon or launcher that closes
+/// 0-2 after its first device open and opens its own files gives one of them that number:
+/// a line written then goes only where stderr was, never into the file now there.
+static STDERR_DEV: AtomicU64 = AtomicU64::new(0);
+static STDERR_INO: AtomicU64 = AtomicU64::new(0);
 
-/// At load, before anything is said: whether descriptor 2 is open.
+/// The (device, inode) descriptor 2 names now, or None if it is closed. Async-signal-safe.
+fn stderr_file() -> Option<(u64, u64)> {
+    // SAFETY: all-zero is a valid stat; fstat writes it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a descriptor number into our buffer.
+    (unsafe { libc::fstat(2, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// At load, before anything is said: whether descriptor 2 is open, and which file it names.
 pub fn note_stderr_at_load() {
-    // SAFETY: fcntl on a descriptor number, no pointer.
-    let closed = unsafe { libc::fcntl(2, libc::F_GETFD) } == -1;
-    STDERR_CLOSED_AT_LOAD.store(closed, Relaxed);
+    match stderr_file() {
+        Some((dev, ino)) => {
+            STDERR_DEV.store(dev, Relaxed);
+            STDERR_INO.store(ino, Relaxed);
+            STDERR_CLOSED_AT_LOAD.store(false, Relaxed);
+        }
+        None => STDERR_CLOSED_AT_LOAD.store(true, Relaxed),
+    }
+}
+
+/// Whether descriptor 2 still names the file it named at load. A program that moves stderr
+/// itself (`dup2` of a log file, `freopen`) is told apart from one whose own file took the
+/// number by nothing the kernel keeps: both lose the shim's lines, which nothing of theirs
+/// needs, rather than the second getting them in its data.
+fn stderr_is_still_stderr() -> bool {
+    !STDERR_CLOSED_AT_LOAD.load(Relaxed)
+        && stderr_file() == Some((STDERR_DEV.load(Relaxed), STDERR_INO.load(Relaxed)))
 }
 
 /// The startup line (or its warning) was printed.
@@ -81,10 +108,10 @@ fn write_parts([prefix, msg]: &[&str; 2]) {
 /// reader is gone (a harness that closed it, a logger that died), the write's SIGPIPE would
 /// kill a program that never writes there itself, at its device open or in its exit
 /// handler, before its stats are written ([`quiet::without`]). Async-signal-safe: no
-/// allocation, no lock. Returns what `writev` returned (-1 when stderr was closed at load:
-/// [`note_stderr_at_load`]).
+/// allocation, no lock. Returns what `writev` returned (-1 when descriptor 2 was closed at
+/// load or names another file now: [`stderr_is_still_stderr`]).
 pub fn write_to_stderr(parts: &[libc::iovec]) -> isize {
-    if STDERR_CLOSED_AT_LOAD.load(Relaxed) {
+    if !stderr_is_still_stderr() {
         return -1;
     }
     quiet::without(libc::SIGPIPE, |raised| {

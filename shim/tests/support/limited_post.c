@@ -65,9 +65,12 @@ static double now_us(void) {
  * reach the provider, prints the result line, then stays `hold_ms` ms. */
 static int run(const char *stub, long posts, long hold_ms) {
     /* LIMITED_POST_FILE: a file of the program's own, opened first (started with stderr
-     * closed, it takes descriptor 2), its one line written last. */
+     * closed, it takes descriptor 2), its one line written last. With
+     * LIMITED_POST_CLOSE_STDERR it is opened after the posts instead, once the program has
+     * closed its stderr (a daemon's way): it takes descriptor 2 then. */
     const char *own = getenv("LIMITED_POST_FILE");
-    int own_fd = own ? open(own, O_WRONLY | O_CREAT | O_TRUNC, 0600) : -1;
+    int close_stderr = getenv("LIMITED_POST_CLOSE_STDERR") != NULL;
+    int own_fd = own && !close_stderr ? open(own, O_WRONLY | O_CREAT | O_TRUNC, 0600) : -1;
     if (!dlopen(stub, RTLD_NOW | RTLD_GLOBAL)) {
         fprintf(stderr, "dlopen %s: %s\n", stub, dlerror());
         return 2;
@@ -125,9 +128,15 @@ static int run(const char *stub, long posts, long hold_ms) {
     }
     printf("limited_post posts=%ld provider=%lu vm_peak_kb=%ld posting_us=%.0f\n", posts,
            reached, vm_peak_kb(), posting_us);
+    if (own && close_stderr) {
+        close(2);
+        own_fd = open(own, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    }
     if (own_fd >= 0) {
         dprintf(own_fd, "the program's record (descriptor %d)\n", own_fd);
-        close(own_fd);
+        /* A daemon's log stays open to its end (the exit handlers run before it closes). */
+        if (!close_stderr)
+            close(own_fd);
     }
     fflush(stdout);
     /* By the clock, as above: in a sandbox that refuses sleeps it spins. */
