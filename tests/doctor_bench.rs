@@ -112,7 +112,7 @@ fn doctor_passes_on_the_bench_with_a_verdict_and_the_delay_per_path() {
         let within = if d["statistic"] == "average" {
             growth >= 0.75 * D_US
         } else {
-            fastest_injected >= D_US && growth < 1.5 * D_US
+            fastest_injected >= D_US && (0.5 * D_US..1.5 * D_US).contains(&growth)
         };
         eprintln!(
             "{}: +{growth:.1} us ({}), D = {D_US}",
