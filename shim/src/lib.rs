@@ -13,8 +13,7 @@
 //! - [`state`]: the one owner of the lifecycle and the mode the wrappers read (start-up,
 //!   configured, first use under way or done, the owner of the shim's threads, window,
 //!   paused, line, completion delay, live table epoch, forked child, exiting);
-//! - [`registry`]: the patched contexts and QPs and their provider originals, the contexts
-//!   UCX opened;
+//! - [`registry`]: the patched contexts and QPs and their provider originals;
 //! - [`draw`]: the table in wait units, the draw, episodes, the trace, the counters;
 //! - [`modes`]: selection, the injection window, the delay line, completion-side delay;
 //! - [`wrappers`]: the post wrappers and the pointer swaps that install them, the UCP
