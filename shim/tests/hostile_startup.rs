@@ -453,3 +453,46 @@ fn a_shell_that_never_uses_verbs_pays_little_for_the_shim() {
         "the shim added {each} page faults to each process (plain shell {plain}, with the shim {shim})"
     );
 }
+
+/// A plugin host that loads libibverbs itself (`RTLD_GLOBAL`), opens a device, unloads the
+/// library and loads it again from another path, then opens a device again: the second open
+/// reaches the shim's exported `ibv_open_device`, which calls the real one it found the
+/// first time. Were that copy unloaded, the call would jump into unmapped memory. It is
+/// not: glibc records a dependency of the shim on the library its `dlvsym(RTLD_NEXT)` finds
+/// a symbol in (as for any lookup that adds one), so the first copy stays while the shim
+/// is loaded, and the address stays good. Without the shim the first copy is unloaded (the
+/// control). A guard: a change to how the shim finds its real functions must keep this.
+#[test]
+fn a_libibverbs_unloaded_and_loaded_again_keeps_working_under_the_shim() {
+    let so = build_shim();
+    let stub = build_stub();
+    let program = build_c("reload_verbs", "reload_verbs", &["-ldl"]);
+    let copy = stub
+        .parent()
+        .unwrap()
+        .join(format!("copy-{}/libibverbs.so.1", std::process::id()));
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::copy(&stub, &copy).unwrap();
+    for shim in [false, true] {
+        let mut cmd = Command::new(&program);
+        cmd.arg(&stub).arg(&copy);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("IBJITTER_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env_remove("LD_PRELOAD").env("IBJITTER_CONTROL", "0");
+        if shim {
+            cmd.env("LD_PRELOAD", &so).env("IBJITTER_DELAY", "1us");
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let all = format!("shim {shim}: {out:?}");
+        assert!(out.status.success(), "{all}");
+        assert!(stdout.contains("second open ok"), "{all}");
+        // The control: without the shim the first copy really leaves.
+        let unloaded = if shim { "no" } else { "yes" };
+        assert!(stdout.contains(&format!("unloaded: {unloaded}")), "{all}");
+    }
+    std::fs::remove_dir_all(copy.parent().unwrap()).unwrap();
+}
