@@ -423,22 +423,6 @@ fn requests_a_full_send_queue_refuses_are_kept_and_handed_over_in_order() {
             assert_eq!(l["out_of_order"], 0, "{all}\n{l}");
         }
     }
-    // Every sixth request one the line cannot copy (17 scatter entries), posted directly
-    // behind the QP's requests in the line, some of which wait for room: refused as a full
-    // queue refuses (the program polls and posts it again), never a wait for ever.
-    let env = [
-        ("IBJITTER_MODE", "line"),
-        ("IBJITTER_DELAY", "1ms"),
-        ("IBJITTER_STATS", stats),
-        ("FULL_QUEUE_N", "60"),
-        ("FULL_QUEUE_BIG_EVERY", "6"),
-    ];
-    let r = run(true, 0, "full-queue", &env);
-    let all = format!("direct:\n{}{}", r.stdout, r.stderr);
-    assert_eq!(r.code, 0, "{all}");
-    assert!(r.stdout.contains("completions 60 of 60\n"), "{all}");
-    let handed: Vec<u64> = r.handed().iter().map(|h| h.0).collect();
-    assert_eq!(handed, (0..60).collect::<Vec<u64>>(), "{all}");
     // More than the line holds (4,096): once the line is full too, a post is refused with
     // ENOMEM (the program then polls) rather than wait for a slot only its polls give back.
     let env = [

@@ -22,7 +22,7 @@
  *        posts 12 (or $FULL_QUEUE_N) as a program that counts on ENOMEM does (on ENOMEM
  *        it polls once and posts again), then polls until all are complete (at most 3 s by
  *        the clock after the last post) and says "completions N of 12"; exit 0 when all
- *        came. With $FULL_QUEUE_BIG_EVERY=K every K-th request has 17 scatter entries.
+ *        came.
  *        quick_exit: quick_exit(6).
  *        cancel-handover: a second thread posts 4 and polls; the hand-over in its poll
  *        calls the provider, which waits 200 ms in usleep (a cancellation point, as rxe's
@@ -294,21 +294,14 @@ int main(int argc, char **argv) {
     } else if (!strcmp(how, "full-queue")) {
         sq_capacity = 4;
         open_fake_device();
-        const char *n_env = getenv("FULL_QUEUE_N"), *big_env = getenv("FULL_QUEUE_BIG_EVERY");
+        const char *n_env = getenv("FULL_QUEUE_N");
         long n = n_env ? atol(n_env) : 12, completed = 0;
-        long big_every = big_env ? atol(big_env) : 0;
-        static struct ibv_sge sges[17];
         struct ibv_wc wc;
         for (long id = 0; id < n; id++) {
             for (;;) {
                 struct ibv_send_wr wr, *bad = NULL;
                 memset(&wr, 0, sizeof wr);
                 wr.wr_id = (uint64_t)id;
-                if (big_every && id % big_every == big_every - 1) {
-                    /* More scatter entries than the line copies: posted directly. */
-                    wr.sg_list = sges;
-                    wr.num_sge = 17;
-                }
                 int rc = ibv_post_send(qp, &wr, &bad);
                 if (rc == 0)
                     break;

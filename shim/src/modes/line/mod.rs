@@ -176,8 +176,7 @@ pub unsafe fn post(
                 return refuse(cur, bad, carried(cur, wr, units));
             }
             let (due, before) = q.next_due(now.saturating_add(units));
-            let draw = carried(cur, wr, units);
-            return direct(qp, cur, bad, 0, Some((q, before, due, draw)));
+            return direct(qp, cur, bad, 0, Some((q, before, due)));
         }
         let i = match line.take_slot(lane) {
             Some(i) => i,
@@ -345,8 +344,8 @@ unsafe fn refuse_full(wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr, units: u
 }
 
 /// Posts `wr` (and the rest of its chain) directly: after the QP's earlier requests left the
-/// line (`after`: the QP, the due time of the request before, this one's, the draw it
-/// carries), then after `units` more.
+/// line (`after`: the QP, the due time of the request before, this one's), then after
+/// `units` more.
 #[cold]
 #[inline(never)]
 unsafe fn direct(
@@ -354,7 +353,7 @@ unsafe fn direct(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
     units: u64,
-    after: Option<(&qps::QpLine, u64, u64, u64)>,
+    after: Option<(&qps::QpLine, u64, u64)>,
 ) -> c_int {
     // A constant: no allocation on the post path.
     say::warn_once!(
@@ -364,23 +363,13 @@ unsafe fn direct(
     );
     DIRECT.fetch_add(1, Relaxed);
     let until = now_units().saturating_add(units);
-    if let Some((q, before, due, draw)) = after {
+    if let Some((q, before, due)) = after {
         // Not cancelled until the QP's due time is marked handed (the provider's call may be
         // a cancellation point): the QP's next direct post waits for that mark.
         let _not_cancelled = crate::sys::threads::NoCancel::hold();
         let gen = q.gen();
         // The QP's earlier requests leave first (unless it is destroyed meanwhile).
         while !q.handed_through(before) && q.gen() == gen {
-            if q.waiting_for_room() {
-                // They wait for room its send queue gets back only as the program polls,
-                // which it does not from inside this post: refused as a full queue
-                // refuses. Its due time goes back, or, if a later request took one after
-                // it meanwhile, counts as handed (that one's predecessor).
-                if !q.give_back_due(due, before) {
-                    q.handed(due);
-                }
-                return refuse_full(wr, bad, draw);
-            }
             flusher::flush_if_due(None);
             std::hint::spin_loop();
         }

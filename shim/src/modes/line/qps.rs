@@ -146,15 +146,6 @@ impl QpLine {
         }
     }
 
-    /// Gives back the due time `due` that [`QpLine::next_due`] returned with `before`, for a
-    /// request refused after all: true if no request took a later one meanwhile (the QP's
-    /// due times go on from `before`), false if one did (its predecessor is `due` then).
-    pub fn give_back_due(&self, due: u64, before: u64) -> bool {
-        self.last_due
-            .compare_exchange(due, before, AcqRel, Relaxed)
-            .is_ok()
-    }
-
     /// Nothing of this QP is in the line (every due time given was handed over).
     #[inline]
     pub fn idle(&self) -> bool {
