@@ -388,67 +388,6 @@ fn a_forked_child_that_ends_its_thread_hands_over_none_of_its_parents_requests()
     assert_eq!(handed, [(0, parent), (1, parent), (2, parent)], "{all}");
 }
 
-/// A program that posts more than its send queue holds and counts on `ENOMEM` (on it, it
-/// polls once and posts again): in spin mode it gets it from the provider; in the delay line
-/// each post returned 0 at once, and the provider's `ENOMEM` at the hand-over lost the
-/// requests (counted, said), so the program waited for completions that never came. The
-/// line now keeps what a full send queue refuses and hands it over again, in order, as the
-/// program's polls make room: every request reaches the provider once, in order.
-#[test]
-fn requests_a_full_send_queue_refuses_are_kept_and_handed_over_in_order() {
-    let dir = target_dir().join(format!("ibjitter-full-queue-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let stats = dir.join("stats.json");
-    let stats = stats.to_str().unwrap();
-    for mode in ["spin", "line"] {
-        let env = [
-            ("IBJITTER_MODE", mode),
-            ("IBJITTER_DELAY", "1ms"),
-            ("IBJITTER_STATS", stats),
-        ];
-        let r = run(true, 0, "full-queue", &env);
-        let all = format!("{mode}:\n{}{}", r.stdout, r.stderr);
-        assert_eq!(r.code, 0, "{all}");
-        assert!(r.stdout.contains("completions 12 of 12\n"), "{all}");
-        let handed: Vec<u64> = r.handed().iter().map(|h| h.0).collect();
-        assert_eq!(handed, (0..12).collect::<Vec<u64>>(), "{all}");
-        let s: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(stats).unwrap()).unwrap();
-        if mode == "line" {
-            let l = &s["line"];
-            assert_eq!(l["post_errors"], 0, "{all}\n{l}");
-            assert!(l["send_queue_full"].as_u64().unwrap() >= 1, "{all}\n{l}");
-            assert_eq!(l["not_delivered"], 0, "{all}\n{l}");
-            assert_eq!(l["out_of_order"], 0, "{all}\n{l}");
-        }
-    }
-    // More than the line holds (4,096): once the line is full too, a post is refused with
-    // ENOMEM (the program then polls) rather than wait for a slot only its polls give back.
-    let env = [
-        ("IBJITTER_MODE", "line"),
-        ("IBJITTER_DELAY", "1ms"),
-        ("IBJITTER_STATS", stats),
-        ("FULL_QUEUE_N", "6000"),
-    ];
-    let r = run(true, 0, "full-queue", &env);
-    let all = format!("6000:\n{}", r.stderr);
-    assert_eq!(r.code, 0, "{all}");
-    assert!(r.stdout.contains("completions 6000 of 6000\n"), "{all}");
-    let handed: Vec<u64> = r.handed().iter().map(|h| h.0).collect();
-    assert!(handed == (0..6000).collect::<Vec<u64>>(), "{all}");
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(stats).unwrap()).unwrap();
-    let l = &s["line"];
-    assert!(l["refused_send_queue_full"].as_u64().unwrap() >= 1, "{l}");
-    assert_eq!(l["post_errors"], 0, "{l}");
-    assert!(
-        r.stderr.contains("(ENOMEM: their send queue was full)"),
-        "{all}"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 /// Without the line (the default mode), exec and `_exit` behave as without the shim: the same
 /// exit status and output, nothing on stderr from a process that opened no device, and no
 /// warning from one that did.

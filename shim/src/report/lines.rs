@@ -184,10 +184,6 @@ pub fn exit_sends(s: &Settings, snap: &Snapshot, drawn: Drawn) -> Option<String>
                  line's own work, which they would have had to wait for)"
             );
         }
-        let full = line::refused_full();
-        if full > 0 {
-            line += &format!("; refused {full} (ENOMEM: their send queue was full)");
-        }
     }
     Some(line)
 }
@@ -298,11 +294,7 @@ pub fn line_lateness_cause(late: &LineLate) -> String {
         )
     };
     let slack = line::timer::timer_slack_kept().filter(|&ns| ns > SLACK_SAID_NS);
-    let full = line::flusher::room_refusals();
     let mut why = match busy {
-        _ if full > 0 => format!(
-            "the provider refused {full} hand-overs for a full send queue (the program posted              more than its queue holds): those requests waited for room, handed over again              as the program polled its completions (line.send_queue_full in the stats)"
-        ),
         Some((_, share, per_request)) if share >= 0.5 => format!(
             "the provider's post_send was busy {:.0} % of the time taking them ({} a \
              request): the line offered requests about as fast as the provider takes them and \

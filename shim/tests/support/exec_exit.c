@@ -17,12 +17,6 @@
  *        fork-thread-exit: forks at once (the parent's requests are still in the line);
  *        the child sleeps 400 ms (past their due time) and ends by pthread_exit, which runs
  *        its threads' key destructors; the parent says the child's status and exits 0.
- *        full-queue (POSTS 0): a provider whose send queue holds 4 (a fifth request gets
- *        ENOMEM, *bad at it) and whose poll_cq completes one of them a call; the program
- *        posts 12 (or $FULL_QUEUE_N) as a program that counts on ENOMEM does (on ENOMEM
- *        it polls once and posts again), then polls until all are complete (at most 3 s by
- *        the clock after the last post) and says "completions N of 12"; exit 0 when all
- *        came.
  *        quick_exit: quick_exit(6).
  *        cancel-handover: a second thread posts 4 and polls; the hand-over in its poll
  *        calls the provider, which waits 200 ms in usleep (a cancellation point, as rxe's
@@ -65,25 +59,15 @@ static pthread_t held_thread;
 static atomic_int hold_it, held;
 static atomic_long handed_count;
 
-/* full-queue: the send queue's size (0: unlimited) and the requests in it. */
-static int sq_capacity;
-static atomic_int sq_used;
-
 static int provider_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
                               struct ibv_send_wr **bad) {
     (void)qp;
+    (void)bad;
     if (atomic_load(&hold_it) && pthread_equal(pthread_self(), held_thread)) {
         atomic_store(&held, 1);
         usleep(200000);
     }
     for (; wr; wr = wr->next) {
-        if (sq_capacity) {
-            if (atomic_load(&sq_used) >= sq_capacity) {
-                *bad = wr;
-                return ENOMEM;
-            }
-            atomic_fetch_add(&sq_used, 1);
-        }
         atomic_fetch_add(&handed_count, 1);
         if (!atomic_load(&hold_it))
             say("handed %ld by %ld\n", (long)wr->wr_id, (long)getpid());
@@ -96,16 +80,6 @@ static int no_completions(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
     (void)n;
     (void)wc;
     return 0;
-}
-
-/* full-queue: one request of the send queue completes at each call. */
-static int one_completion(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
-    (void)cq;
-    if (n < 1 || atomic_load(&sq_used) == 0)
-        return 0;
-    atomic_fetch_sub(&sq_used, 1);
-    memset(wc, 0, sizeof *wc);
-    return 1;
 }
 
 static struct verbs_context vctx;
@@ -164,7 +138,7 @@ static void open_fake_device(void) {
     vctx.sz = sizeof vctx;
     vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
     vctx.context.ops.post_send = provider_post_send;
-    vctx.context.ops.poll_cq = sq_capacity ? one_completion : no_completions;
+    vctx.context.ops.poll_cq = no_completions;
     /* The stub's ibv_open_device returns its argument: our fake context. */
     struct ibv_context *ctx = ibv_open_device((struct ibv_device *)&vctx.context);
     if (ctx != &vctx.context) {
@@ -291,32 +265,6 @@ int main(int argc, char **argv) {
         waitpid(pid, &status, 0);
         say("child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
         return 0;
-    } else if (!strcmp(how, "full-queue")) {
-        sq_capacity = 4;
-        open_fake_device();
-        const char *n_env = getenv("FULL_QUEUE_N");
-        long n = n_env ? atol(n_env) : 12, completed = 0;
-        struct ibv_wc wc;
-        for (long id = 0; id < n; id++) {
-            for (;;) {
-                struct ibv_send_wr wr, *bad = NULL;
-                memset(&wr, 0, sizeof wr);
-                wr.wr_id = (uint64_t)id;
-                int rc = ibv_post_send(qp, &wr, &bad);
-                if (rc == 0)
-                    break;
-                if (rc != ENOMEM) {
-                    say("post %ld: rc %d\n", id, rc);
-                    return 1;
-                }
-                completed += ibv_poll_cq(&cq, 1, &wc) > 0;
-            }
-        }
-        long t0 = now_us();
-        while (completed < n && now_us() - t0 < 3000000)
-            completed += ibv_poll_cq(&cq, 1, &wc) > 0;
-        say("completions %ld of %ld\n", completed, n);
-        return completed == n ? 0 : 1;
     } else if (!strcmp(how, "fork-thread-exit")) {
         pid_t pid = fork();
         if (pid == 0) {

@@ -107,33 +107,7 @@ pub struct Flusher {
     /// Due requests held back in one pass: their QP's request before them has not entered
     /// the line yet ([`in_order`]).
     held: Vec<u32>,
-    /// Requests the provider refused for a full send queue, and their QPs' later ones: kept,
-    /// and handed over again from `room_retry_at` on ([`ROOM_RETRY_NS`]).
-    room: Vec<u32>,
-    room_retry_at: u64,
     times: Times,
-}
-
-/// How long requests refused for a full send queue wait before they are handed over again:
-/// room comes back as the program polls its completions (which hand over what is due, so a
-/// busy-polling program retries at its own pace); the timer thread retries no more often.
-const ROOM_RETRY_NS: u64 = 50_000;
-/// Hand-overs the provider refused for a full send queue (`ENOMEM`, `EAGAIN`): their
-/// requests were kept and handed over again.
-static ROOM_REFUSALS: AtomicU64 = AtomicU64::new(0);
-/// Requests kept now, waiting for room in their send queue.
-static WAITING_FOR_ROOM: AtomicU64 = AtomicU64::new(0);
-
-/// Hand-overs refused for a full send queue (their requests kept and retried).
-pub fn room_refusals() -> u64 {
-    ROOM_REFUSALS.load(Relaxed)
-}
-
-/// Whether requests wait for room in their send queue now: a post that finds the line full
-/// is then refused as a full send queue is (`ENOMEM`), rather than wait for a slot that
-/// only the program's own completion polls would give back.
-pub fn waiting_for_room() -> bool {
-    WAITING_FOR_ROOM.load(Relaxed) != 0
 }
 
 /// How late requests were handed over (after their due time), and how long each call of
@@ -158,11 +132,8 @@ pub fn start() -> bool {
         return false;
     };
     let mut heap = BinaryHeap::new();
-    let (mut held, mut room) = (Vec::new(), Vec::new());
-    if heap.try_reserve_exact(SLOTS).is_err()
-        || held.try_reserve_exact(SLOTS).is_err()
-        || room.try_reserve_exact(SLOTS).is_err()
-    {
+    let mut held = Vec::new();
+    if heap.try_reserve_exact(SLOTS).is_err() || held.try_reserve_exact(SLOTS).is_err() {
         return false;
     }
     SEEN_STEP.store(clock::ns_to_units(ACTIVE_NS / 4, clock::kind()), Relaxed);
@@ -171,8 +142,6 @@ pub fn start() -> bool {
         *FLUSHER.0.get() = Some(Flusher {
             heap,
             held,
-            room,
-            room_retry_at: 0,
             times: Times {
                 late,
                 provider_call,
@@ -287,19 +256,6 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
                 .push(std::cmp::Reverse((unsafe { line.pool.slot(i) }.due, i)));
         }
         let mut now = given.take().unwrap_or_else(now_units);
-        if !f.room.is_empty() && now >= f.room_retry_at {
-            // Their turn again, in due order with the rest: a QP's refused request before
-            // its later ones.
-            for i in f.room.drain(..) {
-                // SAFETY: slot i is still the flusher's.
-                let s = unsafe { line.pool.slot(i) };
-                if let Some(q) = qps::entry(s.qp) {
-                    q.set_waiting_for_room(false);
-                }
-                f.heap.push(std::cmp::Reverse((s.due, i)));
-            }
-        }
-        let room_before = f.room.len();
         let hold = clock::ns_to_units(HOLD_NS, clock::kind());
         let mut list = List::new();
         while let Some(&std::cmp::Reverse((due, i))) = f.heap.peek() {
@@ -311,16 +267,13 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
             f.heap.pop();
             // SAFETY: the flusher owns slot i until post_list gives it back.
             unsafe {
-                if !f.room.is_empty() && waits_for_room(line, &list, i) {
-                    // A request before it on its QP waits for room: so does it, in order.
-                    f.room.push(i);
-                } else if in_order(line, &list, i) {
-                    add_to_list(line, &mut list, i, &mut f.times, by, &mut now, &mut f.room);
+                if in_order(line, &list, i) {
+                    add_to_list(line, &mut list, i, &mut f.times, by, &mut now);
                 } else if now >= due.saturating_add(hold) {
                     // Its predecessor did not come within HOLD_NS: it leaves (out of order,
                     // counted) rather than hold its QP up.
                     OUT_OF_ORDER.fetch_add(1, Relaxed);
-                    add_to_list(line, &mut list, i, &mut f.times, by, &mut now, &mut f.room);
+                    add_to_list(line, &mut list, i, &mut f.times, by, &mut now);
                 } else {
                     f.held.push(i);
                 }
@@ -328,13 +281,8 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
         }
         if list.n > 0 {
             // SAFETY: as above.
-            unsafe { post_list(line, &mut list, &mut f.times, by, &mut now, &mut f.room) };
+            unsafe { post_list(line, &mut list, &mut f.times, by, &mut now) };
         }
-        if f.room.len() > room_before {
-            // Refused in this pass: tried again a little later, not at every call meanwhile.
-            f.room_retry_at = now.saturating_add(clock::ns_to_units(ROOM_RETRY_NS, clock::kind()));
-        }
-        WAITING_FOR_ROOM.store(f.room.len() as u64, Relaxed);
         // The earliest due time, or the time a held request stops waiting for its
         // predecessor (whose own entry lowers NEXT_DUE to its due time meanwhile): never a
         // held request's due time, which is past and would have every call flush again.
@@ -344,17 +292,11 @@ fn flush_before(by: &AtomicU64, now: Option<u64>, ceiling: u64) -> bool {
             // SAFETY: slot i is still the flusher's.
             .map(|&i| unsafe { line.pool.slot(i) }.due.saturating_add(hold))
             .min();
-        let room_at = if f.room.is_empty() {
-            u64::MAX
-        } else {
-            f.room_retry_at
-        };
         let next = f
             .heap
             .peek()
             .map_or(u64::MAX, |r| r.0 .0)
-            .min(held_until.unwrap_or(u64::MAX))
-            .min(room_at);
+            .min(held_until.unwrap_or(u64::MAX));
         // The fence orders this store before the look at the ways below (as `announce`
         // orders a post's): a store that is itself a barrier is not needed.
         NEXT_DUE.store(next, Relaxed);
@@ -430,21 +372,8 @@ unsafe fn in_order(line: &Line, list: &List, i: u32) -> bool {
     }
 }
 
-/// Whether the request in slot `i` must wait for room with its QP's earlier ones: its QP's
-/// send queue refused a request before it (kept, and not in `list`).
-///
-/// # Safety
-/// The flusher owns slot `i` and the slots of `list`.
-unsafe fn waits_for_room(line: &Line, list: &List, i: u32) -> bool {
-    let s = line.pool.slot(i);
-    if list.n > 0 && line.pool.slot(list.slots[list.n - 1]).qp == s.qp {
-        return false;
-    }
-    matches!(qps::entry(s.qp), Some(q) if q.gen() == s.gen && q.waiting_for_room())
-}
-
 /// Adds slot `i` to `list`, handing the list over first if `i` is another QP's or the list
-/// is full (`now`, `room`: as [`post_list`]'s).
+/// is full (`now`: as [`post_list`]'s).
 unsafe fn add_to_list(
     line: &Line,
     list: &mut List,
@@ -452,7 +381,6 @@ unsafe fn add_to_list(
     times: &mut Times,
     by: &AtomicU64,
     now: &mut u64,
-    room: &mut Vec<u32>,
 ) {
     let s = line.pool.slot(i);
     let bytes = bytes_of(s);
@@ -460,7 +388,7 @@ unsafe fn add_to_list(
     if list.n > 0 {
         let first = line.pool.slot(list.slots[0]);
         if first.qp != qp || list.n == LIST_MAX || list.bytes + bytes > LIST_BYTES {
-            post_list(line, list, times, by, now, room);
+            post_list(line, list, times, by, now);
         }
     }
     list.slots[list.n] = i;
@@ -469,26 +397,23 @@ unsafe fn add_to_list(
 }
 
 /// Hands `list` over (the requests of a destroyed QP are dropped) and gives its slots back.
-/// Requests the provider refuses for a full send queue (`ENOMEM`, `EAGAIN`: a program that
-/// posts more than its queue holds, counting on that answer) are kept, in order, in `room`,
-/// and their QP marked: handed over again later ([`ROOM_RETRY_NS`]), never lost. Its
-/// requests' lateness is taken from a clock reading of its own, just before the provider's
-/// call (not from the reading that found them due: the flusher's own work since is part of
-/// how late they reach the provider). `now`: set to the time the provider's call returned,
-/// the flusher's latest reading.
+/// Its requests' lateness is taken from a clock reading of its own, just before the
+/// provider's call (not from the reading that found them due: the flusher's own work since
+/// is part of how late they reach the provider). `now`: set to the time the provider's call
+/// returned, the flusher's latest reading.
 unsafe fn post_list(
     line: &Line,
     list: &mut List,
     times: &mut Times,
     by: &AtomicU64,
     now: &mut u64,
-    room: &mut Vec<u32>,
 ) {
     let slots = &list.slots[..list.n];
     let qp = line.pool.slot(slots[0]).qp;
     let (q, gen) = qps::posting(qp);
     // Link the live requests into one list, in order.
     let mut live = 0usize;
+    let mut last_due = 0;
     let mut first: *mut ibv_send_wr = null_mut();
     let mut prev: *mut ibv_send_wr = null_mut();
     let now_in = now_units();
@@ -509,10 +434,10 @@ unsafe fn post_list(
         }
         prev = &mut s.wr;
         live += 1;
+        last_due = s.due;
+        // Handed over now: how late, before the provider's own time to post.
+        let _ = times.late.record(now_in.saturating_sub(s.due).max(1));
     }
-    // How many of the live requests the provider took (all, unless it failed), and whether
-    // the rest are kept for room in the send queue.
-    let (mut taken, mut kept) = (live, false);
     if live > 0 {
         if FIRST_IN.load(Relaxed) == 0 {
             let s = line.pool.slot(slots[0]);
@@ -527,21 +452,14 @@ unsafe fn post_list(
         let _ = times.provider_call.record(took.max(1));
         LAST_OUT.store(out, Release);
         if rc != 0 {
-            // Those before `bad` were posted (as a provider's own post_send leaves them); a
-            // `bad` not in the list says nothing of which: all taken, as before.
-            let mut before_bad = 0;
+            // Those before `bad` were posted (as a provider's own post_send leaves them).
+            let mut refused = live as u64;
             let mut cur = first;
             while !cur.is_null() && cur != bad {
-                before_bad += 1;
+                refused -= 1;
                 cur = (*cur).next;
             }
-            if !cur.is_null() {
-                taken = before_bad;
-                kept = rc == libc::ENOMEM || rc == libc::EAGAIN;
-            }
-            if kept {
-                add(&ROOM_REFUSALS, 1);
-            } else if POST_ERRORS.fetch_add((live - taken) as u64, Relaxed) == 0 {
+            if POST_ERRORS.fetch_add(refused, Relaxed) == 0 {
                 say::warn(&format!(
                     "IBJITTER_MODE=line: the provider refused a deferred work request ({}); \
                      the program's post had returned 0 (counted in the stats' line.post_errors)",
@@ -549,43 +467,20 @@ unsafe fn post_list(
                 ));
             }
         }
-    }
-    // The live requests in order: the first `taken` were handed over, the rest refused
-    // (kept for room, or dropped with the error counted); a destroyed QP's are dropped.
-    let (mut k, mut done, mut last_done_due) = (0usize, 0usize, None);
-    for &i in slots {
-        let s = line.pool.slot(i);
-        if Some(s.gen) == gen {
-            let keep = kept && k >= taken;
-            k += 1;
-            if keep {
-                room.push(i);
-                continue;
-            }
-            // Handed over now: how late, before the provider's own time to post.
-            let _ = times.late.record(now_in.saturating_sub(s.due).max(1));
-            last_done_due = Some(s.due);
-        }
-        done += 1;
-        line.give_back(s.lane, i);
-    }
-    if live > 0 {
-        add(by, (live - if kept { live - taken } else { 0 }) as u64);
-    }
-    if let Some(q) = q {
+        add(by, live as u64);
         // Before the destroy's wait ends: it then finds the QP's hand-over settled.
-        if let Some(d) = last_done_due {
-            q.handed(d);
-        }
-        if kept {
-            q.set_waiting_for_room(true);
+        if let Some(q) = q {
+            q.handed(last_due);
         }
     }
     qps::done_posting();
     if live < list.n {
         add(&DROPPED, (list.n - live) as u64);
     }
-    add(&LEFT, done as u64);
+    add(&LEFT, list.n as u64);
+    for &i in slots {
+        line.give_back(line.pool.slot(i).lane, i);
+    }
     list.n = 0;
     list.bytes = 0;
 }
@@ -619,8 +514,6 @@ pub fn forget_after_fork() {
         &BY_PROGRAM,
         &BY_TIMER,
         &OUT_OF_ORDER,
-        &ROOM_REFUSALS,
-        &WAITING_FOR_ROOM,
     ] {
         parents.store(0, Relaxed);
     }
@@ -629,7 +522,6 @@ pub fn forget_after_fork() {
     if let Some(f) = unsafe { (*FLUSHER.0.get()).as_mut() } {
         f.heap.clear();
         f.held.clear();
-        f.room.clear();
         f.times.late.reset();
         f.times.provider_call.reset();
     }
@@ -671,8 +563,7 @@ pub fn undelivered_draws() -> (u64, u64) {
         // SAFETY: the flusher's state is ours, and so are the slots it and the ways hold.
         unsafe {
             line.take_entered(|i| f.heap.push(std::cmp::Reverse((line.pool.slot(i).due, i))));
-            let kept = f.held.iter().chain(f.room.iter()).copied();
-            for i in f.heap.iter().map(|r| r.0 .1).chain(kept) {
+            for i in f.heap.iter().map(|r| r.0 .1).chain(f.held.iter().copied()) {
                 let units = line.pool.slot(i).units;
                 if units > 0 {
                     draws += 1;

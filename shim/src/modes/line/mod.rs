@@ -52,13 +52,6 @@
 //!   `qp->sq.lock`, unless `MLX5_SINGLE_THREADED` turns its locks off — do not combine that
 //!   with this mode): the application's own posts on that QP (only the direct ones above)
 //!   are serialized with it by the provider.
-//! - **A full send queue.** A program may post more than its send queue holds and count on
-//!   the provider's `ENOMEM`. Its posts into the line return 0; what the provider refuses at
-//!   the hand-over for a full queue (`ENOMEM`, `EAGAIN`) is kept, with the QP's later
-//!   requests, and handed over again, in order, every 50 us at most, as the program's polls
-//!   make room (`line.send_queue_full`). When the line is full too, or a request could only
-//!   wait behind them, the post is refused with `ENOMEM`, as the provider would
-//!   (`line.refused_send_queue_full`): the program polls, and room comes back.
 //! - **Errors** of deferred posts cannot reach the caller (its post returned 0): they are
 //!   counted in the stats (`line.post_errors`) and said once on stderr. A QP destroyed with
 //!   requests in the line drops them (counted as `line.dropped`).
@@ -87,10 +80,6 @@ static DIRECT: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 static REFUSED_DRAWS: AtomicU64 = AtomicU64::new(0);
 static REFUSED_UNITS: AtomicU64 = AtomicU64::new(0);
-/// Requests refused with `ENOMEM` because their send queue was full at the hand-over and the
-/// line had no slot left (or the request could only wait behind that queue's): what the
-/// provider would have answered without the line. Their draws count in `REFUSED_DRAWS`.
-static REFUSED_FULL: AtomicU64 = AtomicU64::new(0);
 /// Posts made inside the thread's own flush on a QP with nothing in the line, which waited
 /// in place ([`in_place`]).
 static IN_PLACE: AtomicU64 = AtomicU64::new(0);
@@ -164,11 +153,6 @@ pub unsafe fn post(
             if let Some(d) = first_due {
                 flusher::announce(d);
             }
-            if q.waiting_for_room() {
-                // Posted directly, it would wait for the QP's requests that wait for room,
-                // which only the program's completion polls give: a full send queue.
-                return refuse_full(cur, bad, carried(cur, wr, units));
-            }
             if hold.nested() && !q.idle() {
                 // A handler's: its turn comes after requests only the code it interrupted
                 // can let go (a flush in progress, or an entry that took its due time and
@@ -182,9 +166,6 @@ pub unsafe fn post(
             Some(i) => i,
             None => match wait_for_slot(line, lane, first_due) {
                 Some(i) => i,
-                None if flusher::waiting_for_room() && !flusher::flushing_here() => {
-                    return refuse_full(cur, bad, carried(cur, wr, units))
-                }
                 None => return refuse(cur, bad, carried(cur, wr, units)),
             },
         };
@@ -220,8 +201,7 @@ fn carried(cur: *mut ibv_send_wr, wr: *mut ibv_send_wr, units: u64) -> u64 {
 }
 
 /// No slot is free: the wire is full. Hands over what is due (announcing this call's own
-/// requests first, so they count) until a slot comes back. None if a send queue is full
-/// (its requests wait for room: [`flusher::waiting_for_room`]), or if this post was made
+/// requests first, so they count) until a slot comes back. None if this post was made
 /// inside the calling thread's own flush (its signal handler's): only that flush, which
 /// cannot go on meanwhile, would give a slot back.
 #[cold]
@@ -235,12 +215,6 @@ fn wait_for_slot(line: &lanes::Line, lane: u32, entered_due: Option<u64>) -> Opt
         return None;
     }
     loop {
-        if flusher::waiting_for_room() {
-            // The line is full and a send queue is too: the slots come back only as the
-            // program polls its completions, which it will not do from inside this post.
-            // Refused as a full send queue refuses (ENOMEM), as without the line.
-            return None;
-        }
         flusher::flush_if_due(None);
         if let Some(i) = line.take_slot(lane) {
             return Some(i);
@@ -309,30 +283,6 @@ unsafe fn refuse(wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr, units: u64) -
         cur = (*cur).next;
     }
     REFUSED.fetch_add(n, Relaxed);
-    if units > 0 {
-        REFUSED_DRAWS.fetch_add(1, Relaxed);
-        REFUSED_UNITS.fetch_add(units, Relaxed);
-    }
-    if !bad.is_null() {
-        *bad = wr;
-    }
-    libc::ENOMEM
-}
-
-/// Refuses `wr` and the rest of its chain with `ENOMEM`, as a full send queue does: its
-/// requests wait for room at the hand-over, and the line is full (or `wr` could only wait
-/// behind them). Counted apart from [`refuse`]'s (this is the provider's own answer, given
-/// a little later than without the line). Async-signal-safe: atomics only.
-#[cold]
-#[inline(never)]
-unsafe fn refuse_full(wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr, units: u64) -> c_int {
-    let mut n = 0u64;
-    let mut cur = wr;
-    while !cur.is_null() {
-        n += 1;
-        cur = (*cur).next;
-    }
-    REFUSED_FULL.fetch_add(n, Relaxed);
     if units > 0 {
         REFUSED_DRAWS.fetch_add(1, Relaxed);
         REFUSED_UNITS.fetch_add(units, Relaxed);
@@ -554,11 +504,6 @@ pub fn refused() -> u64 {
     REFUSED.load(Relaxed)
 }
 
-/// Requests refused with `ENOMEM` for a full send queue ([`refuse_full`]).
-pub fn refused_full() -> u64 {
-    REFUSED_FULL.load(Relaxed)
-}
-
 /// The draws whose post never reached the provider (a chain's first request not delivered,
 /// dropped with its QP, or refused), and their sum (ns): they count as delayed nowhere. In
 /// draws, as the stats count them (one a post, or one a request under `IBJITTER_PER=wr`),
@@ -586,7 +531,6 @@ pub fn after_fork_child() {
         &REFUSED,
         &REFUSED_DRAWS,
         &REFUSED_UNITS,
-        &REFUSED_FULL,
         &IN_PLACE,
         &IN_THREAD_DOMAIN,
     ] {
@@ -615,13 +559,6 @@ pub fn stats_json() -> serde_json::Value {
         // Handed over before the request before them on their QP, which had not entered the
         // line 5 ms after their due time (a thread or handler stopped inside its entry).
         "out_of_order": flusher::out_of_order(),
-        // Hand-overs the provider refused for a full send queue (ENOMEM, EAGAIN: a program
-        // that posts more than its queue holds): their requests were kept and handed over
-        // again, in order, as room came back.
-        "send_queue_full": flusher::room_refusals(),
-        // Posts refused with ENOMEM while a send queue was full and the line too: what the
-        // provider answers without the line, a little later.
-        "refused_send_queue_full": REFUSED_FULL.load(Relaxed),
         // Posts on QPs whose provider takes no lock (a thread domain's): they waited in
         // place, in the posting thread.
         "in_thread_domain": IN_THREAD_DOMAIN.load(Relaxed),

@@ -21,9 +21,6 @@ pub struct QpLine {
     in_thread_domain: AtomicBool,
     last_due: AtomicU64,
     handed_due: AtomicU64,
-    /// Its send queue refused a request at the hand-over (full): its requests wait in the
-    /// flusher's room list, in order. Written by the flusher only.
-    room_wait: AtomicBool,
 }
 
 const QP_SLOTS: usize = 8192;
@@ -36,7 +33,6 @@ const QP_EMPTY: QpLine = QpLine {
     in_thread_domain: AtomicBool::new(false),
     last_due: AtomicU64::new(0),
     handed_due: AtomicU64::new(0),
-    room_wait: AtomicBool::new(false),
 };
 static QPS: [QpLine; QP_SLOTS] = [QP_EMPTY; QP_SLOTS];
 static GEN: AtomicU32 = AtomicU32::new(1);
@@ -100,7 +96,6 @@ fn insert(key: usize, ctx: usize, in_thread_domain: bool) -> Option<&'static QpL
         // Set up, then publish the generation (lookups wait for it).
         e.last_due.store(0, Relaxed);
         e.handed_due.store(0, Relaxed);
-        e.room_wait.store(false, Relaxed);
         e.ctx.store(ctx, Relaxed);
         e.in_thread_domain.store(in_thread_domain, Relaxed);
         e.gen.store(GEN.fetch_add(1, Relaxed).max(1), Release);
@@ -169,17 +164,6 @@ impl QpLine {
     /// Requests of this QP due up to `due` were handed over (or posted directly).
     pub fn handed(&self, due: u64) {
         self.handed_due.fetch_max(due, AcqRel);
-    }
-
-    /// Whether its send queue refused a request of the line that waits for room now.
-    #[inline]
-    pub fn waiting_for_room(&self) -> bool {
-        self.room_wait.load(Relaxed)
-    }
-
-    /// The flusher's: its send queue refused a request (full), or its turn came again.
-    pub fn set_waiting_for_room(&self, waiting: bool) {
-        self.room_wait.store(waiting, Relaxed);
     }
 }
 
