@@ -159,6 +159,18 @@ static long now_us(void) {
 
 static char *const sh_exit_5[] = {"sh", "-c", "exit 5", NULL};
 
+/* The parent's side of a fork: waits for the child and says its exit status. */
+static int says_child_status(pid_t pid) {
+    if (pid < 0) {
+        perror("exec_exit: fork");
+        return 1;
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    say("child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: exec_exit POSTS HOW\n");
@@ -257,28 +269,14 @@ int main(int argc, char **argv) {
             post(2);
             exit(0);
         }
-        if (pid < 0) {
-            perror("exec_exit: fork");
-            return 1;
-        }
-        int status = 0;
-        waitpid(pid, &status, 0);
-        say("child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-        return 0;
+        return says_child_status(pid);
     } else if (!strcmp(how, "fork-thread-exit")) {
         pid_t pid = fork();
         if (pid == 0) {
             usleep(400000);
             pthread_exit(NULL);
         }
-        if (pid < 0) {
-            perror("exec_exit: fork");
-            return 1;
-        }
-        int status = 0;
-        waitpid(pid, &status, 0);
-        say("child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-        return 0;
+        return says_child_status(pid);
     } else {
         fprintf(stderr, "exec_exit: unknown HOW %s\n", how);
         return 2;
