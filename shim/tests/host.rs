@@ -1916,6 +1916,90 @@ fn ucp_sends_wait_once_per_message_and_pass_everything_through() {
     }
 }
 
+/// Two copies of libucp in one process, each in a local scope (a wheel's bundled
+/// `libucp-<hash>.so.0` beside the system's `libucp.so.0`, RAPIDS next to mpi4py): every
+/// caller's sends reach the copy it was linked with, under the shim as without it, whether
+/// the shim passes them through (no table) or delays them, and whichever was loaded first.
+/// The shim's exports come first in the global scope, so both copies' callers land in them:
+/// forwarding everyone to the one copy it found first gave that copy the other's objects.
+#[test]
+fn two_copies_of_libucp_each_get_their_own_callers_sends() {
+    let dir = target_dir().join("ibjitter-host-bin/two-ucp");
+    let (sys, wheel) = (dir.join("system"), dir.join("wheel"));
+    for d in [&sys, &wheel] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let copy = |d: &Path, soname: &str, n: u32| {
+        let out = format!(
+            "two-ucp/{}/{soname}",
+            d.file_name().unwrap().to_str().unwrap()
+        );
+        let define = format!("-DCOPY={n}");
+        let so = format!("-Wl,-soname,{soname}");
+        build_c("stub_ucp", &out, &["-shared", "-fPIC", &define, &so])
+    };
+    let caller = |lib: &Path, name: &str| {
+        let rpath = format!("-Wl,-rpath,{}", lib.parent().unwrap().display());
+        build_c(
+            "ucp_caller",
+            &format!("two-ucp/{name}"),
+            &["-shared", "-fPIC", lib.to_str().unwrap(), &rpath],
+        )
+    };
+    let a = caller(&copy(&sys, "libucp.so.0", 1), "caller-system.so");
+    let b = caller(&copy(&wheel, "libucp-5e1f00d2.so.0", 2), "caller-wheel.so");
+    let probe = build_program("ucp_two_copies");
+    const N: u64 = 4;
+    let run = |first: &Path, second: &Path, env: &[(&str, String)]| {
+        let mut cmd = Command::new(&probe);
+        cmd.arg(N.to_string()).arg(first).arg(second);
+        without_ibjitter_env(&mut cmd);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        let (stdout, stderr) = run_ok(&mut cmd);
+        let f = |k: &str| -> String {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{k} ")))
+                .unwrap_or_else(|| panic!("no {k} in {stdout}{stderr}"))
+                .to_string()
+        };
+        ((f("a_nbx"), f("a_nbr")), (f("b_nbx"), f("b_nbr")), stderr)
+    };
+    for (first, second) in [(&a, &b), (&b, &a)] {
+        let (clean_a, clean_b, _) = run(first, second, &[]);
+        assert_ne!(clean_a, clean_b, "the two copies answer alike");
+        let shim = ("LD_PRELOAD", built().so.display().to_string());
+        let (pa, pb, stderr) = run(first, second, std::slice::from_ref(&shim));
+        assert_eq!(
+            (&pa, &pb),
+            (&clean_a, &clean_b),
+            "passing through, first {}: {stderr}",
+            first.display()
+        );
+        let d = scratch("two-ucp");
+        let (da, db, stderr) = run(
+            first,
+            second,
+            &[
+                shim,
+                ("IBJITTER_DELAY", "1us".into()),
+                ("IBJITTER_LAYER", "ucp".into()),
+                stats_env(&d),
+            ],
+        );
+        assert_eq!(
+            (&da, &db),
+            (&clean_a, &clean_b),
+            "delaying, first {}: {stderr}",
+            first.display()
+        );
+        let s = &read_stats(&d)[0];
+        // Four messages a round (each _nbr's nested _nbx not counted again).
+        assert_eq!(s["posts"]["ucp"], 4 * N, "{s}");
+        assert_eq!(s["delays_injected"], 4 * N, "{s}");
+    }
+}
+
 /// In a process that uses UCX, a context UCX did not open (NCCL's, the program's own) keeps
 /// the verbs delay under `IBJITTER_LAYER=auto`: only UCX's own contexts move to the UCP layer.
 /// (That UCX's contexts are recognised is the MPI bench test's: rank 0's UCX posts pass no hook.)

@@ -15,7 +15,8 @@
 //! conventions make exact (up to 8 arguments: registers, then stack slots of 8 bytes).
 use crate::runtime::lifecycle;
 use crate::state;
-use crate::sys::symbols::Real;
+use crate::sys::by_caller::UcpReal;
+use crate::sys::rng;
 use crate::wrappers::ucp;
 
 /// `UCS_ERR_UNSUPPORTED`, returned (as a status or a status pointer) if the real function
@@ -29,42 +30,84 @@ macro_rules! word {
     };
 }
 
-/// Defines one exported wrapper per UCP send function.
+/// Defines one exported wrapper per UCP send function: the export is an entry that stores
+/// its return address (the call site) in the thread's state and jumps to the wrapper, which
+/// resolves the real function as that caller would ([`UcpReal`]): with two copies of libucp
+/// in one process each keeps its own callers. The jump leaves no frame of the entry's: the
+/// wrapper returns to the caller, and an unwind passes from the wrapper to it.
 macro_rules! ucp_sends {
     ($($name:ident($($arg:ident),+);)+) => {
         /// The UCP functions the shim wraps.
         pub const WRAPPED: &[&str] = &[$(stringify!($name)),+];
+
+        /// The wrappers, reached from their exports below.
+        mod wrapper {
+            use super::*;
+            $(
+                /// Interposed UCP send function: one delay per message (see the module).
+                ///
+                /// # Safety
+                /// Same contract as UCX's function of this name.
+                // "C-unwind": a callback that ends its thread (pthread_exit, cancellation)
+                // from inside the real call unwinds through here instead of aborting.
+                pub unsafe extern "C-unwind" fn $name($($arg: u64),+) -> u64 {
+                    type F = unsafe extern "C-unwind" fn($(word!($arg)),+) -> u64;
+                    static REAL: UcpReal<F> = UcpReal::new(
+                        match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                            Ok(c) => c,
+                            Err(_) => panic!("bad name"),
+                        },
+                    );
+                    let Some(real) = REAL.get(rng::ucp_caller()) else {
+                        return UCS_ERR_UNSUPPORTED as u64;
+                    };
+                    let mode = state::ucp_mode();
+                    if mode == 0 {
+                        return real($($arg),+);
+                    }
+                    if !state::ucx_seen() {
+                        lifecycle::ucp_first_message();
+                    }
+                    const CLASS: u8 = crate::config::select::ucp_class(stringify!($name));
+                    ucp::enter(mode, CLASS);
+                    let result = real($($arg),+);
+                    ucp::leave();
+                    result
+                }
+            )+
+        }
+
         $(
-            /// Interposed UCP send function: one delay per message (see the module).
+            /// Interposed UCP send function: stores where it returns to, then jumps to its
+            /// wrapper (see the macro).
             ///
             /// # Safety
             /// Same contract as UCX's function of this name.
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            #[unsafe(naked)]
             #[no_mangle]
-            // "C-unwind": a callback that ends its thread (pthread_exit, cancellation) from
-            // inside the real call unwinds through here instead of aborting the process.
             pub unsafe extern "C-unwind" fn $name($($arg: u64),+) -> u64 {
-                type F = unsafe extern "C-unwind" fn($(word!($arg)),+) -> u64;
-                static REAL: Real<F> = Real::ucp(
-                    match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-                        Ok(c) => c,
-                        Err(_) => panic!("bad name"),
-                    },
-                );
-                let Some(real) = REAL.get() else {
-                    return UCS_ERR_UNSUPPORTED as u64;
-                };
-                let mode = state::ucp_mode();
-                if mode == 0 {
-                    return real($($arg),+);
-                }
-                if !state::ucx_seen() {
-                    lifecycle::ucp_first_message();
-                }
-                const CLASS: u8 = crate::config::select::ucp_class(stringify!($name));
-                ucp::enter(mode, CLASS);
-                let result = real($($arg),+);
-                ucp::leave();
-                result
+                // r10 and r11 carry no argument; the stack is as the caller left it (the
+                // arguments beyond six are on it).
+                std::arch::naked_asm!(
+                    "mov r11, qword ptr [rip + ibjitter_thread_state@GOTTPOFF]",
+                    "mov r10, qword ptr [rsp]",
+                    "mov qword ptr fs:[r11 + {off}], r10",
+                    "jmp {wrapper}",
+                    off = const crate::sys::rng::UCP_CALLER_OFFSET,
+                    wrapper = sym wrapper::$name,
+                )
+            }
+
+            /// Interposed UCP send function (every caller gets the global or first-found
+            /// copy: no entry stores the call site here).
+            ///
+            /// # Safety
+            /// Same contract as UCX's function of this name.
+            #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+            #[no_mangle]
+            pub unsafe extern "C-unwind" fn $name($($arg: u64),+) -> u64 {
+                wrapper::$name($($arg),+)
             }
         )+
     };

@@ -41,7 +41,14 @@ struct ThreadState {
     /// `lanes::NO_LANE`: none of its own), and bit 31 while it is inside an entry. Kept in
     /// this block: the one TLS slot.
     line_lane: u32,
+    /// Where the thread's latest UCP send call returns to: its call site, stored by the
+    /// export's entry (`exports::ucp`, in assembly) for the wrapper, which resolves the real
+    /// function as that caller would (`by_caller`). Kept in this block: the one TLS slot.
+    ucp_caller: usize,
 }
+
+/// The offset of [`ThreadState`]'s `ucp_caller` in the TLS block (the exports' assembly).
+pub(crate) const UCP_CALLER_OFFSET: usize = std::mem::offset_of!(ThreadState, ucp_caller);
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tls {
@@ -94,7 +101,7 @@ mod tls {
 
     thread_local! {
         static STATE: UnsafeCell<ThreadState> = const {
-            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0, ucp_depth: 0, batch_open: 0, last_index: 0, line_lane: 0 })
+            UnsafeCell::new(ThreadState { rng: MaybeUninit::uninit(), index: 0, ready: 0, batch_paid: 0, ucp_depth: 0, batch_open: 0, last_index: 0, line_lane: 0, ucp_caller: 0 })
         };
     }
 
@@ -243,6 +250,13 @@ pub(crate) fn enter_ucp() -> bool {
     let s = unsafe { &mut *tls::state() };
     s.ucp_depth += 1;
     s.ucp_depth == 1
+}
+
+/// Where this thread's latest UCP send call returns to (0 where no entry stores it).
+#[inline(always)]
+pub(crate) fn ucp_caller() -> usize {
+    // SAFETY: the block is this thread's; the export's entry wrote the word just before.
+    unsafe { std::ptr::addr_of!((*tls::state()).ucp_caller).read_volatile() }
 }
 
 /// Leaves a UCP send call entered with [`enter_ucp`].

@@ -46,18 +46,27 @@ impl<F: Copy> Real<F> {
     pub fn get(&self) -> Option<F> {
         let p = self.find();
         if p.is_null() {
-            say::warn_once!(&format!(
-                "cannot find the real {}{}{}; the call fails",
-                self.name.to_string_lossy(),
-                if self.version.is_some() { "@" } else { "" },
-                self.version
-                    .map(|v| v.to_string_lossy())
-                    .unwrap_or_default()
-            ));
+            self.warn_missing();
             return None;
         }
         // SAFETY: the symbol of this name and version has type F (the declarations below).
         unsafe { as_fn(p) }
+    }
+
+    /// Says once that the real symbol cannot be found (its calls fail).
+    pub fn warn_missing(&self) {
+        say::warn_once!(&format!(
+            "cannot find the real {}{}{}; the call fails",
+            self.name.to_string_lossy(),
+            if self.version.is_some() { "@" } else { "" },
+            self.version
+                .map(|v| v.to_string_lossy())
+                .unwrap_or_default()
+        ));
+    }
+
+    pub fn name(&self) -> &'static CStr {
+        self.name
     }
 
     /// The real symbol's address as [`Real::get`] finds it, null (silently) if not found.
@@ -66,59 +75,61 @@ impl<F: Copy> Real<F> {
         if !p.is_null() {
             return p;
         }
-        // The real dlsym/dlvsym, not the shim's exports: RTLD_NEXT means "after the shim".
-        let (dlsym, dlvsym) = (
-            crate::sys::libc_dl::real_dlsym(),
-            crate::sys::libc_dl::real_dlvsym(),
-        );
-        // SAFETY: valid C strings; dlsym/dlvsym/dlopen have no other preconditions.
-        let lookup = |h| unsafe {
-            match self.version {
-                Some(v) => dlvsym(h, self.name.as_ptr(), v.as_ptr()),
-                None => dlsym(h, self.name.as_ptr()),
-            }
-        };
-        // SAFETY: a valid C string; NOLOAD loads nothing.
-        let mut p = unsafe {
-            let mut p = lookup(libc::RTLD_NEXT);
-            if p.is_null() {
-                let h = libc::dlopen(self.library.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
-                if !h.is_null() {
-                    p = lookup(h);
-                    if p.is_null() {
-                        libc::dlclose(h);
-                    } else {
-                        // The reference NOLOAD took stays: the library cannot be unloaded
-                        // (and reloaded elsewhere) under the cached address.
-                        NOLOAD_FALLBACKS.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            p
-        };
+        let mut p = self.find_next();
         if p.is_null() {
-            // Last resort: the library under another file name in a local scope (a wheel's
-            // bundled libucp-<hash>.so, say), found in the loaded objects' symbol tables.
-            let stem = self
-                .library
-                .to_str()
-                .unwrap_or("")
-                .split('.')
-                .next()
-                .unwrap_or("");
-            if !stem.is_empty() {
-                p = crate::abi::elf::find_function(
-                    self.name,
-                    &[stem],
-                    libc_dl::resolve as *const c_void,
-                )
-                .unwrap_or(std::ptr::null_mut());
-            }
+            p = self.find_elsewhere();
         }
         if !p.is_null() {
             self.slot.set_raw(p, Ordering::Release);
         }
         p
+    }
+
+    fn lookup(&self, h: *mut c_void) -> *mut c_void {
+        // The real dlsym/dlvsym, not the shim's exports: RTLD_NEXT means "after the shim".
+        // SAFETY: valid C strings; dlsym/dlvsym have no other preconditions.
+        unsafe {
+            match self.version {
+                Some(v) => crate::sys::libc_dl::real_dlvsym()(h, self.name.as_ptr(), v.as_ptr()),
+                None => crate::sys::libc_dl::real_dlsym()(h, self.name.as_ptr()),
+            }
+        }
+    }
+
+    /// The symbol after the shim in the global scope (null if none; not kept).
+    pub fn find_next(&self) -> *mut c_void {
+        self.lookup(libc::RTLD_NEXT)
+    }
+
+    /// The library loaded outside the global scope: by its soname (`RTLD_NOLOAD`), else under
+    /// another file name (a wheel's bundled `libucp-<hash>.so`), found in the loaded objects'
+    /// symbol tables. Null if neither; not kept.
+    pub fn find_elsewhere(&self) -> *mut c_void {
+        // SAFETY: a valid C string; NOLOAD loads nothing.
+        let h = unsafe { libc::dlopen(self.library.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if !h.is_null() {
+            let p = self.lookup(h);
+            if !p.is_null() {
+                // The reference NOLOAD took stays: the library cannot be unloaded (and
+                // reloaded elsewhere) under the cached address.
+                NOLOAD_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                return p;
+            }
+            // SAFETY: the handle NOLOAD just gave.
+            unsafe { libc::dlclose(h) };
+        }
+        let stem = self
+            .library
+            .to_str()
+            .unwrap_or("")
+            .split('.')
+            .next()
+            .unwrap_or("");
+        if stem.is_empty() {
+            return std::ptr::null_mut();
+        }
+        crate::abi::elf::find_function(self.name, &[stem], libc_dl::resolve as *const c_void)
+            .unwrap_or(std::ptr::null_mut())
     }
 }
 

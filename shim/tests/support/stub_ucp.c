@@ -3,9 +3,16 @@
  * reorders one shows), and, like the real libucp, `_nbr` calling `_nbx` through the PLT. */
 #include <stdint.h>
 
+/* Built twice with -DCOPY=1 and 2 for two copies of libucp in one process (a wheel's beside
+ * the system's): each copy's results say which one answered. */
+#ifndef COPY
+#define COPY 0
+#endif
+
 uint64_t ucp_tag_send_nbx(void *ep, const void *buffer, uint64_t count, uint64_t tag,
                           const void *param) {
-    return (uintptr_t)ep + (uintptr_t)buffer + count * 1000 + tag * 7 + (uintptr_t)param * 3;
+    return (uintptr_t)ep + (uintptr_t)buffer + count * 1000 + tag * 7 + (uintptr_t)param * 3 +
+           COPY * 1000000000ull;
 }
 
 /* The real libucp's ucp_tag_send_nbr calls ucp_tag_send_nbx@plt. */
