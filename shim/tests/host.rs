@@ -1998,6 +1998,25 @@ fn two_copies_of_libucp_each_get_their_own_callers_sends() {
         assert_eq!(s["posts"]["ucp"], 4 * N, "{s}");
         assert_eq!(s["delays_injected"], 4 * N, "{s}");
     }
+    // One function called from 160 places of the system copy's caller, more than the shim
+    // keeps: the later ones reach the first libucp found (the system's, here), said once.
+    let many = |env: &[(&str, String)]| {
+        let mut cmd = Command::new(&probe);
+        cmd.arg(N.to_string()).arg(&a).arg(&b).arg("many");
+        without_ibjitter_env(&mut cmd);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        run_ok(&mut cmd)
+    };
+    let (clean, _) = many(&[]);
+    let (shim, stderr) = many(&[("LD_PRELOAD", built().so.display().to_string())]);
+    assert_eq!(shim, clean, "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("is called from more places than the shim tells apart")
+            .count(),
+        1,
+        "{stderr}"
+    );
 }
 
 /// In a process that uses UCX, a context UCX did not open (NCCL's, the program's own) keeps

@@ -20,3 +20,16 @@ int caller_send_nbr(void) {
     last = ucp_tag_send_nbr((void *)0x10, (void *)0x20, 3, 9, 0x1234, (void *)0x40);
     return (int)last;
 }
+
+/* 160 distinct call sites of one function (more than the shim keeps per function): the sum of
+ * their results. */
+#define SITE last_sum += ucp_tag_send_nbx((void *)0x10, (void *)0x20, 3, 0x1234, (void *)0x40);
+#define SITES10 SITE SITE SITE SITE SITE SITE SITE SITE SITE SITE
+#define SITES100 SITES10 SITES10 SITES10 SITES10 SITES10 SITES10 SITES10 SITES10 SITES10 SITES10
+static volatile uint64_t last_sum;
+
+uint64_t caller_send_from_many_sites(void) {
+    last_sum = 0;
+    SITES100 SITES10 SITES10 SITES10 SITES10 SITES10 SITES10
+    return last_sum;
+}

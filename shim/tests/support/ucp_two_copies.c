@@ -2,8 +2,9 @@
  * loads extension modules), and sends through each N times: which copy answered shows in the
  * results.
  *
- *   ucp_two_copies N CALLER_A CALLER_B
- * Output: "a_nbx R", "a_nbr R", "b_nbx R", "b_nbr R" (the last round's results). */
+ *   ucp_two_copies N CALLER_A CALLER_B [many]
+ * Output: "a_nbx R", "a_nbr R", "b_nbx R", "b_nbr R" (the last round's results); with
+ * `many`, "a_many R": the sum of CALLER_A's sends from 160 call sites (the last round's). */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,8 +30,20 @@ static void *open_caller(const char *path, nbx_fn *nbx, nbr_fn *nbr) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: ucp_two_copies N CALLER_A CALLER_B\n");
+        fprintf(stderr, "usage: ucp_two_copies N CALLER_A CALLER_B [many]\n");
         return 2;
+    }
+    if (argc > 4) {
+        nbx_fn a_nbx;
+        nbr_fn a_nbr;
+        void *h = open_caller(argv[2], &a_nbx, &a_nbr);
+        open_caller(argv[3], &a_nbx, &a_nbr);
+        nbx_fn many = (nbx_fn)dlsym(h, "caller_send_from_many_sites");
+        uint64_t r = 0;
+        for (int i = 0; i < atoi(argv[1]); i++)
+            r = many();
+        printf("a_many %llu\n", (unsigned long long)r);
+        return 0;
     }
     int n = atoi(argv[1]);
     nbx_fn a_nbx, b_nbx;
