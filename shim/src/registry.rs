@@ -119,9 +119,14 @@ pub fn lock_for_fork() {
     LOCK.hold_for_fork();
 }
 
-/// fork() parent and child handler: releases what [`lock_for_fork`] took.
-pub extern "C" fn unlock_after_fork() {
-    LOCK.force_unlock();
+/// fork() parent handler: releases what [`lock_for_fork`] took.
+pub fn release_in_parent() {
+    LOCK.release_in_parent();
+}
+
+/// fork() child handler: releases what [`lock_for_fork`] took, or another thread held.
+pub fn release_in_child() {
+    LOCK.release_in_child();
 }
 
 /// The context's entry (under or outside the lock).

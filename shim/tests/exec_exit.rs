@@ -29,7 +29,13 @@ fn built() -> &'static Built {
         let program = build_c(
             "exec_exit",
             "exec_exit",
-            &[stub.to_str().unwrap(), "-pthread"],
+            &[
+                stub.to_str().unwrap(),
+                "-pthread",
+                "-ldl",
+                // Its open(2) comes first for the shim too (fork-in-handler).
+                "-Wl,--export-dynamic-symbol=open",
+            ],
         );
         Built { so, stub, program }
     })
@@ -386,6 +392,43 @@ fn a_forked_child_that_ends_its_thread_hands_over_none_of_its_parents_requests()
     let parent = r.poster();
     let handed = r.handed();
     assert_eq!(handed, [(0, parent), (1, parent), (2, parent)], "{all}");
+}
+
+/// A signal handler that forks while the interrupted code is the shim's, holding its
+/// settings' lock (its trace written at exit; the program's open(2) raises the signal there):
+/// the fork's prepare handler waited for a lock only this very thread could release, for
+/// ever. Now the fork goes on at once, the handler's child exits, and the interrupted code
+/// finishes the trace and the exit: twice, each fork and its trace file too.
+#[test]
+fn a_handler_that_forks_while_the_shim_holds_its_lock_goes_on() {
+    let dir = target_dir().join(format!("ibjitter-fork-in-handler-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for round in 0..2 {
+        let trace = dir.join(format!("trace-{round}.txt"));
+        let t = trace.to_str().unwrap();
+        let r = run(
+            true,
+            3,
+            "fork-in-handler",
+            &[
+                ("IBJITTER_DELAY", "1us"),
+                ("IBJITTER_TRACE", t),
+                ("EXEC_EXIT_TRAP", t),
+            ],
+        );
+        let all = format!("{}{}", r.stdout, r.stderr);
+        assert_eq!(r.code, 0, "{all}");
+        assert!(r.stdout.contains("handler's child status 0\n"), "{all}");
+        assert!(r.took < Duration::from_secs(5), "{:?}: {all}", r.took);
+        let written = std::fs::read_to_string(&trace).unwrap_or_default();
+        assert_eq!(
+            written.lines().filter(|l| !l.starts_with('#')).count(),
+            3,
+            "{written}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Without the line (the default mode), exec and `_exit` behave as without the shim: the same

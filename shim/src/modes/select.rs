@@ -210,5 +210,5 @@ pub unsafe fn qp_destroyed(qp: *mut ibv_qp) {
 
 /// fork() child: a thread of the parent's that was changing the set is not in the child.
 pub fn after_fork_child() {
-    SET_CHANGING.force_unlock();
+    SET_CHANGING.release_in_child();
 }

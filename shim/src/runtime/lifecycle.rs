@@ -340,14 +340,14 @@ pub fn before_fork() {
 
 /// fork() parent handler.
 pub fn after_fork_parent() {
-    registry::unlock_after_fork();
-    loaded::unlock_after_fork();
+    registry::release_in_parent();
+    loaded::release_in_parent();
 }
 
 /// fork() child handler: what the parent counted, opened and started is not the child's.
 pub fn after_fork_child() {
-    registry::unlock_after_fork();
-    loaded::unlock_after_fork();
+    registry::release_in_child();
+    loaded::release_in_child();
     state::forked_child();
     // The parent's threads' counters, while their number is still the parent's.
     counts::reset();

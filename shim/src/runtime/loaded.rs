@@ -54,10 +54,16 @@ pub fn lock_for_fork() {
     EPOCHS.hold_for_fork();
 }
 
-/// fork() parent and child: both released.
-pub fn unlock_after_fork() {
-    EPOCHS.force_unlock();
-    LOADED.force_unlock();
+/// fork() parent: both released.
+pub fn release_in_parent() {
+    EPOCHS.release_in_parent();
+    LOADED.release_in_parent();
+}
+
+/// fork() child: both released (see [`crate::sys::spin_lock`]).
+pub fn release_in_child() {
+    EPOCHS.release_in_child();
+    LOADED.release_in_child();
 }
 
 /// The hits since the last live set (all of them without one).

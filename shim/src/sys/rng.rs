@@ -252,6 +252,13 @@ pub(crate) fn enter_ucp() -> bool {
     s.ucp_depth == 1
 }
 
+/// This thread's token: the address of its state block, distinct among live threads (the
+/// spin locks' holder; no system call).
+#[inline(always)]
+pub(crate) fn thread_token() -> usize {
+    tls::state() as usize
+}
+
 /// Where this thread's latest UCP send call returns to (0 where no entry stores it).
 #[inline(always)]
 pub(crate) fn ucp_caller() -> usize {

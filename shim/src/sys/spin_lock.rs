@@ -1,21 +1,43 @@
 //! A spin lock that a fork child can release: glibc runs the shim's fork handlers in the
 //! forking thread, so the parent's prepare handler takes the lock ([`SpinLock::hold_for_fork`])
-//! and both sides release it after the fork ([`SpinLock::force_unlock`]). A mutex held by
-//! another thread at the fork would stay held forever in the child. Never taken on a post
-//! path: only around registrations, mode changes and the settings in force, which are short.
+//! and both sides release it after the fork ([`SpinLock::release_in_parent`],
+//! [`SpinLock::release_in_child`]). A mutex held by another thread at the fork would stay
+//! held forever in the child. Never taken on a post path: only around registrations, mode
+//! changes and the settings in force, which are short.
+//!
+//! A program whose signal handler forks (a crash handler that runs a debugger) may interrupt
+//! the shim while this very thread holds the lock: the prepare handler does not wait for it
+//! (it would wait for ever), and only that thread's interrupted code releases it, in the
+//! parent and in the child alike, once the handler returns. The lock knows its holder by the
+//! address of the thread's state block (no system call). A lock another thread holds longer
+//! than [`FORK_WAIT`] at a fork is forked without: released in the child (that thread is not
+//! there), left to its holder in the parent.
 //! [`SpinMutex`] is the same lock around the data it guards.
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::time::Duration;
 
-pub struct SpinLock(AtomicBool);
+/// How long a fork waits for a lock another thread holds.
+pub const FORK_WAIT: Duration = Duration::from_secs(1);
+
+pub struct SpinLock {
+    locked: AtomicBool,
+    /// The holder's thread token ([`crate::sys::rng::thread_token`]; 0: none or not yet set).
+    owner: AtomicUsize,
+    /// Whether the last prepare handler took it.
+    held_for_fork: AtomicBool,
+}
 
 /// Held until dropped.
 pub struct Guard<'a>(&'a SpinLock);
 
 impl SpinLock {
     pub const fn new() -> SpinLock {
-        SpinLock(AtomicBool::new(false))
+        SpinLock {
+            locked: AtomicBool::new(false),
+            owner: AtomicUsize::new(0),
+            held_for_fork: AtomicBool::new(false),
+        }
     }
 
     pub fn lock(&self) -> Guard<'_> {
@@ -42,6 +64,10 @@ impl SpinLock {
             }
             std::hint::spin_loop();
         }
+        if self.held_here() {
+            // This thread's interrupted code holds it: it cannot come free while we wait.
+            return None;
+        }
         // The shim's clock, not std's `Instant`, which panics (here: in a hook, an abort)
         // when the clock cannot be read; once it cannot, this one runs fast and ends.
         let (t0, limit) = (super::clock::monotonic_ns(), limit.as_nanos());
@@ -57,20 +83,50 @@ impl SpinLock {
     }
 
     fn try_take(&self) -> bool {
-        self.0
+        let taken = self
+            .locked
             .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_ok()
+            .is_ok();
+        if taken {
+            self.owner.store(crate::sys::rng::thread_token(), Relaxed);
+        }
+        taken
     }
 
-    /// fork() prepare: takes the lock and keeps it across the fork.
+    /// Whether this thread holds it (code a signal handler interrupted, if the caller is
+    /// not that code).
+    fn held_here(&self) -> bool {
+        self.locked.load(Acquire) && self.owner.load(Relaxed) == crate::sys::rng::thread_token()
+    }
+
+    fn release(&self) {
+        self.owner.store(0, Relaxed);
+        self.locked.store(false, Release);
+    }
+
+    /// fork() prepare: takes the lock and keeps it across the fork, unless this thread holds
+    /// it already (a handler that forks, see the module) or another thread keeps it past
+    /// [`FORK_WAIT`].
     pub fn hold_for_fork(&self) {
-        std::mem::forget(self.lock());
+        let held = self.lock_within(FORK_WAIT);
+        self.held_for_fork.store(held.is_some(), Relaxed);
+        std::mem::forget(held);
     }
 
-    /// fork() parent and child: releases what [`SpinLock::hold_for_fork`] took, or what
-    /// another thread of the parent held at the fork (in the child it is gone).
-    pub fn force_unlock(&self) {
-        self.0.store(false, Release);
+    /// fork() parent: releases what [`SpinLock::hold_for_fork`] took.
+    pub fn release_in_parent(&self) {
+        if self.held_for_fork.swap(false, Relaxed) {
+            self.release();
+        }
+    }
+
+    /// fork() child: releases what [`SpinLock::hold_for_fork`] took and what another thread
+    /// of the parent held at the fork (gone here); what this thread's interrupted code holds
+    /// stays its own to release.
+    pub fn release_in_child(&self) {
+        if self.held_for_fork.swap(false, Relaxed) || !self.held_here() {
+            self.release();
+        }
     }
 }
 
@@ -82,7 +138,7 @@ impl Default for SpinLock {
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        (self.0).0.store(false, Release);
+        self.0.release();
     }
 }
 
@@ -133,9 +189,14 @@ impl<T> SpinMutex<T> {
         self.lock.hold_for_fork();
     }
 
-    /// See [`SpinLock::force_unlock`].
-    pub fn force_unlock(&self) {
-        self.lock.force_unlock();
+    /// See [`SpinLock::release_in_parent`].
+    pub fn release_in_parent(&self) {
+        self.lock.release_in_parent();
+    }
+
+    /// See [`SpinLock::release_in_child`].
+    pub fn release_in_child(&self) {
+        self.lock.release_in_child();
     }
 }
 
@@ -157,12 +218,23 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
-    /// A lock whose holder never returns (a signal handler on the holding thread) is waited
-    /// for its limit, then given up; once forced open (a fork child) it is free again.
+    /// A lock another thread holds is waited for its limit, then given up; one this thread
+    /// holds (code a signal handler interrupted) at once; released, it is free again.
     #[test]
-    fn a_held_lock_is_given_up_after_the_limit_and_free_once_forced_open() {
+    fn a_held_lock_is_given_up_after_the_limit_or_at_once_if_this_thread_holds_it() {
         let lock = SpinLock::new();
         std::mem::forget(lock.lock());
+        let t = Instant::now();
+        assert!(lock.lock_within(Duration::from_secs(5)).is_none());
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        lock.release_in_child();
+        // Still this thread's: a child's handler leaves it to the interrupted code.
+        assert!(lock.lock_within(Duration::ZERO).is_none());
+        lock.release();
+
+        std::thread::scope(|s| {
+            s.spawn(|| std::mem::forget(lock.lock()));
+        });
         let t = Instant::now();
         assert!(lock.lock_within(Duration::from_millis(20)).is_none());
         let waited = t.elapsed();
@@ -170,7 +242,26 @@ mod tests {
             waited >= Duration::from_millis(20) && waited < Duration::from_secs(2),
             "{waited:?}"
         );
-        lock.force_unlock();
+        // A fork forks without it; the parent leaves it to its holder, the child frees it.
+        let t = Instant::now();
+        lock.hold_for_fork();
+        assert!(t.elapsed() >= FORK_WAIT, "{:?}", t.elapsed());
+        lock.release_in_parent();
+        assert!(lock.lock_within(Duration::ZERO).is_none());
+        lock.release_in_child();
+        assert!(lock.lock_within(Duration::ZERO).is_some());
+    }
+
+    /// Taken by the prepare handler, it is free on both sides after the fork.
+    #[test]
+    fn a_lock_held_for_a_fork_is_free_again_on_both_sides() {
+        let lock = SpinLock::new();
+        lock.hold_for_fork();
+        assert!(lock.lock_within(Duration::ZERO).is_none());
+        lock.release_in_parent();
+        assert!(lock.lock_within(Duration::ZERO).is_some());
+        lock.hold_for_fork();
+        lock.release_in_child();
         assert!(lock.lock_within(Duration::ZERO).is_some());
     }
 }

@@ -27,9 +27,16 @@
  *        then destroys the QP ("destroy rc R") and returns 0.
  *        cancel-open (POSTS 0): a second thread with a cancel pending opens a device (the
  *        shim's first use, whose file reads are cancellation points); the main thread
- *        then opens one, posts 1 and says "main opened a device after T us". */
+ *        then opens one, posts 1 and says "main opened a device after T us".
+ *        fork-in-handler: returns 0; at exit, when the shim opens the file named by
+ *        EXEC_EXIT_TRAP (its trace file, which it writes holding its settings' lock), this
+ *        program's open(2) (exported, so it comes before libc's for the shim too) raises
+ *        SIGUSR1, whose handler forks (as a crash handler that runs a debugger does): the
+ *        child _exit(0)s, the handler says "handler's child status S" and returns. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <fcntl.h>
@@ -43,6 +50,38 @@
 #include <unistd.h>
 
 extern char **environ;
+
+static void say(const char *fmt, ...);
+
+/* fork-in-handler: the handler forks and waits for its child. */
+static void fork_and_wait(int sig) {
+    (void)sig;
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    int status = -1;
+    if (pid > 0)
+        waitpid(pid, &status, 0);
+    say("handler's child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+/* Every open of this program and of the shim comes here first (see fork-in-handler). */
+int open(const char *path, int flags, ...) {
+    static int (*real_open)(const char *, int, ...);
+    if (!real_open)
+        real_open = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, "open");
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = va_arg(ap, mode_t);
+        va_end(ap);
+    }
+    const char *trap = getenv("EXEC_EXIT_TRAP");
+    if (trap && !strcmp(path, trap))
+        raise(SIGUSR1);
+    return real_open(path, flags, mode);
+}
 
 static void say(const char *fmt, ...) {
     char buf[128];
@@ -220,6 +259,10 @@ int main(int argc, char **argv) {
         open_fake_device();
         post(1);
         say("main opened a device after %ld us\n", now_us() - t0);
+        return 0;
+    }
+    if (!strcmp(how, "fork-in-handler")) {
+        signal(SIGUSR1, fork_and_wait);
         return 0;
     }
     if (!strcmp(how, "_Exit"))
