@@ -195,7 +195,7 @@ pub fn exiting() {
 /// has none of the shim's threads).
 pub fn forked_child() {
     FORKED.store(true, Release);
-    MODE_LOCK.release_in_child();
+    MODE_LOCK.force_release_in_child();
     THREADS_OWNER.store(0, Release);
     let _ = USE.compare_exchange(STARTING, IN_USE, AcqRel, Acquire);
     STATS_PATH_NOT_OWNED.store(true, Release);

@@ -155,7 +155,8 @@ pub fn set_line_lane(v: u32) {
 }
 
 /// A word no other live thread shares (its per-thread block's address; never 0): which
-/// thread holds a lock it may re-enter from a signal handler (`modes::line::flusher`).
+/// thread holds a lock it may re-enter from a signal handler (`modes::line::flusher`, the
+/// spin locks).
 #[inline]
 pub fn this_thread() -> usize {
     tls::state() as usize
@@ -250,13 +251,6 @@ pub(crate) fn enter_ucp() -> bool {
     let s = unsafe { &mut *tls::state() };
     s.ucp_depth += 1;
     s.ucp_depth == 1
-}
-
-/// This thread's token: the address of its state block, distinct among live threads (the
-/// spin locks' holder; no system call).
-#[inline(always)]
-pub(crate) fn thread_token() -> usize {
-    tls::state() as usize
 }
 
 /// Where this thread's latest UCP send call returns to (0 where no entry stores it).

@@ -8,24 +8,28 @@
 //! A program whose signal handler forks (a crash handler that runs a debugger) may interrupt
 //! the shim while this very thread holds the lock: the prepare handler does not wait for it
 //! (it would wait for ever), and only that thread's interrupted code releases it, in the
-//! parent and in the child alike, once the handler returns. The lock knows its holder by the
-//! address of the thread's state block (no system call). A lock another thread holds longer
-//! than [`FORK_WAIT`] at a fork is forked without: released in the child (that thread is not
-//! there), left to its holder in the parent.
+//! parent and in the child alike, once the handler returns. The lock's one word is its
+//! holder's thread token ([`rng::this_thread`]: no system call), so a signal can never see it
+//! taken without its holder. A lock another thread holds longer than [`FORK_WAIT`] at a fork
+//! is forked without: released in the child (that thread is not there), left to its holder in
+//! the parent. Each lock remembers which thread's prepare handler took it, so two threads
+//! forking at once each release only their own. (A fork inside the prepare handler itself, a
+//! SIGCHLD handler's, releases the outer fork's locks early: the outer child then frees what
+//! another thread may have taken meanwhile, as above.)
 //! [`SpinMutex`] is the same lock around the data it guards.
+use crate::sys::rng;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::time::Duration;
 
 /// How long a fork waits for a lock another thread holds.
 pub const FORK_WAIT: Duration = Duration::from_secs(1);
 
 pub struct SpinLock {
-    locked: AtomicBool,
-    /// The holder's thread token ([`crate::sys::rng::thread_token`]; 0: none or not yet set).
-    owner: AtomicUsize,
-    /// Whether the last prepare handler took it.
-    held_for_fork: AtomicBool,
+    /// The holder's thread token ([`rng::this_thread`]); 0: free.
+    holder: AtomicUsize,
+    /// The thread whose prepare handler took it and keeps it across its fork (0: none).
+    fork_holder: AtomicUsize,
 }
 
 /// Held until dropped.
@@ -34,9 +38,8 @@ pub struct Guard<'a>(&'a SpinLock);
 impl SpinLock {
     pub const fn new() -> SpinLock {
         SpinLock {
-            locked: AtomicBool::new(false),
-            owner: AtomicUsize::new(0),
-            held_for_fork: AtomicBool::new(false),
+            holder: AtomicUsize::new(0),
+            fork_holder: AtomicUsize::new(0),
         }
     }
 
@@ -83,39 +86,39 @@ impl SpinLock {
     }
 
     fn try_take(&self) -> bool {
-        let taken = self
-            .locked
-            .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_ok();
-        if taken {
-            self.owner.store(crate::sys::rng::thread_token(), Relaxed);
-        }
-        taken
+        self.holder
+            .compare_exchange_weak(0, rng::this_thread(), Acquire, Relaxed)
+            .is_ok()
     }
 
     /// Whether this thread holds it (code a signal handler interrupted, if the caller is
     /// not that code).
     fn held_here(&self) -> bool {
-        self.locked.load(Acquire) && self.owner.load(Relaxed) == crate::sys::rng::thread_token()
+        self.holder.load(Relaxed) == rng::this_thread()
     }
 
     fn release(&self) {
-        self.owner.store(0, Relaxed);
-        self.locked.store(false, Release);
+        self.holder.store(0, Release);
     }
 
     /// fork() prepare: takes the lock and keeps it across the fork, unless this thread holds
     /// it already (a handler that forks, see the module) or another thread keeps it past
     /// [`FORK_WAIT`].
     pub fn hold_for_fork(&self) {
-        let held = self.lock_within(FORK_WAIT);
-        self.held_for_fork.store(held.is_some(), Relaxed);
-        std::mem::forget(held);
+        if let Some(held) = self.lock_within(FORK_WAIT) {
+            std::mem::forget(held);
+            self.fork_holder.store(rng::this_thread(), Relaxed);
+        }
     }
 
-    /// fork() parent: releases what [`SpinLock::hold_for_fork`] took.
+    /// fork() parent: releases what this thread's [`SpinLock::hold_for_fork`] took.
     pub fn release_in_parent(&self) {
-        if self.held_for_fork.swap(false, Relaxed) {
+        let me = rng::this_thread();
+        if self
+            .fork_holder
+            .compare_exchange(me, 0, Relaxed, Relaxed)
+            .is_ok()
+        {
             self.release();
         }
     }
@@ -124,9 +127,19 @@ impl SpinLock {
     /// of the parent held at the fork (gone here); what this thread's interrupted code holds
     /// stays its own to release.
     pub fn release_in_child(&self) {
-        if self.held_for_fork.swap(false, Relaxed) || !self.held_here() {
+        let me = rng::this_thread();
+        let took = self.fork_holder.swap(0, Relaxed) == me;
+        if took || !self.held_here() {
             self.release();
         }
+    }
+
+    /// fork() child, for a lock whose data are atomics only: released whoever holds it (this
+    /// thread's interrupted code included: the child has no other thread, and that code's
+    /// own release later is harmless).
+    pub fn force_release_in_child(&self) {
+        self.fork_holder.store(0, Relaxed);
+        self.release();
     }
 }
 
@@ -249,6 +262,49 @@ mod tests {
         lock.release_in_parent();
         assert!(lock.lock_within(Duration::ZERO).is_none());
         lock.release_in_child();
+        assert!(lock.lock_within(Duration::ZERO).is_some());
+    }
+
+    /// Two threads fork at once: the second's prepare handler gives up on the lock the
+    /// first's holds (after [`FORK_WAIT`]); each parent then releases only its own, so the
+    /// lock is free after both (a flag shared by the two left it held for good).
+    #[test]
+    fn two_threads_forking_at_once_each_release_only_their_own() {
+        let lock = SpinLock::new();
+        let first_took = std::sync::Barrier::new(2);
+        let second_gave_up = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                lock.hold_for_fork();
+                first_took.wait();
+                second_gave_up.wait();
+                lock.release_in_parent();
+            });
+            s.spawn(|| {
+                first_took.wait();
+                lock.hold_for_fork();
+                lock.release_in_parent();
+                assert!(lock.lock_within(Duration::ZERO).is_none(), "released another's");
+                second_gave_up.wait();
+            });
+        });
+        assert!(lock.lock_within(Duration::ZERO).is_some());
+        // A child of the second: what the first held is freed there, whatever it recorded.
+        lock.release();
+        std::thread::scope(|s| {
+            s.spawn(|| lock.hold_for_fork());
+        });
+        lock.release_in_child();
+        assert!(lock.lock_within(Duration::ZERO).is_some());
+    }
+
+    /// A lock whose data are atomics is freed in a child even from this thread's own
+    /// interrupted code (the child's handlers take it next: mode changes).
+    #[test]
+    fn a_lock_of_atomics_is_freed_in_the_child_whoever_holds_it() {
+        let lock = SpinLock::new();
+        std::mem::forget(lock.lock());
+        lock.force_release_in_child();
         assert!(lock.lock_within(Duration::ZERO).is_some());
     }
 

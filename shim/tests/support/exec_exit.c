@@ -65,13 +65,17 @@ static void fork_and_wait(int sig) {
     say("handler's child status %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
+static int (*real_open)(const char *, int, ...);
+
+/* Before main and before the shim's first use: never resolved inside a handler. */
+__attribute__((constructor)) static void find_real_open(void) {
+    real_open = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, "open");
+}
+
 /* Every open of this program and of the shim comes here first (see fork-in-handler). */
 int open(const char *path, int flags, ...) {
-    static int (*real_open)(const char *, int, ...);
-    if (!real_open)
-        real_open = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, "open");
     mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
+    if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) {
         va_list ap;
         va_start(ap, flags);
         mode = va_arg(ap, mode_t);
