@@ -210,6 +210,18 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     };
     // SAFETY: PREVIOUS was filled in `install_handlers`, before this handler was installed.
     let prev = unsafe { &(*PREVIOUS.0.get())[k] };
+    if prev.sa_sigaction == libc::SIG_DFL && called_by_a_later_handler(sig) {
+        // Ours stands for the default action, which is no function: without the shim the
+        // program's handler would have had nothing to call, and would have gone on (a
+        // graceful shutdown: signal-hook, tokio's ctrl_c). The stats as they are (its exit
+        // writes them again), and the program's handler decides.
+        if crate::state::in_use() {
+            write_at_signal(sig, false);
+        }
+        // SAFETY: errno is thread-local.
+        unsafe { *libc::__errno_location() = errno };
+        return;
+    }
     if prev.sa_sigaction == libc::SIG_DFL {
         // SAFETY: from our handler of SIGNALS[k], installed over the default action.
         unsafe { keep_ours(k) };
@@ -259,6 +271,19 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_voi
     }
 }
 
+/// Whether a handler the program installed over ours called ours (as libraries that chain
+/// handlers do: signal-hook calls the action it replaced if that is a function), rather than
+/// the kernel delivering `sig` to ours: the action in place is neither ours nor the default
+/// (SA_RESETHAND puts that back as the kernel delivers to ours). Unknown (false) when the
+/// action cannot be read (a sandbox refusing `rt_sigaction`).
+fn called_by_a_later_handler(sig: c_int) -> bool {
+    let ours: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = on_signal;
+    // SAFETY: reads the action into a zeroed struct (async-signal-safe).
+    let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+    let read = unsafe { libc::sigaction(sig, std::ptr::null(), &mut now) } == 0;
+    read && now.sa_sigaction != libc::SIG_DFL && now.sa_sigaction != ours as *const () as usize
+}
+
 /// Puts our handler of `SIGNALS[k]` back where the kernel reset it to the default action as
 /// it delivered the signal (SA_RESETHAND): a second one (Ctrl-C reaching every rank, then the
 /// launcher's SIGTERM; Slurm's and the launcher's SIGTERM) goes to another thread while this
@@ -295,12 +320,12 @@ fn wait_for_the_first_end() {
 
 /// Ends the process by `sig`'s default action, once this handler returns: `sig` is blocked
 /// in this thread until then. SA_RESETHAND made its action the default again as the kernel
-/// delivered it to our handler; but a handler the program installed since, which chains to
-/// ours (saved as its previous action, called, then returns), was the one delivered, and it
-/// is still in place: the default is put back here too, its failure ignored (a program that
-/// denied itself `rt_sigaction` after its first device open, a seccomp sandbox: relying on
-/// `sigaction` alone had this handler re-raise into itself for ever, rewriting the stats;
-/// [`ENDING`] ends that case). The signal is sent again to this
+/// delivered it to our handler; but where the action in place cannot be read (a program
+/// that denied itself `rt_sigaction` after its first device open, a seccomp sandbox), a
+/// handler the program installed since, which chains to ours, may be the one delivered
+/// ([`called_by_a_later_handler`] cannot tell), still in place: the default is put back here
+/// too, its failure ignored (relying on `sigaction` alone had this handler re-raise into
+/// itself for ever, rewriting the stats; [`ENDING`] ends that case). The signal is sent again to this
 /// thread (`tgkill`), else to the process (`kill`; a thread that does not block it, or this
 /// one once the handler returns, takes it); if the sandbox refuses both, the process ends
 /// with the status a shell gives a death by that signal, 128 + `sig`, by the raw

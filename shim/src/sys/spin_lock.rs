@@ -284,7 +284,10 @@ mod tests {
                 first_took.wait();
                 lock.hold_for_fork();
                 lock.release_in_parent();
-                assert!(lock.lock_within(Duration::ZERO).is_none(), "released another's");
+                assert!(
+                    lock.lock_within(Duration::ZERO).is_none(),
+                    "released another's"
+                );
                 second_gave_up.wait();
             });
         });
