@@ -3133,6 +3133,95 @@ fn completions_are_held_for_their_delay() {
     assert_eq!(s["cq"]["sum_ns"], 100_000_000u64, "{s}");
 }
 
+/// Child: a fake CQ (plain, or extended with IBJITTER_TEST_EX=1) holding one completion (7)
+/// when the provider refuses to destroy it (EBUSY: a QP still uses it; the stub refuses the
+/// first destroy of a CQ whose cq_context is 0xeb05eb05); then polled up to 2 s: emits the
+/// destroy's result and what the CQ gave.
+fn child_cq_destroy_refused() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    fc.set_poll_cq(fake_poll_cq);
+    fc.set_create_cq_ex(fake_create_cq_ex);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let extended = std::env::var_os("IBJITTER_TEST_EX").is_some();
+    // SAFETY: as in child_cq: the stub's ibv_create_cq returns our fake CQ.
+    let refuse = 0xeb05_eb05usize as *mut std::ffi::c_void;
+    let mut fake: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    fake.context = ctx;
+    fake.cq_context = refuse;
+    let raw: *mut ibv_cq = &mut *fake;
+    let mut attr: ibv_cq_init_attr_ex = unsafe { std::mem::zeroed() };
+    let null = std::ptr::null_mut();
+    let (cq, cx) = if extended {
+        // SAFETY: the inline ibv_create_cq_ex calls this pointer; the CQ is the fake's own.
+        let cx = unsafe { fc.create_cq_ex()(ctx, &mut attr) };
+        unsafe { (*cx).cq_context = refuse };
+        (cx.cast::<ibv_cq>(), cx)
+    } else {
+        // SAFETY: as above.
+        (
+            unsafe { (shim.create_cq)(raw.cast(), 16, null, null, 0) },
+            null.cast(),
+        )
+    };
+    let poll = || -> Option<u64> {
+        // SAFETY: the inline poll calls, through the patched context or the CQ's pointers.
+        unsafe {
+            if extended {
+                let mut pa: ibv_poll_cq_attr = std::mem::zeroed();
+                if (*cx).start_poll.unwrap()(cx, &mut pa) != 0 {
+                    return None;
+                }
+                let id = (*cx).wr_id;
+                (*cx).end_poll.unwrap()(cx);
+                Some(id)
+            } else {
+                let mut wc: ibv_wc = std::mem::zeroed();
+                let n = (*(*cq).context).ops.poll_cq.unwrap()(cq, 1, &mut wc);
+                (n == 1).then_some(wc.wr_id)
+            }
+        }
+    };
+    CQ_ARRIVED.lock().unwrap().push_back(7);
+    let at_once = poll();
+    // SAFETY: our fake CQ; the stub refuses this first destroy.
+    let refused = unsafe { (shim.destroy_cq)(cq) };
+    let t0 = now_ns();
+    let mut got = None;
+    while got.is_none() && now_ns() - t0 < 2_000_000_000 {
+        got = poll();
+    }
+    emit(serde_json::json!({ "at_once": at_once, "refused": refused, "got": got }));
+}
+
+/// A CQ the provider refuses to destroy (EBUSY: a QP still uses it, as teardown code that
+/// retries later meets) keeps what the shim holds for it, and its extended poll API keeps
+/// working. The ring went before the provider's call: a plain CQ's held completion was lost,
+/// an extended CQ's `ibv_start_poll` answered ENOENT for ever (its pointers still the shim's).
+#[test]
+fn a_cq_the_provider_refuses_to_destroy_keeps_its_completions() {
+    if child_scenario().is_some() {
+        return child_cq_destroy_refused();
+    }
+    for extended in [false, true] {
+        let dir = scratch("cq-destroy-refused");
+        let mut env = vec![("IBJITTER_CQ_DELAY", "20ms".to_string()), stats_env(&dir)];
+        if extended {
+            env.push(("IBJITTER_TEST_EX", "1".into()));
+        }
+        let out = respawn(
+            "a_cq_the_provider_refuses_to_destroy_keeps_its_completions",
+            "cq_destroy_refused",
+            &env,
+        );
+        let r = &out.result;
+        assert_eq!(r["refused"], libc::EBUSY, "extended {extended}: {r}");
+        assert!(r["at_once"].is_null(), "extended {extended}: held: {r}");
+        assert_eq!(r["got"], 7, "extended {extended}: the held completion: {r}");
+    }
+}
+
 /// Completion delays beyond `IBJITTER_MAX_DELAY` (default 10 s: 3600 s is refused), and
 /// ones that wrap 64 bits of ns (`1e30s`), are refused with one warning at load: the program
 /// gets its completions as the provider gives them (with a completion channel its poll

@@ -199,7 +199,8 @@ pub unsafe extern "C" fn ibv_create_cq(
     cq
 }
 
-/// Interposed `ibv_destroy_cq@IBVERBS_1.1`: its ring goes first.
+/// Interposed `ibv_destroy_cq@IBVERBS_1.1`: its ring is set aside first, and goes once the
+/// provider destroyed the CQ (it stays if the provider refuses: a QP still uses the CQ).
 ///
 /// # Safety
 /// Same contract as libibverbs' `ibv_destroy_cq`.
@@ -208,9 +209,11 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     let Some(real) = DESTROY_CQ.get() else {
         return libc::ENOSYS;
     };
-    cq::cq_destroyed(cq);
-    cq_ex::destroyed(cq);
-    real(cq)
+    let parked = (cq::park_for_destroy(cq), cq_ex::park_for_destroy(cq));
+    let rc = real(cq);
+    cq::after_destroy(parked.0, rc == 0);
+    cq_ex::after_destroy(parked.1, rc == 0);
+    rc
 }
 
 /// Interposed `ibv_get_cq_event@IBVERBS_1.1`: the program blocks for a completion event next.

@@ -105,19 +105,40 @@ pub unsafe fn cq_created(cq: *mut ibv_cq) {
     crate::sys::say::warn_once!("IBJITTER_CQ_TABLE: too many CQs; later ones are not delayed");
 }
 
-/// Before `ibv_destroy_cq`: its ring goes (completions still held are the program's loss,
-/// as the provider's own would be).
+/// A CQ's ring set aside while the provider destroys the CQ ([`park_for_destroy`]).
+pub struct Parked {
+    entry: &'static CqEntry,
+    ring: *mut Ring,
+}
+
+/// Before `ibv_destroy_cq`: its ring is set aside (a poll meanwhile passes through; a CQ
+/// created at its address once the provider freed it finds no ring of the old one's).
 ///
 /// # Safety
 /// `cq` null or a CQ about to be destroyed, polled by no thread.
-pub unsafe fn cq_destroyed(cq: *mut ibv_cq) {
-    if let Some(e) = find(cq) {
-        // The ring first, then the slot: a CQ created meanwhile never has its ring taken.
-        let r = e.ring.swap(null_mut(), AcqRel);
-        e.key.store(addr_table::REMOVED, Release);
-        if !r.is_null() {
-            drop(Box::from_raw(r));
+pub unsafe fn park_for_destroy(cq: *mut ibv_cq) -> Option<Parked> {
+    let entry = find(cq)?;
+    Some(Parked {
+        entry,
+        ring: entry.ring.swap(null_mut(), AcqRel),
+    })
+}
+
+/// After the provider's `destroy_cq`: destroyed, the ring goes (completions still held are
+/// the program's loss, as the provider's own would be) and the entry is free; refused (a QP
+/// still uses the CQ: EBUSY), the CQ keeps its ring and what it holds.
+///
+/// # Safety
+/// `p` from [`park_for_destroy`] of the CQ the provider was asked to destroy.
+pub unsafe fn after_destroy(p: Option<Parked>, destroyed: bool) {
+    let Some(p) = p else { return };
+    if destroyed {
+        p.entry.key.store(addr_table::REMOVED, Release);
+        if !p.ring.is_null() {
+            drop(Box::from_raw(p.ring));
         }
+    } else {
+        p.entry.ring.store(p.ring, Release);
     }
 }
 

@@ -225,19 +225,43 @@ unsafe extern "C" fn start_poll_flushing(cq: *mut ibv_cq_ex, attr: *mut ibv_poll
     }
 }
 
-/// Before `ibv_destroy_cq`: the ring goes.
+/// An extended CQ's ring and line hook set aside while the provider destroys the CQ.
+pub struct Parked {
+    entry: &'static Entry,
+    cq: *mut ExCq,
+    flush_only: usize,
+}
+
+/// Before `ibv_destroy_cq`: the ring and the line hook are set aside (a CQ created at its
+/// address once the provider freed it finds neither).
 ///
 /// # Safety
 /// `cq` null or a CQ about to be destroyed.
-pub unsafe fn destroyed(cq: *mut ibv_cq) {
-    if let Some(e) = find(cq as usize) {
-        // The ring first, then the slot: a CQ created meanwhile never has its ring taken.
-        let x = e.cq.swap(null_mut(), AcqRel);
-        e.flush_only.store(0, Release);
-        e.key.store(addr_table::REMOVED, Release);
-        if !x.is_null() {
-            drop(Box::from_raw(x));
+pub unsafe fn park_for_destroy(cq: *mut ibv_cq) -> Option<Parked> {
+    let entry = find(cq as usize)?;
+    Some(Parked {
+        entry,
+        cq: entry.cq.swap(null_mut(), AcqRel),
+        flush_only: entry.flush_only.swap(0, AcqRel),
+    })
+}
+
+/// After the provider's `destroy_cq`: destroyed, the ring goes and the entry is free;
+/// refused (EBUSY), the CQ keeps them: its poll pointers still lead here, and without its
+/// ring every `ibv_start_poll` would answer ENOENT for ever.
+///
+/// # Safety
+/// `p` from [`park_for_destroy`] of the CQ the provider was asked to destroy.
+pub unsafe fn after_destroy(p: Option<Parked>, destroyed: bool) {
+    let Some(p) = p else { return };
+    if destroyed {
+        p.entry.key.store(addr_table::REMOVED, Release);
+        if !p.cq.is_null() {
+            drop(Box::from_raw(p.cq));
         }
+    } else {
+        p.entry.flush_only.store(p.flush_only, Release);
+        p.entry.cq.store(p.cq, Release);
     }
 }
 

@@ -21,7 +21,18 @@ int ibv_modify_qp(void *qp, void *attr, int mask) { (void)qp; (void)attr; (void)
 void *ibv_create_cq(void *ctx, int cqe, void *cq_context, void *channel, int vec) {
     (void)cqe; (void)cq_context; (void)channel; (void)vec; return ctx;
 }
-int ibv_destroy_cq(void *cq) { (void)cq; return 0; }
+/* A CQ whose cq_context (the third word of ibv_cq and ibv_cq_ex) is STUB_REFUSE_DESTROY has
+ * its first destroy refused with EBUSY (a QP still uses it), as the kernel refuses it. (No
+ * libc call: the stub has no dependency the tests do not expect.) */
+#define STUB_REFUSE_DESTROY ((void *)0xeb05eb05)
+int ibv_destroy_cq(void *cq) {
+    static int refused;
+    if (((void **)cq)[2] == STUB_REFUSE_DESTROY && !refused) {
+        refused = 1;
+        return 16;
+    }
+    return 0;
+}
 /* ibv_get_cq_event returns at once with no event (the test sleeps in its place). */
 int ibv_get_cq_event(void *channel, void **cq, void **cq_context) {
     (void)channel; (void)cq; (void)cq_context; return 0;
