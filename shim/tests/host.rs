@@ -3133,6 +3133,88 @@ fn completions_are_held_for_their_delay() {
     assert_eq!(s["cq"]["sum_ns"], 100_000_000u64, "{s}");
 }
 
+/// Child: a fake CQ with a completion channel; 3 completions reach the provider at once; the
+/// program polls as a budgeted event loop does (8 at most; a short return means "drained":
+/// it would arm the channel and sleep). Emits what each of its polls returned until one
+/// returned short, and what was still to come after it.
+fn child_cq_channel_budget() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    fc.set_poll_cq(fake_poll_cq);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    // SAFETY: as in child_cq; a channel the fake provider never reads (any non-null).
+    let mut fake: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    fake.context = ctx;
+    let mut channel: ibv_comp_channel = unsafe { std::mem::zeroed() };
+    fake.channel = &mut channel;
+    let raw: *mut ibv_cq = &mut *fake;
+    let null = std::ptr::null_mut();
+    let ch: *mut ibv_comp_channel = &mut channel;
+    let cq = unsafe { (shim.create_cq)(raw.cast(), 16, null, ch.cast(), 0) };
+    CQ_ARRIVED.lock().unwrap().extend([1, 2, 3]);
+    let poll = |n: c_int| -> Vec<u64> {
+        let mut wc: [ibv_wc; 8] = unsafe { std::mem::zeroed() };
+        // SAFETY: ibv_poll_cq as verbs.h inlines it, on the patched fake context.
+        let got = unsafe { (*(*cq).context).ops.poll_cq.unwrap()(cq, n, wc.as_mut_ptr()) };
+        wc[..got.max(0) as usize].iter().map(|w| w.wr_id).collect()
+    };
+    let mut polls = Vec::new();
+    loop {
+        let got = poll(8);
+        let short = got.len() < 8;
+        polls.push(got);
+        if short {
+            break;
+        }
+    }
+    // What a program that slept now would never have been woken for (polled for 200 ms).
+    let t0 = now_ns();
+    let mut left = Vec::new();
+    while now_ns() - t0 < 200_000_000 {
+        left.extend(poll(8));
+    }
+    emit(serde_json::json!({ "polls": polls, "left": left }));
+}
+
+/// A CQ with a completion channel, polled as a budgeted event loop does (until a poll returns
+/// fewer than it asked for, then it arms the channel and sleeps): the provider's CQ no longer
+/// has what the shim holds, so no event would ever come for it. A poll there returns short only
+/// with nothing held. Before, it returned the completions due at once (the first of three,
+/// whose delays were 1 and 30 ms) and held the rest: a program asleep on the channel would
+/// have waited for them for ever.
+#[test]
+fn a_budgeted_event_loop_never_sleeps_on_held_completions() {
+    if child_scenario().is_some() {
+        return child_cq_channel_budget();
+    }
+    let dir = scratch("cq-channel-budget");
+    // Half the entries 1 ms, half 30 ms: the three completions' due times differ.
+    let table = dir.join("two.tbl");
+    let v: Vec<u64> = (0..4096)
+        .map(|i| if i % 2 == 0 { 1_000_000 } else { 30_000_000 })
+        .collect();
+    write_table(&table, &v);
+    for seed in ["1", "2", "3", "4"] {
+        let out = respawn(
+            "a_budgeted_event_loop_never_sleeps_on_held_completions",
+            "cq_channel_budget",
+            &[
+                ("IBJITTER_CQ_TABLE", table.display().to_string()),
+                ("IBJITTER_SEED", seed.into()),
+                stats_env(&dir),
+            ],
+        );
+        let r = &out.result;
+        assert_eq!(
+            r["polls"],
+            serde_json::json!([[1, 2, 3]]),
+            "seed {seed}: {r}"
+        );
+        assert_eq!(r["left"], serde_json::json!([]), "seed {seed}: {r}");
+    }
+}
+
 /// Child: a fake CQ (plain, or extended with IBJITTER_TEST_EX=1) holding one completion (7)
 /// when the provider refuses to destroy it (EBUSY: a QP still uses it; the stub refuses the
 /// first destroy of a CQ whose cq_context is 0xeb05eb05); then polled up to 2 s: emits the

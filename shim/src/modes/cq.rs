@@ -13,9 +13,10 @@
 //!   time, whichever is later (completions of one QP are ordered, as on the wire).
 //! - Several threads may poll one CQ: the ring is taken with a try-lock; a thread that finds
 //!   it taken sees no completion this time (a poll may always return 0), never waits.
-//! - A CQ with a completion channel (event-driven programs arm it, sleep, then poll until
-//!   empty) would sleep on held completions: there the polling thread waits for the next one
-//!   instead of returning without it.
+//! - A CQ with a completion channel (event-driven programs arm it, sleep, then poll until a
+//!   poll returns short) would sleep on held completions: there a poll waits for each held
+//!   completion in turn and returns fewer than asked only with none held (the extended API's
+//!   `ibv_next_poll` answers ENOENT only then too).
 use crate::abi::verbs::*;
 use crate::modes::hold::{HoldRing, PollFlag};
 use crate::state;
@@ -194,13 +195,24 @@ pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -
             ring.push(f.assume_init_read(), now, units, ns);
         }
     }
-    // An event-driven program would sleep on what is held: wait for the head here instead.
+    let n = n.max(0) as usize;
+    let mut k = 0usize;
     if !(*cq).channel.is_null() {
-        ring.wait_for_head();
+        // An event-driven program would sleep on what is held: its next event comes only
+        // from the provider's CQ, which no longer has these. It polls until a poll returns
+        // fewer than it asked for (a budgeted loop) or none, then arms and sleeps: so a poll
+        // here returns short only with nothing held, each completion waited for in turn.
+        while k < n && !ring.is_empty() {
+            ring.wait_for_head();
+            let (w, ns) = ring.pop().expect("a head");
+            *wc.add(k) = w;
+            handed_over(ns);
+            k += 1;
+        }
+        return k as c_int;
     }
     let now = now_units();
-    let mut k = 0usize;
-    while k < n.max(0) as usize && ring.due_head(now).is_some() {
+    while k < n && ring.due_head(now).is_some() {
         let (w, ns) = ring.pop().expect("a due head");
         *wc.add(k) = w;
         handed_over(ns);
