@@ -2283,6 +2283,67 @@ fn child_selective() {
     emit(Value::Object(result));
 }
 
+/// Child: QPs 0x11 and 0x12 on the `ibv_wr_*` API; an empty batch (start, complete) on
+/// 0x12, then a one-WRITE batch on 0x11, four times: emits the shortest of the WRITE batches.
+fn child_batch_after_an_empty_one() {
+    let shim = load_shim();
+    let mut fc = FakeContext::new(counting_post_send);
+    // SAFETY: the stub returns the fake context we pass as the device.
+    let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let mut made = Vec::new();
+    for qpn in [0x11u32, 0x12] {
+        let mut q = fake_qp(ctx);
+        q.qp_base.qp_num = qpn;
+        q.wr_rdma_write = Some(noop_wr_rkey_addr);
+        let qpx: *mut ibv_qp_ex = &mut *q;
+        // SAFETY: the fake provider's create_qp_ex returns the QP given as pd: our fake QP.
+        unsafe { create_qp_for_wr_api(qpx) };
+        made.push((q, qpx));
+    }
+    let (selected, other) = (made[0].1, made[1].1);
+    let mut least = u64::MAX;
+    for _ in 0..4 {
+        // SAFETY: the inline ibv_wr_start / ibv_wr_rdma_write / ibv_wr_complete sequence.
+        unsafe {
+            (*other).wr_start.unwrap()(other);
+            assert_eq!((*other).wr_complete.unwrap()(other), 0);
+            let t = now_ns();
+            (*selected).wr_start.unwrap()(selected);
+            (*selected).wr_rdma_write.unwrap()(selected, 1, 2);
+            assert_eq!((*selected).wr_complete.unwrap()(selected), 0);
+            least = least.min(now_ns() - t);
+        }
+    }
+    emit(serde_json::json!({ "least_ns": least }));
+}
+
+/// `IBJITTER_PER=wr` with a selection (one QP, WRITEs): an empty batch on a QP left out must
+/// not lend the next batch a first request already waited for. Before, the selected QP's
+/// WRITE after one never waited (its batch's 'paid' mark was the empty batch's).
+#[test]
+fn a_batch_after_an_empty_one_still_waits() {
+    if child_scenario().is_some() {
+        return child_batch_after_an_empty_one();
+    }
+    let dir = scratch("wr-after-empty");
+    let out = respawn(
+        "a_batch_after_an_empty_one_still_waits",
+        "batch_after_empty",
+        &[
+            ("IBJITTER_DELAY", "1ms".into()),
+            ("IBJITTER_PER", "wr".into()),
+            ("IBJITTER_OPS", "write".into()),
+            ("IBJITTER_QPN", "0x11".into()),
+            stats_env(&dir),
+        ],
+    );
+    let least = out.result["least_ns"].as_u64().unwrap();
+    assert!(
+        least >= waited(1_000_000),
+        "a selected WRITE batch took {least} ns"
+    );
+}
+
 /// IBJITTER_OPS, _QPN, _DEST: only the selected sends wait (1 ms each, constant); the
 /// others are counted. The stats' counts are exact, and each selected kind took >= 1 ms.
 #[test]

@@ -160,6 +160,9 @@ pub unsafe extern "C" fn wr_start_hook(qpx: *mut ibv_qp_ex) {
 
 #[inline(never)]
 unsafe extern "C" fn wr_start_delayed(qpx: *mut ibv_qp_ex, mode: u8) {
+    // A batch starts with nothing paid: an earlier one that ended without a work request
+    // (empty, aborted) must not lend its paid first request to this one.
+    rng::take_batch_paid();
     let mode = if mode & SELECT != 0 {
         rng::take_batch_open();
         if !select::qp_selected(qpx.cast()) {
