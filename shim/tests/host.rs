@@ -3194,85 +3194,133 @@ fn completions_are_held_for_their_delay() {
     assert_eq!(s["cq"]["sum_ns"], 100_000_000u64, "{s}");
 }
 
-/// Child: a fake CQ with a completion channel; 3 completions reach the provider at once; the
-/// program polls as a budgeted event loop does (8 at most; a short return means "drained":
-/// it would arm the channel and sleep). Emits what each of its polls returned until one
-/// returned short, and what was still to come after it.
+/// Child: a fake CQ with a completion channel (plain, or extended with IBJITTER_TEST_EX=1);
+/// IBJITTER_TEST_BURST completions (1, 2, ...) reach the provider at once; the program polls
+/// as an event loop does before it arms the channel and sleeps: plain, 64 at most a poll
+/// until one returns short; extended, start_poll then next_poll until ENOENT. Emits what each
+/// of its polls returned, and what was still to come after (polled for 200 ms).
 fn child_cq_channel_budget() {
     let shim = load_shim();
     let mut fc = FakeContext::new(counting_post_send);
     fc.set_poll_cq(fake_poll_cq);
+    fc.set_create_cq_ex(fake_create_cq_ex);
     // SAFETY: the stub returns the fake context we pass as the device.
     let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
+    let extended = std::env::var_os("IBJITTER_TEST_EX").is_some();
+    let burst: u64 = std::env::var("IBJITTER_TEST_BURST")
+        .unwrap()
+        .parse()
+        .unwrap();
     // SAFETY: as in child_cq; a channel the fake provider never reads (any non-null).
     let mut fake: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
     fake.context = ctx;
     let mut channel: ibv_comp_channel = unsafe { std::mem::zeroed() };
-    fake.channel = &mut channel;
+    let ch: *mut ibv_comp_channel = &mut channel;
+    fake.channel = ch;
     let raw: *mut ibv_cq = &mut *fake;
     let null = std::ptr::null_mut();
-    let ch: *mut ibv_comp_channel = &mut channel;
-    let cq = unsafe { (shim.create_cq)(raw.cast(), 16, null, ch.cast(), 0) };
-    CQ_ARRIVED.lock().unwrap().extend([1, 2, 3]);
-    let poll = |n: c_int| -> Vec<u64> {
-        let mut wc: [ibv_wc; 8] = unsafe { std::mem::zeroed() };
-        // SAFETY: ibv_poll_cq as verbs.h inlines it, on the patched fake context.
-        let got = unsafe { (*(*cq).context).ops.poll_cq.unwrap()(cq, n, wc.as_mut_ptr()) };
-        wc[..got.max(0) as usize].iter().map(|w| w.wr_id).collect()
+    let mut attr: ibv_cq_init_attr_ex = unsafe { std::mem::zeroed() };
+    let (cq, cx) = if extended {
+        // SAFETY: the inline ibv_create_cq_ex calls this pointer; the CQ is the fake's own.
+        let cx = unsafe { fc.create_cq_ex()(ctx, &mut attr) };
+        unsafe { (*cx).channel = ch };
+        (cx.cast::<ibv_cq>(), cx)
+    } else {
+        // SAFETY: as above.
+        (
+            unsafe { (shim.create_cq)(raw.cast(), 16, null, ch.cast(), 0) },
+            null.cast(),
+        )
+    };
+    CQ_ARRIVED.lock().unwrap().extend(1..=burst);
+    // One poll as the program makes it: what it got, and whether it would now arm and sleep.
+    let poll = || -> (Vec<u64>, bool) {
+        // SAFETY: the inline poll calls, through the patched context or the CQ's pointers.
+        unsafe {
+            if extended {
+                let mut got = Vec::new();
+                let mut pa: ibv_poll_cq_attr = std::mem::zeroed();
+                if (*cx).start_poll.unwrap()(cx, &mut pa) == 0 {
+                    loop {
+                        got.push((*cx).wr_id);
+                        if (*cx).next_poll.unwrap()(cx) != 0 {
+                            break;
+                        }
+                    }
+                    (*cx).end_poll.unwrap()(cx);
+                }
+                (got, true)
+            } else {
+                let mut wc: [ibv_wc; 64] = std::mem::zeroed();
+                let n = (*(*cq).context).ops.poll_cq.unwrap()(cq, 64, wc.as_mut_ptr());
+                let got: Vec<u64> = wc[..n.max(0) as usize].iter().map(|w| w.wr_id).collect();
+                let short = got.len() < 64;
+                (got, short)
+            }
+        }
     };
     let mut polls = Vec::new();
     loop {
-        let got = poll(8);
-        let short = got.len() < 8;
+        let (got, sleeps) = poll();
         polls.push(got);
-        if short {
+        if sleeps {
             break;
         }
     }
-    // What a program that slept now would never have been woken for (polled for 200 ms).
     let t0 = now_ns();
     let mut left = Vec::new();
     while now_ns() - t0 < 200_000_000 {
-        left.extend(poll(8));
+        left.extend(poll().0);
     }
     emit(serde_json::json!({ "polls": polls, "left": left }));
 }
 
-/// A CQ with a completion channel, polled as a budgeted event loop does (until a poll returns
-/// fewer than it asked for, then it arms the channel and sleeps): the provider's CQ no longer
-/// has what the shim holds, so no event would ever come for it. A poll there returns short only
-/// with nothing held. Before, it returned the completions due at once (the first of three,
-/// whose delays were 1 and 30 ms) and held the rest: a program asleep on the channel would
-/// have waited for them for ever.
+/// A CQ with a completion channel, polled as an event loop does before it arms the channel
+/// and sleeps (plain: until a poll returns fewer than it asked for; extended: next_poll until
+/// ENOENT): the provider's next event comes only for completions after the arming, so
+/// nothing may be left, held or in the provider's CQ, when a poll says "no more". Before:
+/// three completions whose delays were 1 and 30 ms gave the first and held the rest (seed
+/// 2); a burst of 40 gave 32 (what the shim takes from the provider at a time) and left 8 in
+/// the provider's CQ: a program asleep for ever, either way.
 #[test]
 fn a_budgeted_event_loop_never_sleeps_on_held_completions() {
     if child_scenario().is_some() {
         return child_cq_channel_budget();
     }
     let dir = scratch("cq-channel-budget");
-    // Half the entries 1 ms, half 30 ms: the three completions' due times differ.
+    // Half the entries 1 ms, half 30 ms: the completions' due times differ.
     let table = dir.join("two.tbl");
     let v: Vec<u64> = (0..4096)
         .map(|i| if i % 2 == 0 { 1_000_000 } else { 30_000_000 })
         .collect();
     write_table(&table, &v);
-    for seed in ["1", "2", "3", "4"] {
+    for (extended, burst, seed) in [
+        (false, 3, "1"),
+        (false, 3, "2"),
+        (false, 3, "3"),
+        (false, 40, "1"),
+        (true, 3, "2"),
+        (true, 40, "1"),
+    ] {
+        let mut env = vec![
+            ("IBJITTER_CQ_TABLE", table.display().to_string()),
+            ("IBJITTER_SEED", seed.into()),
+            ("IBJITTER_TEST_BURST", burst.to_string()),
+            stats_env(&dir),
+        ];
+        if extended {
+            env.push(("IBJITTER_TEST_EX", "1".into()));
+        }
         let out = respawn(
             "a_budgeted_event_loop_never_sleeps_on_held_completions",
             "cq_channel_budget",
-            &[
-                ("IBJITTER_CQ_TABLE", table.display().to_string()),
-                ("IBJITTER_SEED", seed.into()),
-                stats_env(&dir),
-            ],
+            &env,
         );
         let r = &out.result;
-        assert_eq!(
-            r["polls"],
-            serde_json::json!([[1, 2, 3]]),
-            "seed {seed}: {r}"
-        );
-        assert_eq!(r["left"], serde_json::json!([]), "seed {seed}: {r}");
+        let all: Vec<u64> = (1..=burst).collect();
+        let case = format!("extended {extended}, burst {burst}, seed {seed}");
+        assert_eq!(r["polls"], serde_json::json!([all]), "{case}: {r}");
+        assert_eq!(r["left"], serde_json::json!([]), "{case}: {r}");
     }
 }
 

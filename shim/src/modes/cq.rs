@@ -181,28 +181,23 @@ pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -
     }
     let ring = &mut *r;
     // Take what the provider has, as far as the ring has room.
-    let room = ring.room().min(BATCH);
-    if room > 0 {
-        let mut fresh: [std::mem::MaybeUninit<ibv_wc>; BATCH] =
-            [const { std::mem::MaybeUninit::uninit() }; BATCH];
-        let got = orig(cq, room as c_int, fresh.as_mut_ptr().cast());
-        if got < 0 {
-            return got;
-        }
-        let now = now_units();
-        for f in fresh.iter().take(got as usize) {
-            let (units, ns) = draw();
-            ring.push(f.assume_init_read(), now, units, ns);
-        }
+    let got = take(ring, cq, orig, BATCH);
+    if got < 0 {
+        return got;
     }
     let n = n.max(0) as usize;
     let mut k = 0usize;
     if !(*cq).channel.is_null() {
         // An event-driven program would sleep on what is held: its next event comes only
-        // from the provider's CQ, which no longer has these. It polls until a poll returns
-        // fewer than it asked for (a budgeted loop) or none, then arms and sleeps: so a poll
-        // here returns short only with nothing held, each completion waited for in turn.
-        while k < n && !ring.is_empty() {
+        // for completions the provider's CQ gets after the program arms it, not for these.
+        // It polls until a poll returns fewer than it asked for (a budgeted loop) or none,
+        // then arms and sleeps: so a poll here returns short only with nothing held and the
+        // provider's CQ empty, each completion waited for in turn (those of one poll reach
+        // the program together, when the last of them is due).
+        while k < n {
+            if ring.is_empty() && (k == 0 || take(ring, cq, orig, n - k) <= 0) {
+                break;
+            }
             ring.wait_for_head();
             let (w, ns) = ring.pop().expect("a head");
             *wc.add(k) = w;
@@ -219,6 +214,28 @@ pub unsafe fn poll(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc, orig: PollCqFn) -
         k += 1;
     }
     k as c_int
+}
+
+/// Takes up to `most` completions (at most [`BATCH`], as far as the ring has room) from the
+/// provider's CQ into `ring`, each due after its own draw; returns how many, or the
+/// provider's error.
+///
+/// # Safety
+/// `cq` is the ring's CQ, polled by this thread alone (its poll flag held).
+unsafe fn take(ring: &mut Ring, cq: *mut ibv_cq, orig: PollCqFn, most: usize) -> c_int {
+    let room = ring.room().min(BATCH).min(most);
+    if room == 0 {
+        return 0;
+    }
+    let mut fresh: [std::mem::MaybeUninit<ibv_wc>; BATCH] =
+        [const { std::mem::MaybeUninit::uninit() }; BATCH];
+    let got = orig(cq, room as c_int, fresh.as_mut_ptr().cast());
+    let now = now_units();
+    for f in fresh.iter().take(got.max(0) as usize) {
+        let (units, ns) = draw();
+        ring.push(f.assume_init_read(), now, units, ns);
+    }
+    got
 }
 
 /// Counts a completion handed to the program after `ns` held.

@@ -299,32 +299,8 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
     let Some(x) = e.cq.load(Acquire).as_mut() else {
         return libc::ENOENT;
     };
-    let o = x.orig;
-    let (Some(sp), Some(ep)) = (o.start_poll, o.end_poll) else {
-        return libc::ENOENT;
-    };
-    // Take what the provider has, as far as the ring has room: one completion per provider
-    // poll (start, read, end). Not start/next.../end: rxe's next_poll releases the CQ when it
-    // finds it empty and its end_poll then advances past the producer, so a loop to ENOENT
-    // corrupts its queue; start+end with one completion is right on every provider.
-    let now = cq::now_units();
-    for _ in 0..BATCH {
-        if x.ring.room() == 0 {
-            break;
-        }
-        let rc = sp(cq, attr);
-        if rc == libc::ENOENT {
-            break;
-        }
-        if rc != 0 {
-            if x.ring.is_empty() {
-                return rc;
-            }
-            break;
-        }
-        let (units, ns) = cq::draw();
-        x.ring.push(capture(cq, &o), now, units, ns);
-        ep(cq);
+    if let Err(rc) = take(cq, x, attr) {
+        return rc;
     }
     // An event-driven program would sleep on what is held: wait for the head instead.
     if !(*cq).channel.is_null() {
@@ -343,11 +319,53 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
         return libc::ENOENT;
     };
     consume(x);
-    // As in start_poll: an event-driven program would sleep on what is held.
+    // As in start_poll: an event-driven program would sleep on what is held, and polls to
+    // ENOENT before it arms and sleeps: ENOENT only with nothing held and the provider's CQ
+    // empty (its next event comes only for completions after the arming).
     if !(*cq).channel.is_null() {
+        if x.ring.is_empty() {
+            // SAFETY: all-zero is a valid ibv_poll_cq_attr (comp_mask 0, as required).
+            let mut attr: ibv_poll_cq_attr = std::mem::zeroed();
+            let _ = take(cq, x, &mut attr);
+        }
         x.ring.wait_for_head();
     }
     present(cq, x)
+}
+
+/// Takes what the provider has into the ring, as far as it has room (at most [`BATCH`]):
+/// one completion per provider poll (start, read, end). Not start/next.../end: rxe's
+/// next_poll releases the CQ when it finds it empty and its end_poll then advances past the
+/// producer, so a loop to ENOENT corrupts its queue; start+end with one completion is right
+/// on every provider. Err: the provider's error, with nothing taken and the ring empty.
+///
+/// # Safety
+/// `cq` is `x`'s CQ, polled by this thread alone (its poll flag held).
+unsafe fn take(cq: *mut ibv_cq_ex, x: &mut ExCq, attr: *mut ibv_poll_cq_attr) -> Result<(), c_int> {
+    let o = x.orig;
+    let (Some(sp), Some(ep)) = (o.start_poll, o.end_poll) else {
+        return Err(libc::ENOENT);
+    };
+    let now = cq::now_units();
+    for _ in 0..BATCH {
+        if x.ring.room() == 0 {
+            break;
+        }
+        let rc = sp(cq, attr);
+        if rc == libc::ENOENT {
+            break;
+        }
+        if rc != 0 {
+            if x.ring.is_empty() {
+                return Err(rc);
+            }
+            break;
+        }
+        let (units, ns) = cq::draw();
+        x.ring.push(capture(cq, &o), now, units, ns);
+        ep(cq);
+    }
+    Ok(())
 }
 
 unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
