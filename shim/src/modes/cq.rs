@@ -15,7 +15,8 @@
 //!   it taken sees no completion this time (a poll may always return 0), never waits.
 //! - A CQ with a completion channel (event-driven programs arm it, sleep, then poll until a
 //!   poll returns short) would sleep on held completions: there a poll waits for each held
-//!   completion in turn and returns fewer than asked only with none held (the extended API's
+//!   completion in turn, taking more from the provider as it goes, and returns fewer than
+//!   asked only with none held and the provider's CQ empty (the extended API's
 //!   `ibv_next_poll` answers ENOENT only then too).
 use crate::abi::verbs::*;
 use crate::modes::hold::{HoldRing, PollFlag};
