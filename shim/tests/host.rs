@@ -3194,6 +3194,39 @@ fn completions_are_held_for_their_delay() {
     assert_eq!(s["cq"]["sum_ns"], 100_000_000u64, "{s}");
 }
 
+/// A fake CQ of `ctx` made through the shim: plain (the stub's ibv_create_cq returns the
+/// boxed CQ, kept in the third value) or extended (the fake provider's create_cq_ex), with
+/// `channel` and `cq_context` set. Returns it as a CQ and, if extended, as an extended one.
+fn fake_cq(
+    shim: &Shim,
+    fc: &FakeContext,
+    ctx: *mut ibv_context,
+    extended: bool,
+    channel: *mut ibv_comp_channel,
+    cq_context: *mut std::ffi::c_void,
+) -> (*mut ibv_cq, *mut ibv_cq_ex, Box<ibv_cq>) {
+    // SAFETY: all-zero is a valid ibv_cq and ibv_cq_init_attr_ex.
+    let mut fake: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
+    fake.context = ctx;
+    fake.channel = channel;
+    fake.cq_context = cq_context;
+    let raw: *mut ibv_cq = &mut *fake;
+    let mut attr: ibv_cq_init_attr_ex = unsafe { std::mem::zeroed() };
+    if extended {
+        // SAFETY: the inline ibv_create_cq_ex calls this pointer; the CQ is the fake's own.
+        let cx = unsafe { fc.create_cq_ex()(ctx, &mut attr) };
+        unsafe {
+            (*cx).channel = channel;
+            (*cx).cq_context = cq_context;
+        }
+        (cx.cast(), cx, fake)
+    } else {
+        // SAFETY: the stub's ibv_create_cq returns its first argument, our fake CQ.
+        let cq = unsafe { (shim.create_cq)(raw.cast(), 16, cq_context, channel.cast(), 0) };
+        (cq, std::ptr::null_mut(), fake)
+    }
+}
+
 /// Child: a fake CQ with a completion channel (plain, or extended with IBJITTER_TEST_EX=1);
 /// IBJITTER_TEST_BURST completions (1, 2, ...) reach the provider at once; the program polls
 /// as an event loop does before it arms the channel and sleeps: plain, 64 at most a poll
@@ -3211,27 +3244,17 @@ fn child_cq_channel_budget() {
         .unwrap()
         .parse()
         .unwrap();
-    // SAFETY: as in child_cq; a channel the fake provider never reads (any non-null).
-    let mut fake: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
-    fake.context = ctx;
+    // A channel the fake provider never reads (any non-null).
+    // SAFETY: all-zero is a valid ibv_comp_channel.
     let mut channel: ibv_comp_channel = unsafe { std::mem::zeroed() };
-    let ch: *mut ibv_comp_channel = &mut channel;
-    fake.channel = ch;
-    let raw: *mut ibv_cq = &mut *fake;
-    let null = std::ptr::null_mut();
-    let mut attr: ibv_cq_init_attr_ex = unsafe { std::mem::zeroed() };
-    let (cq, cx) = if extended {
-        // SAFETY: the inline ibv_create_cq_ex calls this pointer; the CQ is the fake's own.
-        let cx = unsafe { fc.create_cq_ex()(ctx, &mut attr) };
-        unsafe { (*cx).channel = ch };
-        (cx.cast::<ibv_cq>(), cx)
-    } else {
-        // SAFETY: as above.
-        (
-            unsafe { (shim.create_cq)(raw.cast(), 16, null, ch.cast(), 0) },
-            null.cast(),
-        )
-    };
+    let (cq, cx, _fake) = fake_cq(
+        &shim,
+        &fc,
+        ctx,
+        extended,
+        &mut channel,
+        std::ptr::null_mut(),
+    );
     CQ_ARRIVED.lock().unwrap().extend(1..=burst);
     // One poll as the program makes it: what it got, and whether it would now arm and sleep.
     let poll = || -> (Vec<u64>, bool) {
@@ -3336,26 +3359,9 @@ fn child_cq_destroy_refused() {
     // SAFETY: the stub returns the fake context we pass as the device.
     let ctx = unsafe { (shim.open_device)(fc.ctx() as *mut _) };
     let extended = std::env::var_os("IBJITTER_TEST_EX").is_some();
-    // SAFETY: as in child_cq: the stub's ibv_create_cq returns our fake CQ.
+    // The stub refuses the first destroy of a CQ with this cq_context.
     let refuse = 0xeb05_eb05usize as *mut std::ffi::c_void;
-    let mut fake: Box<ibv_cq> = Box::new(unsafe { std::mem::zeroed() });
-    fake.context = ctx;
-    fake.cq_context = refuse;
-    let raw: *mut ibv_cq = &mut *fake;
-    let mut attr: ibv_cq_init_attr_ex = unsafe { std::mem::zeroed() };
-    let null = std::ptr::null_mut();
-    let (cq, cx) = if extended {
-        // SAFETY: the inline ibv_create_cq_ex calls this pointer; the CQ is the fake's own.
-        let cx = unsafe { fc.create_cq_ex()(ctx, &mut attr) };
-        unsafe { (*cx).cq_context = refuse };
-        (cx.cast::<ibv_cq>(), cx)
-    } else {
-        // SAFETY: as above.
-        (
-            unsafe { (shim.create_cq)(raw.cast(), 16, null, null, 0) },
-            null.cast(),
-        )
-    };
+    let (cq, cx, _fake) = fake_cq(&shim, &fc, ctx, extended, std::ptr::null_mut(), refuse);
     let poll = || -> Option<u64> {
         // SAFETY: the inline poll calls, through the patched context or the CQ's pointers.
         unsafe {
